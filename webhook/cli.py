@@ -13,7 +13,10 @@ from webhook import __version__
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("webhook.serve", "run the HTTPS admission webhook"),
-    "mutate": ("webhook.dryrun", "dry-run the policy on manifests offline (exit 1 when any object is denied)"),
+    "mutate": (
+        "webhook.dryrun",
+        "dry-run the policy on manifests offline (exit 1 when any object is denied)",
+    ),
     "certs": ("webhook.certs", "generate a CA and a serving certificate for the webhook Service"),
     "manifests": ("webhook.render", "render the deployable Kubernetes manifests"),
 }

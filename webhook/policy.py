@@ -49,9 +49,7 @@ class PolicyError(Exception):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True
-    )
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True)
 
 
 def _check_label_key(key: str) -> str:
@@ -166,7 +164,10 @@ class EnvVar(_Model):
             errors = rocm.cu_mask_errors(self.value)
             if errors:
                 raise ValueError(
-                    "HSA_CU_MASK " + repr(self.value) + ": " + "; ".join(errors)
+                    "HSA_CU_MASK "
+                    + repr(self.value)
+                    + ": "
+                    + "; ".join(errors)
                     + " (ROCm ignores a malformed mask silently, so it is rejected here)"
                 )
         return self
@@ -188,7 +189,9 @@ class WorkloadClass(_Model):
             raise ValueError(f"env sets {', '.join(duplicates)} more than once")
         for tol in self.tolerations:
             if not tol.key and tol.operator == "Exists":
-                raise ValueError("a class toleration must name a key: operator Exists without a key tolerates every taint")
+                raise ValueError(
+                    "a class toleration must name a key: operator Exists without a key tolerates every taint"
+                )
             if tol.key in PROTECTED_TAINT_KEYS:
                 raise ValueError(
                     f"tolerating {tol.key} is not allowed: the AMD GPU operator uses it to keep pods off unhealthy "
@@ -292,7 +295,9 @@ class PolicySpec(_Model):
     def _valid(self) -> PolicySpec:
         problems: list[str] = []
         if self.default_class not in self.classes:
-            problems.append(f"defaultClass: {self.default_class!r} is not one of the classes ({', '.join(self.classes)})")
+            problems.append(
+                f"defaultClass: {self.default_class!r} is not one of the classes ({', '.join(self.classes)})"
+            )
         for index, rule in enumerate(self.namespaces):
             for name in [*rule.allowed_classes, rule.effective_default]:
                 if name not in self.classes:
@@ -392,17 +397,14 @@ class Policy:
         for index, rule in enumerate(rules):
             if rule.match.names and index not in name_matched:
                 continue
-            if rule.match.labels:
-                if labels is None or not set(rule.match.labels.items()) <= labels:
-                    continue
+            if rule.match.labels and (labels is None or not set(rule.match.labels.items()) <= labels):
+                continue
             return index
         return None
 
 
 @lru_cache(maxsize=4096)
-def _namespace_classes(
-    policy: Policy, namespace: str, labels: frozenset[tuple[str, str]] | None
-) -> NamespaceClasses:
+def _namespace_classes(policy: Policy, namespace: str, labels: frozenset[tuple[str, str]] | None) -> NamespaceClasses:
     spec = policy.spec
     index = policy._match_rules(namespace, labels)
     if index is not None:

@@ -1,0 +1,570 @@
+"""``decide``: the pure decision core shared by the webhook and the offline ``mutate`` command.
+
+classify (scope, class, mode) -> check (reachability of reserved nodes) -> plan (JSON patch).
+No I/O: everything it needs is passed in, so what CI dry-runs is exactly what the cluster does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from webhook import patch, pods, scheduling
+from webhook.decision import Decision, NamespaceFacts, NodeFacts, Violation
+from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass, tolerates
+
+CLASS_ANNOTATION = "rocm-isolation.io/class"
+MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+KFD_TOPOLOGY_PATH = "/sys/class/kfd/kfd/topology/nodes"
+KFD_VOLUME_NAME = "rocm-kfd-topology"
+KFD_VOLUME = {"name": KFD_VOLUME_NAME, "hostPath": {"path": KFD_TOPOLOGY_PATH, "type": "Directory"}}
+KFD_MOUNT = {"name": KFD_VOLUME_NAME, "mountPath": KFD_TOPOLOGY_PATH, "readOnly": True}
+# The AMD GPU operator's own taints: warn when a pod tolerates them, never add them.
+AMD_OPERATOR_TAINT_KEYS = ("amd-gpu-unhealthy", "amd-dcm")
+
+# Stable rule identifiers (metrics labels, docs/policy.md).
+RULE_MUTATED = "mutated"
+RULE_COMPLIANT = "compliant"
+RULE_CHECKED = "update-checked"
+RULE_EXCLUDED = "excluded-namespace"
+RULE_NOT_GPU = "not-gpu-pod"
+RULE_MIRROR = "mirror-pod"
+RULE_OPERATION = "operation-ignored"
+RULE_DELETING = "pod-terminating"
+RULE_MALFORMED = "malformed-pod"
+DENY_NODE_NAME = "deny-node-name"
+DENY_NODE_SELECTOR = "deny-node-selector"
+DENY_NODE_AFFINITY = "deny-node-affinity"
+DENY_TOLERATION = "deny-toleration"
+DENY_CLASS = "deny-class-not-allowed"
+DENY_RULES = (DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS)
+
+
+def decide(
+    *,
+    operation: str,
+    pod: Any,
+    old_pod: Any = None,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+) -> Decision:
+    """Decide what to do with one pod. Pure; never raises for any input."""
+    spec = policy.spec
+    mode, mode_warnings = _mode(spec, namespace)
+    if operation not in ("CREATE", "UPDATE"):
+        return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
+    if namespace.name in spec.excluded_namespaces:
+        return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
+    try:
+        return _decide_pod(operation, pod, old_pod, namespace, nodes, policy, mode, mode_warnings)
+    except pods.MalformedPod as err:
+        return Decision(
+            allowed=False,
+            rule=RULE_MALFORMED,
+            message=f"the pod cannot be checked: {err}",
+            mode=mode,
+            code=400,
+            violations=(Violation(RULE_MALFORMED, err.field, str(err)),),
+        )
+
+
+@dataclass
+class _Review:
+    """Working state of one decision."""
+
+    pod: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    policy: Policy
+    namespace: NamespaceFacts
+    reserved: scheduling.Reserved
+    operations: list[dict[str, Any]] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _allow(rule: str, message: str, mode: Mode) -> Decision:
+    return Decision(allowed=True, rule=rule, message=message, mode=mode)
+
+
+def _mode(spec: PolicySpec, namespace: NamespaceFacts) -> tuple[Mode, list[str]]:
+    if namespace.labels is None:
+        return spec.mode, []
+    value = namespace.labels.get(spec.labels.namespace_mode)
+    if value is None:
+        return spec.mode, []
+    for mode in get_args(Mode):
+        if value == mode:
+            return mode, []
+    return spec.mode, [
+        f"namespace label {spec.labels.namespace_mode}={value!r} is not enforce, warn or audit; "
+        f"using the policy's mode {spec.mode}"
+    ]
+
+
+def _decide_pod(
+    operation: str,
+    pod: Any,
+    old_pod: Any,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    mode: Mode,
+    mode_warnings: list[str],
+) -> Decision:
+    pod = pods.mapping(pod, "the pod")
+    metadata = pods.mapping(pod.get("metadata"), "metadata")
+    spec = pods.mapping(pod.get("spec"), "spec")
+    annotations = pods.string_map(metadata.get("annotations"), "metadata.annotations")
+    labels = pods.string_map(metadata.get("labels"), "metadata.labels")
+    if operation == "UPDATE" and metadata.get("deletionTimestamp"):
+        return _allow(RULE_DELETING, "the pod is terminating", mode)
+    if MIRROR_ANNOTATION in annotations:
+        return _allow(RULE_MIRROR, "mirror pods are created by the kubelet and cannot be changed", mode)
+    gpu = pods.gpu_containers(spec, policy.is_gpu_resource)
+    if not gpu and not policy.spec.scope.all_pods:
+        return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
+
+    key, value = policy.spec.reserved_nodes.label
+    review = _Review(
+        pod=pod,
+        spec=spec,
+        metadata=metadata,
+        policy=policy,
+        namespace=namespace,
+        reserved=scheduling.Reserved(key, value, nodes.reserved_node_names),
+        warnings=list(mode_warnings),
+    )
+    class_name = _classify(review, labels)
+    cls = policy.spec.classes[class_name]
+    if operation == "CREATE":
+        _check_create(review, cls, class_name)
+        _plan(review, cls, class_name, gpu, labels)
+    else:
+        old = pods.mapping(old_pod, "oldObject")
+        _check_update(review, cls, class_name, old)
+    return _finish(review, mode, class_name, operation)
+
+
+def _classify(review: _Review, labels: Mapping[str, str]) -> str:
+    spec = review.policy.spec
+    namespace = review.namespace
+    classes = review.policy.namespace_classes(namespace.name, namespace.labels)
+    if namespace.labels is None:
+        review.warnings.append(
+            f"namespace {namespace.name}: labels unknown (no cluster connection); class from "
+            f"{classes.source}; label rules, the mode label and Pod Security labels were not checked"
+        )
+    requested = labels.get(spec.labels.pod_class)
+    if requested is None or requested == classes.default:
+        return classes.default
+    if requested in classes.allowed:
+        return requested
+    hint = _class_hint(spec, requested)
+    known = "" if requested in spec.classes else " (no such class in the policy)"
+    review.violations.append(
+        Violation(
+            DENY_CLASS,
+            f"metadata.labels[{spec.labels.pod_class}]",
+            f"the pod asks for class {requested!r}{known} but namespace {namespace.name} allows only "
+            f"{', '.join(classes.allowed)} ({classes.source}); remove the label{hint}",
+        )
+    )
+    return classes.default
+
+
+def _class_hint(spec: PolicySpec, class_name: str) -> str:
+    if class_name not in spec.classes:
+        return ""
+    return f", or run the pod in a namespace labelled {spec.labels.namespace_class}={class_name}"
+
+
+def _reserved_hint(spec: PolicySpec) -> str:
+    reserved = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+    if not reserved:
+        return ""
+    return f"; to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved[0]}"
+
+
+def _denied(review: _Review, class_name: str, rule: str, where: str, what: str) -> None:
+    key, value = review.reserved.key, review.reserved.value
+    review.violations.append(
+        Violation(
+            rule,
+            where,
+            f"{class_name} pods may not use the reserved nodes ({key}={value}): {where} {what}"
+            + _reserved_hint(review.policy.spec),
+        )
+    )
+
+
+def _reserved_taint(review: _Review) -> Taint | None:
+    return review.policy.spec.reserved_nodes.taint
+
+
+def _tolerations(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    found = list(pods.objects(spec.get("tolerations"), "spec.tolerations"))
+    for index, tol in found:
+        for name in ("key", "operator", "value", "effect"):
+            pods.string(tol.get(name), f"spec.tolerations[{index}].{name}")
+    return found
+
+
+def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
+    """Reachability of reserved nodes for a class that may not use them."""
+    spec = review.spec
+    reserved = review.reserved
+    node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
+    node_selector = pods.string_map(spec.get("nodeSelector"), "spec.nodeSelector")
+    terms = scheduling.required_terms(spec)
+    tolerations = _tolerations(spec)
+    _warn_operator_taints(review, tolerations)
+    if cls.placement != "unreserved":
+        known = reserved.node_names
+        if cls.placement == "reserved" and node_name and known is not None and node_name not in known:
+            review.warnings.append(
+                f"spec.nodeName {node_name} is not a reserved node: the kubelet will reject the pod "
+                f"because of the required {reserved.key}={reserved.value} node affinity"
+            )
+        return
+    if node_name:
+        if reserved.node_names is None:
+            review.warnings.append(
+                f"spec.nodeName {node_name} could not be checked (reserved nodes unknown, no cluster "
+                f"connection); the added {reserved.key} NotIn affinity makes the kubelet reject it on a reserved node"
+            )
+        elif node_name in reserved.node_names:
+            _denied(review, class_name, DENY_NODE_NAME, "spec.nodeName", f"is {node_name}, a reserved node")
+    if node_selector.get(reserved.key) == reserved.value:
+        _denied(
+            review,
+            class_name,
+            DENY_NODE_SELECTOR,
+            "spec.nodeSelector",
+            f"selects {reserved.key}={reserved.value}",
+        )
+    if scheduling.affinity_only_reserved(terms, reserved):
+        _denied(
+            review,
+            class_name,
+            DENY_NODE_AFFINITY,
+            f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}",
+            "selects reserved nodes in every term",
+        )
+    elif terms and reserved.node_names is None and any(t.fields for t in terms):
+        review.warnings.append(
+            "matchFields on node names could not be checked against the reserved nodes (no cluster connection)"
+        )
+    _check_tolerations(review, class_name, tolerations)
+
+
+def _check_tolerations(
+    review: _Review, class_name: str, tolerations: list[tuple[int, Mapping[str, Any]]], old: Any = None
+) -> None:
+    taint = _reserved_taint(review)
+    if taint is None:
+        return
+    previous = old or []
+    for index, tol in tolerations:
+        if tolerates(tol, taint) and tol not in previous:
+            what = (
+                "tolerates every taint" if not tol.get("key") else f"tolerates {taint.key}={taint.value}:{taint.effect}"
+            )
+            _denied(review, class_name, DENY_TOLERATION, f"spec.tolerations[{index}]", what)
+
+
+def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, Mapping[str, Any]]]) -> None:
+    for index, tol in tolerations:
+        if tol.get("key") in AMD_OPERATOR_TAINT_KEYS:
+            review.warnings.append(
+                f"spec.tolerations[{index}] tolerates {tol.get('key')}: the AMD GPU operator uses that taint to keep "
+                "pods off unhealthy or re-partitioning GPUs"
+            )
+
+
+def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: Mapping[str, Any]) -> None:
+    """On UPDATE only what the update introduces is checked: rejecting a pod that was admitted
+    before the policy would block its finalizers and status changes."""
+    if cls.placement != "unreserved":
+        return
+    old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
+    reserved = review.reserved
+    old_tolerations = [tol for _, tol in pods.objects(old_spec.get("tolerations"), "oldObject.spec.tolerations")]
+    _check_tolerations(review, class_name, _tolerations(review.spec), old_tolerations)
+    selector = pods.string_map(review.spec.get("nodeSelector"), "spec.nodeSelector")
+    old_selector = pods.string_map(old_spec.get("nodeSelector"), "oldObject.spec.nodeSelector")
+    if selector.get(reserved.key) == reserved.value and old_selector.get(reserved.key) != reserved.value:
+        _denied(
+            review,
+            class_name,
+            DENY_NODE_SELECTOR,
+            "spec.nodeSelector",
+            f"selects {reserved.key}={reserved.value}",
+        )
+    terms = scheduling.required_terms(review.spec)
+    if scheduling.affinity_only_reserved(terms, reserved) and not scheduling.affinity_only_reserved(
+        scheduling.required_terms(old_spec), reserved
+    ):
+        _denied(
+            review,
+            class_name,
+            DENY_NODE_AFFINITY,
+            f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}",
+            "selects reserved nodes in every term",
+        )
+
+
+def _plan(
+    review: _Review,
+    cls: WorkloadClass,
+    class_name: str,
+    gpu: list[pods.ContainerRef],
+    labels: Mapping[str, str],
+) -> None:
+    _plan_affinity(review, cls)
+    _plan_tolerations(review, cls)
+    _plan_spread(review, cls, labels)
+    _plan_env(review, cls, gpu)
+    _plan_kfd_mount(review, cls, gpu)
+    # The class annotation lands even when nothing else changes; the list of what was done only
+    # when something was (so that a reinvocation on our own output yields no operation).
+    entries = {CLASS_ANNOTATION: class_name}
+    if review.operations:
+        entries[MUTATIONS_ANNOTATION] = ",".join(review.done)
+    review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
+
+
+def _class_requirements(review: _Review, cls: WorkloadClass) -> list[scheduling.Requirement]:
+    reserved = review.reserved
+    requirements: list[scheduling.Requirement] = []
+    if cls.placement == "reserved":
+        requirements.append(
+            scheduling.Requirement(({"key": reserved.key, "operator": "In", "values": [reserved.value]},))
+        )
+    elif cls.placement == "unreserved":
+        requirements.append(
+            scheduling.Requirement(
+                ({"key": reserved.key, "operator": "NotIn", "values": [reserved.value]},),
+                satisfied_by_exclusion=reserved,
+            )
+        )
+    for extra in cls.node_selector_requirements:
+        keys = (extra.key, *extra.key_aliases)
+        requirements.append(scheduling.Requirement(tuple(extra.expression(key) for key in keys)))
+    return requirements
+
+
+def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
+    requirements = _class_requirements(review, cls)
+    if not requirements:
+        return
+    spec = review.spec
+    terms = scheduling.required_terms(spec)
+    new_terms, split = scheduling.narrow_terms(terms, requirements)
+    if terms is None:
+        term_list = new_terms
+        affinity = spec.get("affinity")
+        node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+        required = node_affinity.get(scheduling.REQUIRED) if isinstance(node_affinity, Mapping) else None
+        if not isinstance(affinity, Mapping):
+            op = patch.add("/spec/affinity", {"nodeAffinity": {scheduling.REQUIRED: {"nodeSelectorTerms": term_list}}})
+        elif not isinstance(node_affinity, Mapping):
+            op = patch.add("/spec/affinity/nodeAffinity", {scheduling.REQUIRED: {"nodeSelectorTerms": term_list}})
+        elif not isinstance(required, Mapping):
+            op = patch.add(
+                patch.pointer("spec", "affinity", "nodeAffinity", scheduling.REQUIRED),
+                {"nodeSelectorTerms": term_list},
+            )
+        else:
+            op = patch.add(patch.pointer(*scheduling.TERMS_PATH), term_list)
+        review.operations.append(op)
+        review.done.append("node-affinity")
+        return
+    if split:
+        review.operations.append(patch.replace(patch.pointer(*scheduling.TERMS_PATH), new_terms))
+        review.done.append("node-affinity")
+        return
+    changed = False
+    for term, new in zip(terms, new_terms, strict=True):
+        added = new.get("matchExpressions", [])[len(term.expressions) :]
+        if not added:
+            continue
+        changed = True
+        path = (*scheduling.TERMS_PATH, term.index, "matchExpressions")
+        review.operations.extend(patch.append_to_list(review.pod, path, added))
+    if changed:
+        review.done.append("node-affinity")
+
+
+def _plan_tolerations(review: _Review, cls: WorkloadClass) -> None:
+    existing = [tol for _, tol in _tolerations(review.spec)]
+    wanted: list[dict[str, Any]] = []
+    taint = _reserved_taint(review)
+    if cls.placement == "reserved" and taint is not None and not any(tolerates(tol, taint) for tol in existing):
+        wanted.append({"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect})
+    for extra in cls.tolerations:
+        body = extra.as_k8s()
+        if body not in existing and body not in wanted:
+            wanted.append(body)
+    if wanted:
+        review.operations.extend(patch.append_to_list(review.pod, ("spec", "tolerations"), wanted))
+        review.done.append("tolerations")
+
+
+def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str]) -> None:
+    spread = cls.topology_spread
+    if spread is None:
+        return
+    existing = list(pods.objects(review.spec.get("topologySpreadConstraints"), "spec.topologySpreadConstraints"))
+    if any(c.get("topologyKey") == spread.topology_key for _, c in existing):
+        return
+    if not labels:
+        review.warnings.append(
+            f"no topology spread on {spread.topology_key} added: the pod has no labels to select its peers by "
+            "(a constraint without a selector counts nothing); give the pod labels"
+        )
+        return
+    constraint: dict[str, Any] = {
+        "maxSkew": spread.max_skew,
+        "topologyKey": spread.topology_key,
+        "whenUnsatisfiable": spread.when_unsatisfiable,
+        "labelSelector": {"matchLabels": dict(labels)},
+    }
+    if spread.min_domains is not None:
+        constraint["minDomains"] = spread.min_domains
+    review.operations.extend(patch.append_to_list(review.pod, ("spec", "topologySpreadConstraints"), [constraint]))
+    review.done.append("topology-spread")
+
+
+def _plan_env(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:
+    if not cls.env:
+        return
+    changed = False
+    for container in gpu:
+        env = list(pods.objects(container.body.get("env"), f"{container.field}.env"))
+        missing: list[dict[str, Any]] = []
+        for var in cls.env:
+            matches = [(i, entry) for i, entry in env if entry.get("name") == var.name]
+            wanted = {"name": var.name, "value": var.value}
+            if not matches:
+                missing.append(wanted)
+            elif var.on_conflict == "override":
+                for i, entry in matches:
+                    if dict(entry) != wanted:
+                        pointer = patch.pointer("spec", container.list_name, container.index, "env", i)
+                        review.operations.append(patch.replace(pointer, wanted))
+                        changed = True
+        if missing:
+            env_path = ("spec", container.list_name, container.index, "env")
+            review.operations.extend(patch.append_to_list(review.pod, env_path, missing))
+            changed = True
+    if changed:
+        review.done.append("env")
+
+
+def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:
+    if not cls.kfd_topology_mount or not gpu:
+        return
+    labels = review.namespace.labels
+    if labels is None:
+        review.warnings.append(
+            f"KFD topology mount skipped: the Pod Security level of namespace {review.namespace.name} is unknown "
+            "(no cluster connection), and a hostPath volume is rejected under baseline and restricted"
+        )
+        return
+    level = labels.get(PSS_ENFORCE_LABEL)
+    if level in ("baseline", "restricted"):
+        review.warnings.append(
+            f"KFD topology mount skipped: namespace {review.namespace.name} enforces Pod Security {level}, "
+            "which forbids hostPath volumes"
+        )
+        return
+    volumes = list(pods.objects(review.spec.get("volumes"), "spec.volumes"))
+    same_name = [v for _, v in volumes if v.get("name") == KFD_VOLUME_NAME]
+    if same_name and dict(same_name[0]) != KFD_VOLUME:
+        review.warnings.append(f"KFD topology mount skipped: the pod already has a different volume {KFD_VOLUME_NAME}")
+        return
+    changed = False
+    if not same_name:
+        review.operations.extend(patch.append_to_list(review.pod, ("spec", "volumes"), [dict(KFD_VOLUME)]))
+        changed = True
+    for container in gpu:
+        mounts = list(pods.objects(container.body.get("volumeMounts"), f"{container.field}.volumeMounts"))
+        if any(m.get("mountPath") == KFD_TOPOLOGY_PATH for _, m in mounts):
+            continue
+        path = ("spec", container.list_name, container.index, "volumeMounts")
+        review.operations.extend(patch.append_to_list(review.pod, path, [dict(KFD_MOUNT)]))
+        changed = True
+    if changed:
+        review.done.append("kfd-topology-mount")
+
+
+def _finish(review: _Review, mode: Mode, class_name: str, operation: str) -> Decision:
+    violations = tuple(review.violations)
+    operations = tuple(review.operations)
+    warnings = list(review.warnings)
+    audit = {"class": class_name, "mode": mode}
+    if violations:
+        audit["violations"] = ",".join(sorted({v.rule for v in violations}))
+    denial = "; ".join(v.message for v in violations)
+
+    if mode == "audit":
+        audit["would-patch-operations"] = str(len(operations))
+        if violations:
+            audit["would-deny"] = denial[:1000]
+        warnings_out = tuple(warnings)
+        rule = violations[0].rule if violations else (RULE_MUTATED if operations else _quiet_rule(operation))
+        return Decision(
+            allowed=True,
+            rule=rule,
+            message="audit mode: nothing changed" + (f"; would deny: {denial}" if violations else ""),
+            mode=mode,
+            workload_class=class_name,
+            warnings=warnings_out,
+            audit_annotations=audit,
+            violations=violations,
+        )
+    if violations and mode == "enforce":
+        audit["decision"] = "denied"
+        return Decision(
+            allowed=False,
+            rule=violations[0].rule,
+            message=denial,
+            mode=mode,
+            workload_class=class_name,
+            warnings=tuple(warnings),
+            audit_annotations=audit,
+            violations=violations,
+            code=403,
+        )
+    if violations:  # warn mode: the denial becomes a warning, the pod is still mutated
+        warnings = [f"would be denied in enforce mode: {v.message}" for v in violations] + warnings
+    audit["decision"] = "patched" if operations else "allowed"
+    if operations:
+        audit["patch-operations"] = str(len(operations))
+    rule = violations[0].rule if violations else (RULE_MUTATED if operations else _quiet_rule(operation))
+    summary = (
+        f"class {class_name}: " + (", ".join(review.done) or "annotated")
+        if operations
+        else f"class {class_name}: compliant"
+    )
+    return Decision(
+        allowed=True,
+        rule=rule,
+        message=summary,
+        mode=mode,
+        workload_class=class_name,
+        patch=operations,
+        warnings=tuple(warnings),
+        audit_annotations=audit,
+        violations=violations,
+    )
+
+
+def _quiet_rule(operation: str) -> str:
+    return RULE_COMPLIANT if operation == "CREATE" else RULE_CHECKED

@@ -1,0 +1,165 @@
+"""Where a pod can be scheduled, and how to narrow it, reasoned on node affinity as the scheduler does.
+
+``nodeSelectorTerms`` are ORed and the requirements inside one term are ANDed, so a requirement must
+be added to *every* term (appending a new term would widen placement). An empty term matches no node
+and is left alone. The reachability question is: can *every* way the pod could be scheduled only
+lead to a reserved node?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from webhook import pods
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+TERMS_PATH = ("spec", "affinity", "nodeAffinity", REQUIRED, "nodeSelectorTerms")
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """How reserved nodes are recognised: one node label, and their names when known."""
+
+    key: str
+    value: str
+    node_names: frozenset[str] | None
+
+    def selects_only_reserved(self, requirement: Mapping[str, Any]) -> bool:
+        values = requirement.get("values") or []
+        return (
+            requirement.get("key") == self.key
+            and requirement.get("operator") == "In"
+            and bool(values)
+            and all(value == self.value for value in values)
+        )
+
+    def excludes_reserved(self, requirement: Mapping[str, Any]) -> bool:
+        if requirement.get("key") != self.key:
+            return False
+        operator = requirement.get("operator")
+        values = requirement.get("values") or []
+        return (
+            operator == "DoesNotExist"
+            or (operator == "NotIn" and self.value in values)
+            or (operator == "In" and self.value not in values)
+        )
+
+    def fields_select_only_reserved(self, requirement: Mapping[str, Any]) -> bool:
+        values = requirement.get("values") or []
+        return (
+            self.node_names is not None
+            and requirement.get("key") == "metadata.name"
+            and requirement.get("operator") == "In"
+            and bool(values)
+            and all(value in self.node_names for value in values)
+        )
+
+
+@dataclass(frozen=True)
+class Term:
+    index: int
+    expressions: list[Mapping[str, Any]]
+    fields: list[Mapping[str, Any]]
+    body: Mapping[str, Any]
+
+    @property
+    def empty(self) -> bool:
+        # The API: "null or empty node selector term matches no objects".
+        return not self.expressions and not self.fields
+
+
+def required_terms(spec: Mapping[str, Any]) -> list[Term] | None:
+    """The required node-affinity terms, or None when the pod has no required node affinity."""
+    affinity = pods.mapping(spec.get("affinity"), "spec.affinity")
+    node_affinity = pods.mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = node_affinity.get(REQUIRED)
+    if required is None:
+        return None
+    field = f"spec.affinity.nodeAffinity.{REQUIRED}"
+    required = pods.mapping(required, field)
+    raw_terms = pods.sequence(required.get("nodeSelectorTerms"), f"{field}.nodeSelectorTerms")
+    if not raw_terms:
+        return None
+    terms = []
+    for index, body in pods.objects(raw_terms, f"{field}.nodeSelectorTerms"):
+        where = f"{field}.nodeSelectorTerms[{index}]"
+        expressions = [expr for _, expr in pods.objects(body.get("matchExpressions"), f"{where}.matchExpressions")]
+        fields = [expr for _, expr in pods.objects(body.get("matchFields"), f"{where}.matchFields")]
+        for expr in (*expressions, *fields):
+            pods.string(expr.get("key"), f"{where}: key")
+            for value in pods.sequence(expr.get("values"), f"{where}: values"):
+                pods.string(value, f"{where}: values")
+        terms.append(Term(index, expressions, fields, body))
+    return terms
+
+
+def term_only_reserved(term: Term, reserved: Reserved) -> bool:
+    return any(reserved.selects_only_reserved(e) for e in term.expressions) or any(
+        reserved.fields_select_only_reserved(f) for f in term.fields
+    )
+
+
+def affinity_only_reserved(terms: list[Term] | None, reserved: Reserved) -> bool:
+    """True when every term that can match a node selects reserved nodes only."""
+    if not terms:
+        return False
+    live = [term for term in terms if not term.empty]
+    return bool(live) and all(term_only_reserved(term, reserved) for term in live)
+
+
+def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (
+        a.get("key") == b.get("key")
+        and a.get("operator") == b.get("operator")
+        and sorted(a.get("values") or []) == sorted(b.get("values") or [])
+    )
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement the policy adds to every term; ``alternatives`` are equivalent spellings (ORed)."""
+
+    alternatives: tuple[Mapping[str, Any], ...]
+    satisfied_by_exclusion: Reserved | None = None  # for "not reserved": any expression excluding them counts
+
+    def satisfied(self, term: Term) -> bool:
+        for expression in term.expressions:
+            if self.satisfied_by_exclusion is not None and self.satisfied_by_exclusion.excludes_reserved(expression):
+                return True
+            if any(_same_requirement(expression, alt) for alt in self.alternatives):
+                return True
+        return False
+
+
+def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) -> tuple[list[dict[str, Any]], bool]:
+    """The terms with every requirement ANDed in, and whether any term was split (alternatives).
+
+    Empty terms match nothing and stay as they are. With no terms at all, one term is created.
+    """
+    if not terms:
+        base: list[dict[str, Any]] = [{}]
+    else:
+        base = [dict(term.body) for term in terms]
+    split = False
+    out: list[dict[str, Any]] = []
+    originals: list[Term | None] = list(terms) if terms else [None]
+    for original, body in zip(originals, base, strict=True):
+        variants = [body]
+        if original is not None and original.empty:
+            out.append(body)
+            continue
+        for requirement in requirements:
+            probe = original if original is not None else Term(0, [], [], {})
+            if probe.expressions and requirement.satisfied(probe):
+                continue
+            next_variants = []
+            for variant in variants:
+                for alternative in requirement.alternatives:
+                    expressions = [*(variant.get("matchExpressions") or []), dict(alternative)]
+                    next_variants.append({**variant, "matchExpressions": expressions})
+            split = split or len(requirement.alternatives) > 1
+            variants = next_variants
+        out.extend(variants)
+    return out, split
