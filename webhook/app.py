@@ -1,0 +1,272 @@
+"""The FastAPI app: transport only. Read the body with a limit, check the content type, decode,
+hand the envelope to ``handler.handle``, encode the reply, record a log line and metrics.
+
+HTTP status codes (what a caller that is not kube-apiserver can get):
+
+=====  =================================================================================
+200    an AdmissionReview reply (also for denials and for internal errors, with the uid)
+400    empty body, not JSON, not an AdmissionReview (wrong kind/apiVersion, no request/uid)
+405    not POST (FastAPI)
+413    body over 7 MiB (checked from Content-Length first, else while reading)
+415    Content-Type is not application/json
+500    an unexpected failure before the envelope could be read (logged, counted)
+=====  =================================================================================
+
+An unexpected exception while deciding is answered as a well-formed AdmissionReview with
+``allowed: false`` and ``status.code: 500`` (controller-runtime's ``Errored``): the reply still
+carries the uid, the failure is logged with its traceback and counted in
+``rocm_isolation_errors_total{kind="internal"}``, and the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from webhook import review
+from webhook.cluster import ClusterCache
+from webhook.handler import ClusterFacts, Handled, NoCluster, handle
+from webhook.logs import log_review
+from webhook.metrics import CONTENT_TYPE, Metrics
+from webhook.reload import PolicyStore
+from webhook.review import ReviewError
+from webhook.tls import CertificateReloader
+
+log = logging.getLogger("webhook.app")
+
+# controller-runtime's limit: the apiserver sends at most two objects (object, oldObject) of at most
+# 3 MiB each (etcd's default request limit is 1.5 MiB, the apiserver's 3 MiB), plus 1 MiB of envelope.
+MAX_BODY_BYTES = 7 * 1024 * 1024
+
+
+@dataclass
+class WebhookService:
+    """Everything a worker process serves with; the app reads it, the lifespan runs its pollers."""
+
+    policies: PolicyStore
+    metrics: Metrics
+    certificates: CertificateReloader | None = None
+    cluster: ClusterCache | None = None
+    policy_poll_seconds: float = 5.0
+    cert_poll_seconds: float = 10.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    _stop: asyncio.Event | None = field(default=None, repr=False)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
+
+    @property
+    def facts(self) -> ClusterFacts:
+        return self.cluster if self.cluster is not None else NoCluster()
+
+    async def start(self) -> None:
+        self._stop = asyncio.Event()
+        if self.policies.path is not None:
+            self._tasks.append(asyncio.create_task(self.policies.run(self.policy_poll_seconds, self._stop)))
+        if self.certificates is not None:
+            self._tasks.append(asyncio.create_task(self.certificates.run(self.cert_poll_seconds, self._stop)))
+        if self.cluster is not None:
+            self.cluster.start()
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        policy = self.policies.policy
+        checks: dict[str, Any] = {
+            "policy": {
+                "ok": True,
+                "name": policy.name,
+                "digest": policy.digest[:12],
+                "source": self.policies.source,
+                # A rejected new file does not make the pod unready (the last good policy serves),
+                # but it is said here.
+                **({"lastReloadError": self.policies.error} if self.policies.error else {}),
+            }
+        }
+        certs = self.certificates
+        if certs is None:
+            checks["certificates"] = {"ok": False, "detail": "no serving certificate loaded"}
+        else:
+            checks["certificates"] = {
+                "ok": certs.loaded,
+                "notAfter": certs.not_after.isoformat() if certs.not_after else None,
+                **({"lastReloadError": certs.error} if certs.error else {}),
+            }
+        if self.cluster is None:
+            checks["cluster"] = {"ok": True, "detail": "no cluster configured: namespace labels and nodes unknown"}
+        else:
+            checks["cluster"] = {"ok": self.cluster.synced, **self.cluster.status()}
+        missing = [name for name, check in checks.items() if not check["ok"]]
+        return not missing, {"ready": not missing, "missing": missing, "checks": checks}
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": status}, status_code=status, headers=headers or None)
+
+
+def _media_type(value: str) -> str:
+    return value.split(";", 1)[0].strip().lower()
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """Read at most ``limit`` bytes; raise BodyTooLarge as soon as the body is longer."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge()
+    return bytes(body)
+
+
+def create_app(service: WebhookService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="rocm-isolation-webhook", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.service = service
+    metrics = service.metrics
+
+    def reject(kind: str, status: int, message: str, **headers: str) -> JSONResponse:
+        metrics.errors.labels(kind).inc()
+        log.warning("rejected request", extra={"error_kind": kind, "status": status, "problem": message})
+        return _error(status, message, **headers)
+
+    @app.post("/mutate")
+    async def mutate(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            media_type = _media_type(request.headers.get("content-type", ""))
+            if media_type != "application/json":
+                return reject(
+                    "unsupported_media_type",
+                    415,
+                    f"Content-Type must be application/json, got {media_type or 'none'!r}",
+                )
+            length = request.headers.get("content-length")
+            if length is not None:
+                if not length.isdigit():
+                    return reject("malformed", 400, f"invalid Content-Length {length!r}")
+                if int(length) > service.max_body_bytes:
+                    return reject(
+                        "body_too_large",
+                        413,
+                        f"body of {length} bytes is over the {service.max_body_bytes} byte limit",
+                        connection="close",
+                    )
+            try:
+                body = await _read_body(request, service.max_body_bytes)
+            except BodyTooLarge:
+                return reject(
+                    "body_too_large", 413, f"body is over the {service.max_body_bytes} byte limit", connection="close"
+                )
+            if not body.strip():
+                return reject("malformed", 400, "empty body: expected an AdmissionReview")
+            try:
+                data = json.loads(body)
+            except (ValueError, RecursionError) as err:
+                return reject("malformed", 400, f"body is not JSON: {err}")
+            try:
+                admission = review.parse_review(data)
+            except ReviewError as err:
+                return reject("malformed", 400, f"not an AdmissionReview: {err}")
+        except Exception:
+            metrics.errors.labels("internal").inc()
+            log.exception("unexpected failure reading the request")
+            return _error(500, "internal error reading the request; see the webhook's log")
+
+        policy = service.policies.policy
+        try:
+            handled = handle(admission, policy=policy, facts=service.facts)
+        except Exception as err:
+            metrics.errors.labels("internal").inc()
+            log.exception("unexpected failure deciding", extra={"uid": admission.uid})
+            handled = Handled(
+                response=review.errored(
+                    f"rocm-isolation-webhook: internal error ({type(err).__name__}) while checking this pod; "
+                    f"the webhook's log has the details under uid {admission.uid}"
+                ),
+                workload_class="",
+                decision="error",
+                rule="internal-error",
+                mode=policy.spec.mode,
+            )
+        payload = json.dumps(review.review_response(admission, handled.response), separators=(",", ":"))
+        elapsed = time.perf_counter() - started
+        _record(service, admission, handled, elapsed)
+        return Response(payload, media_type="application/json")
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ready, body = service.readiness()
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - last resort
+        metrics.errors.labels("internal").inc()
+        log.error("unhandled exception", exc_info=exc)
+        return _error(500, "internal error; see the webhook's log")
+
+    return app
+
+
+def _record(service: WebhookService, admission: review.AdmissionRequest, handled: Handled, elapsed: float) -> None:
+    try:
+        metrics = service.metrics
+        patch_ops = len(handled.response.patch)
+        metrics.reviews.labels(admission.operation, handled.workload_class, handled.decision, handled.mode).inc()
+        metrics.latency.observe(elapsed)
+        if patch_ops:
+            metrics.patch_operations.inc(patch_ops)
+        if handled.decision == "denied":
+            metrics.denials.labels(handled.rule).inc()
+        for rule, mode in handled.violations:
+            metrics.violations.labels(rule, mode).inc()
+        log_review(
+            {
+                "uid": admission.uid,
+                "namespace": admission.namespace,
+                "pod": admission.pod_name,
+                "operation": admission.operation,
+                "workload_class": handled.workload_class,
+                "decision": handled.decision,
+                "rule": handled.rule,
+                "mode": handled.mode,
+                "patch_operations": patch_ops,
+                "dry_run": admission.dry_run,
+                "latency_ms": round(elapsed * 1000, 3),
+            }
+        )
+    except Exception:  # pragma: no cover - observability must never fail a review
+        log.exception("failed to record a review")

@@ -1,0 +1,110 @@
+"""``handle(request) -> response``: guard clauses first (Gatekeeper's shape), then the engine.
+
+No I/O: the namespace and node facts come from a ``ClusterFacts`` (the watch cache, or nothing),
+the policy from the caller. The same function serves the HTTPS app and any offline caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from webhook import review
+from webhook.decision import NamespaceFacts, NodeFacts
+from webhook.engine import decide
+from webhook.policy import Policy
+from webhook.review import AdmissionRequest, AdmissionResponse
+
+
+class ClusterFacts(Protocol):
+    """Where namespace labels and reserved node names come from."""
+
+    def namespace(self, name: str) -> NamespaceFacts: ...
+
+    def nodes(self, policy: Policy) -> NodeFacts: ...
+
+
+class NoCluster:
+    """No cluster connection: namespace labels and reserved nodes are unknown.
+
+    Namespace rules by name still work; the engine says in a warning what it could not check.
+    """
+
+    def namespace(self, name: str) -> NamespaceFacts:
+        return NamespaceFacts(name=name, labels=None)
+
+    def nodes(self, policy: Policy) -> NodeFacts:
+        return NodeFacts(reserved_node_names=None)
+
+
+@dataclass(frozen=True)
+class Handled:
+    """The response and what to record about it (log line, metrics)."""
+
+    response: AdmissionResponse
+    workload_class: str
+    decision: str  # allowed | patched | denied | skipped
+    rule: str
+    mode: str
+    violations: tuple[tuple[str, str], ...] = ()  # (rule, mode) for every violation found
+
+
+def _skip(rule: str, mode: str) -> Handled:
+    return Handled(response=review.allowed(), workload_class="", decision="skipped", rule=rule, mode=mode)
+
+
+def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
+    mode = policy.spec.mode
+    if not request.is_pod:
+        return _skip("skip.not-a-pod", mode)
+    if request.sub_resource:
+        # pods/status, pods/binding, pods/ephemeralcontainers, ...: not the pod spec we place.
+        return _skip("skip.subresource", mode)
+    if request.operation not in ("CREATE", "UPDATE"):
+        return _skip("skip.operation", mode)
+    pod = request.object
+    if pod is None:
+        return Handled(
+            response=review.denied(
+                f"request.object is null on {request.operation}: there is no pod to check", code=400
+            ),
+            workload_class="",
+            decision="denied",
+            rule="request.object-missing",
+            mode=mode,
+        )
+    namespace = request.namespace
+    if not namespace:
+        meta = pod.get("metadata")
+        value = meta.get("namespace") if isinstance(meta, dict) else None
+        namespace = value if isinstance(value, str) else ""
+
+    decision = decide(
+        operation=request.operation,
+        pod=pod,
+        old_pod=request.old_object,
+        namespace=facts.namespace(namespace),
+        nodes=facts.nodes(policy),
+        policy=policy,
+    )
+    if not decision.allowed:
+        response = review.denied(
+            decision.message,
+            code=decision.code,
+            warnings=decision.warnings,
+            audit_annotations=decision.audit_annotations,
+        )
+    elif decision.patch:
+        response = review.patched(
+            decision.patch, warnings=decision.warnings, audit_annotations=decision.audit_annotations
+        )
+    else:
+        response = review.allowed(warnings=decision.warnings, audit_annotations=decision.audit_annotations)
+    return Handled(
+        response=response,
+        workload_class=decision.workload_class or "",
+        decision=decision.outcome,
+        rule=decision.rule,
+        mode=decision.mode,
+        violations=tuple((v.rule, decision.mode) for v in decision.violations),
+    )

@@ -1,0 +1,228 @@
+"""``serve``: the HTTPS admission webhook (uvicorn, TLS 1.2+, hot-reloaded certificates and policy).
+
+uvicorn settings that matter for kube-apiserver as a client:
+
+- ``timeout_keep_alive`` 95 s: the apiserver pools idle webhook connections for 90 s (Go's
+  ``IdleConnTimeout``); a server that closes first races the next POST on a reused connection.
+- ``timeout_graceful_shutdown``: on SIGTERM uvicorn stops accepting, answers the reviews in flight,
+  then exits; idle pooled connections are closed so the apiserver redials a live replica.
+- ``--workers N`` runs N processes on one socket. Each worker loads the policy, the certificates
+  and (with a cluster) its own watch cache, and polls the files itself. Metrics are aggregated
+  across workers through ``PROMETHEUS_MULTIPROC_DIR`` (set here when not given).
+
+Worker processes are started by uvicorn with ``spawn``: the settings reach them in the
+environment variable ``ROCM_ISOLATION_WEBHOOK_SERVE`` (JSON), and each process builds its
+``WebhookService`` once, shared by the app factory and the TLS context factory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import ssl
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from webhook.app import MAX_BODY_BYTES, WebhookService, create_app
+from webhook.cluster import ClusterCache, kubeconfig_available, load_api_client
+from webhook.logs import configure, uvicorn_log_config
+from webhook.metrics import Metrics
+from webhook.policy import PolicyError
+from webhook.reload import PolicyStore
+from webhook.tls import CertificateError, CertificateReloader
+
+SETTINGS_ENV = "ROCM_ISOLATION_WEBHOOK_SERVE"
+DEFAULT_KEEP_ALIVE = 95
+
+log = logging.getLogger("webhook.serve")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cert_dir: str = "certs"
+    policy: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8443
+    workers: int = 1
+    cluster: bool = False
+    kubeconfig: str | None = None
+    cert_poll_seconds: float = 10.0
+    policy_poll_seconds: float = 5.0
+    resync_seconds: float = 600.0
+    keep_alive_seconds: int = DEFAULT_KEEP_ALIVE
+    graceful_timeout_seconds: int = 30
+    log_level: str = "info"
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        raw = os.environ.get(SETTINGS_ENV)
+        if not raw:
+            raise RuntimeError(f"{SETTINGS_ENV} is not set: start the webhook with `rocm-isolation-webhook serve`")
+        return cls(**json.loads(raw))
+
+
+def build_service(settings: Settings) -> WebhookService:
+    """Load policy and certificates (raising PolicyError / CertificateError) and wire the cluster cache."""
+    metrics = Metrics()
+    policies = PolicyStore(Path(settings.policy) if settings.policy else None, metrics=metrics)
+    certificates = CertificateReloader(Path(settings.cert_dir), metrics=metrics)
+    cluster = None
+    if settings.cluster:
+        api_client = load_api_client(settings.kubeconfig)
+        if api_client is None:
+            raise RuntimeError("no kubeconfig and not running in a cluster")
+        cluster = ClusterCache(
+            api_client,
+            reserved_label=policies.policy.spec.reserved_nodes.label,
+            metrics=metrics,
+            resync_seconds=settings.resync_seconds,
+        )
+    return WebhookService(
+        policies=policies,
+        metrics=metrics,
+        certificates=certificates,
+        cluster=cluster,
+        policy_poll_seconds=settings.policy_poll_seconds,
+        cert_poll_seconds=settings.cert_poll_seconds,
+        max_body_bytes=settings.max_body_bytes,
+    )
+
+
+_service: WebhookService | None = None
+
+
+def process_service() -> WebhookService:
+    """This process's service, built on first use from the settings in the environment."""
+    global _service
+    if _service is None:
+        _service = build_service(Settings.from_env())
+    return _service
+
+
+def app_factory() -> Any:
+    """uvicorn app factory (``webhook.serve:app_factory``), called once per worker process."""
+    return create_app(process_service())
+
+
+def ssl_context_factory(config: Any, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """uvicorn ``ssl_context_factory``: the live context the certificate reloader keeps loaded."""
+    certificates = process_service().certificates
+    if certificates is None:  # pragma: no cover - build_service always loads certificates
+        raise RuntimeError("no certificates")
+    return certificates.context
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cert-dir", default="certs", help="directory with tls.crt and tls.key, reloaded when they change"
+    )
+    parser.add_argument("--policy", help="IsolationPolicy YAML file, reloaded when it changes (default: built-in)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default: 8443)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    cluster = parser.add_mutually_exclusive_group()
+    cluster.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="do not watch the cluster: namespace labels and reserved nodes are unknown (rules by name still work)",
+    )
+    cluster.add_argument(
+        "--kubeconfig",
+        help="kubeconfig to watch Namespaces and Nodes with (default: in-cluster, $KUBECONFIG, ~/.kube/config; "
+        "without any of them the webhook runs as --no-cluster)",
+    )
+    parser.add_argument("--cert-poll-seconds", type=float, default=10.0, help="certificate file poll interval")
+    parser.add_argument("--policy-poll-seconds", type=float, default=5.0, help="policy file poll interval")
+    parser.add_argument("--resync-seconds", type=float, default=600.0, help="relist interval of the cluster cache")
+    parser.add_argument(
+        "--keep-alive-seconds",
+        type=int,
+        default=DEFAULT_KEEP_ALIVE,
+        help="idle keep-alive (default 95: longer than the apiserver's 90 s connection pool)",
+    )
+    parser.add_argument(
+        "--graceful-timeout-seconds", type=int, default=30, help="how long shutdown waits for reviews in flight"
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    use_cluster = not args.no_cluster and kubeconfig_available(args.kubeconfig)
+    return Settings(
+        cert_dir=args.cert_dir,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        cluster=use_cluster,
+        kubeconfig=args.kubeconfig,
+        cert_poll_seconds=args.cert_poll_seconds,
+        policy_poll_seconds=args.policy_poll_seconds,
+        resync_seconds=args.resync_seconds,
+        keep_alive_seconds=args.keep_alive_seconds,
+        graceful_timeout_seconds=args.graceful_timeout_seconds,
+        log_level=args.log_level,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    configure(args.log_level)
+    if args.workers < 1:
+        print("serve: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.keep_alive_seconds < 1 or args.cert_poll_seconds <= 0 or args.policy_poll_seconds <= 0:
+        print("serve: intervals must be positive", file=sys.stderr)
+        return 2
+    settings = settings_from_args(args)
+    if not settings.cluster:
+        log.warning(
+            "running without a cluster: namespace labels and reserved nodes are unknown; "
+            "namespace rules by name still apply and each review says what could not be checked"
+        )
+    os.environ[SETTINGS_ENV] = settings.to_env()
+    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rocm-isolation-metrics-")
+    try:
+        # Fail fast, with the file and the problem, before binding the port.
+        service = build_service(settings)
+    except PolicyError as err:
+        print(f"serve: {err}", file=sys.stderr)
+        return 1
+    except (CertificateError, OSError, RuntimeError) as err:
+        print(f"serve: {err}", file=sys.stderr)
+        return 1
+    if settings.workers == 1:
+        global _service
+        _service = service
+    else:
+        # Each worker builds its own; this one only validated the settings.
+        if service.cluster is not None:
+            service.cluster.stop()
+    uvicorn.run(
+        "webhook.serve:app_factory",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        ssl_context_factory=ssl_context_factory,
+        timeout_keep_alive=settings.keep_alive_seconds,
+        timeout_graceful_shutdown=settings.graceful_timeout_seconds,
+        log_config=uvicorn_log_config(settings.log_level),
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        lifespan="on",
+    )
+    return 0
