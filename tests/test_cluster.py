@@ -1,0 +1,231 @@
+"""The cluster-facts cache against a local HTTP server replaying recorded Kubernetes list and watch
+responses (tests/fixtures/kube-api/). kube-apiserver cannot run here; its side of the exchange is
+replayed over real HTTP by ``fake_kube_api.FakeKubeApi``, and the ``kubernetes`` client talks to it
+unchanged (no function is patched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PKI, ServerFactory, load_review, wait_for
+from fake_kube_api import FakeKubeApi, listed, status, watched
+from kube_apiserver import apply_patch, verify_response
+
+from webhook.cluster import ClusterCache, Reflector
+from webhook.metrics import Metrics
+from webhook.policy import default_policy
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    fake = FakeKubeApi().start()
+    yield fake
+    fake.stop()
+
+
+def api_client(fake: FakeKubeApi) -> Any:
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = fake.url
+    return client.ApiClient(configuration)
+
+
+def restarts(metrics: Metrics, resource: str, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "rocm_isolation_cluster_watch_restarts_total", {"resource": resource, "reason": reason}
+    )
+    return value or 0.0
+
+
+def test_namespace_reflector_follows_watches_drops_and_410_gone(api: FakeKubeApi) -> None:
+    api.script(
+        "namespaces",
+        lists=[listed("namespaces-list-1.json"), listed("namespaces-list-2.json"), listed("namespaces-list-3.json")],
+        watches=[
+            watched("namespaces-watch-1.jsonl", end="close"),  # server-side timeout: resume from the last event
+            watched("namespaces-watch-2.jsonl", end="drop"),  # connection cut mid-event: back off, relist
+            watched("watch-expired.jsonl", end="close"),  # ERROR 410 event: relist
+            status(410, "status-410-gone.json"),  # HTTP 410 on the watch request: relist
+            watched("namespaces-watch-3.jsonl", end="close"),  # an event and a bookmark
+        ],
+    )
+    from kubernetes import client
+
+    metrics = Metrics()
+    reflector = Reflector(
+        "namespaces", client.CoreV1Api(api_client(api)).list_namespace, metrics=metrics, backoff_initial=0.05
+    )
+    reflector.start()
+    try:
+        # After the bookmark, the next watch resumes from its resourceVersion and is held open.
+        wait_for(
+            lambda: any(r.watch and r.query.get("resourceVersion") == "450" for r in api.requests_for("namespaces")),
+            what="the watch after the bookmark",
+        )
+        assert reflector.synced.is_set()
+        assert reflector.items == {
+            "team-a": {"kubernetes.io/metadata.name": "team-a", "rocm-isolation.io/class": "inference"},
+            "team-c": {"kubernetes.io/metadata.name": "team-c"},
+            "team-d": {"kubernetes.io/metadata.name": "team-d", "rocm-isolation.io/class": "inference"},
+        }
+        assert reflector.resource_version == "450"
+    finally:
+        reflector.stop()
+
+    sequence = [
+        ("watch" if r.watch else "list", r.query.get("resourceVersion")) for r in api.requests_for("namespaces")
+    ]
+    assert sequence == [
+        ("list", None),
+        ("watch", "100"),
+        ("watch", "102"),  # resumed after the clean close, no relist
+        ("list", None),  # after the drop
+        ("watch", "300"),
+        ("list", None),  # after the ERROR 410 event
+        ("watch", "400"),
+        ("list", None),  # after the HTTP 410
+        ("watch", "400"),
+        ("watch", "450"),  # resumed from the bookmark
+    ]
+    for request in api.requests_for("namespaces"):
+        if request.watch:
+            assert request.query["allowWatchBookmarks"] == "true"
+            assert int(request.query["timeoutSeconds"]) > 0
+    assert reflector.lists == 4
+    assert restarts(metrics, "namespaces", "expired") == 2
+    assert restarts(metrics, "namespaces", "error") == 1
+    assert restarts(metrics, "namespaces", "closed") >= 2
+
+
+def test_watch_events_update_the_cache(api: FakeKubeApi) -> None:
+    """Events between lists are applied: a label change, an addition, a deletion."""
+    api.script(
+        "namespaces",
+        lists=[listed("namespaces-list-1.json")],
+        watches=[watched("namespaces-watch-1.jsonl", end="hold")],
+    )
+    from kubernetes import client
+
+    reflector = Reflector("namespaces", client.CoreV1Api(api_client(api)).list_namespace)
+    reflector.start()
+    try:
+        wait_for(lambda: "team-c" in reflector.items, what="the ADDED event")
+        assert reflector.items["team-b"]["team"] == "x"
+        assert reflector.resource_version == "102"
+    finally:
+        reflector.stop()
+
+
+def test_list_failures_back_off_and_recover(api: FakeKubeApi) -> None:
+    api.script(
+        "namespaces",
+        lists=[status(500, "status-500.json"), status(500, "status-500.json"), listed("namespaces-list-1.json")],
+        watches=[],
+    )
+    from kubernetes import client
+
+    metrics = Metrics()
+    reflector = Reflector(
+        "namespaces", client.CoreV1Api(api_client(api)).list_namespace, metrics=metrics, backoff_initial=0.05
+    )
+    reflector.start()
+    try:
+        wait_for(reflector.synced.is_set, what="the cache to sync after two failed lists")
+        assert set(reflector.items) == {"team-a", "team-b"}
+        assert restarts(metrics, "namespaces", "error") == 2
+        assert reflector.last_error is None
+    finally:
+        reflector.stop()
+
+
+def test_cluster_cache_serves_reserved_nodes_and_namespace_labels(api: FakeKubeApi) -> None:
+    api.script("namespaces", lists=[listed("namespaces-list-1.json")], watches=[])
+    api.script("nodes", lists=[listed("nodes-list.json")], watches=[watched("nodes-watch.jsonl", end="hold")])
+    policy = default_policy()
+    cache = ClusterCache(
+        api_client(api), reserved_label=policy.spec.reserved_nodes.label, metrics=Metrics(), backoff_initial=0.05
+    )
+    # Before the first list, nothing is known (not "no labels", not "no reserved nodes").
+    assert cache.namespace("team-a").labels is None
+    assert cache.nodes(policy).reserved_node_names is None
+    cache.start()
+    try:
+        wait_for(lambda: cache.synced, what="both collections listed")
+        assert cache.namespace("team-a").labels == {
+            "kubernetes.io/metadata.name": "team-a",
+            "rocm-isolation.io/class": "inference",
+        }
+        assert cache.namespace("not-yet-seen").labels is None
+        wait_for(
+            lambda: cache.nodes(policy).reserved_node_names == frozenset({"gpu-node-1", "gpu-node-4"}),
+            what="node events (gpu-node-2 moved to training, gpu-node-4 added)",
+        )
+        status_body = cache.status()
+        assert status_body["nodes"]["synced"] is True and status_body["namespaces"]["count"] == 2
+    finally:
+        cache.stop()
+    node_requests = api.requests_for("nodes")
+    assert all(r.query.get("labelSelector") == "rocm-isolation.io/pool" for r in node_requests)
+
+
+def test_serve_with_a_kubeconfig_uses_the_cluster_facts(
+    api: FakeKubeApi, running_server: ServerFactory, pki: PKI, tmp_path: Path
+) -> None:
+    """The real server started with ``--kubeconfig``: readiness waits for the cache, and reviews use
+    the namespace label (class from the label) and the reserved node names (nodeName denial)."""
+    api.script("namespaces", lists=[listed("namespaces-list-1.json")], watches=[])
+    api.script("nodes", lists=[listed("nodes-list.json")], watches=[])
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    server = running_server(cert_dir=pki.dir, ca_file=pki.ca_file, cluster=True, args=["--kubeconfig", str(kubeconfig)])
+
+    def ready() -> bool:
+        code, _ = server.get_json("/readyz")
+        return code == 200
+
+    wait_for(ready, what="readiness after the cluster cache synced")
+    _, body = server.get_json("/readyz")
+    assert body["checks"]["cluster"]["namespaces"]["synced"] is True
+
+    # team-a is labelled rocm-isolation.io/class=inference in the recorded list.
+    review = load_review("inference-pod-create.json")
+    review["request"]["namespace"] = "team-a"
+    review["request"]["object"]["metadata"]["namespace"] = "team-a"
+    with server.client() as client:
+        status_code, reply = client.post_review(review)
+        assert status_code == 200
+        response = verify_response(review, reply)
+        pod = apply_patch(review["request"]["object"], response)
+        assert pod["metadata"]["annotations"]["rocm-isolation.io/class"] == "inference"
+        assert not any("unknown" in warning for warning in response.get("warnings", []))
+
+        # A training pod pinned to a reserved node by name is denied: the node is known to be reserved.
+        training = load_review("training-pod-create.json")
+        training["request"]["object"]["spec"]["nodeName"] = "gpu-node-1"
+        status_code, reply = client.post_review(training)
+        denied = verify_response(training, reply)
+        assert denied["allowed"] is False and denied["status"]["code"] == 403
+        assert "gpu-node-1" in denied["status"]["message"]
+
+
+def test_readiness_waits_for_the_cluster(
+    api: FakeKubeApi, running_server: ServerFactory, pki: PKI, tmp_path: Path
+) -> None:
+    """The cluster answers 500 to every list: reviews are still answered, /readyz says what is missing."""
+    api.script("namespaces", lists=[status(500, "status-500.json")], watches=[])
+    api.script("nodes", lists=[status(500, "status-500.json")], watches=[])
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    server = running_server(cert_dir=pki.dir, ca_file=pki.ca_file, cluster=True, args=["--kubeconfig", str(kubeconfig)])
+    code, body = server.get_json("/readyz")
+    assert code == 503
+    assert body["missing"] == ["cluster"]
+    assert body["checks"]["cluster"]["namespaces"]["synced"] is False
+    review = load_review("training-pod-create.json")
+    with server.client() as client:
+        status_code, reply = client.post_review(review)
+    assert status_code == 200
+    assert verify_response(review, reply)["allowed"] is True
