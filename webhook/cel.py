@@ -1,0 +1,364 @@
+"""CEL run by the kube-apiserver itself: the webhook's ``matchConditions`` and the
+ValidatingAdmissionPolicy backstop, generated from the IsolationPolicy so they always agree with it.
+
+Only functions both Kubernetes CEL and cel-python implement are used (``has``, ``in``, ``size``,
+``all``/``exists``, ``matches``, ternaries), so the tests evaluate these exact strings. Every field
+read is guarded by ``has()``: a missing field is an evaluation error, and an error in a match
+condition or a policy with ``failurePolicy: Fail`` would reject the request.
+
+What the policy cannot see that the engine can (documented in docs/operations.md):
+- node labels: ``spec.nodeName`` or ``matchFields metadata.name`` of a reserved node is not caught;
+- glob namespace rules are translated to anchored regular expressions (same meaning for DNS names).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from webhook.policy import Policy
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+# A label value can never contain "<", so this stands for "label absent" when comparing old and new.
+ABSENT = "<absent>"
+CLASS_LABEL_EDITORS = "rocm-isolation-class-label-editors"
+
+
+def quote(text: str) -> str:
+    """A CEL single-quoted string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def str_list(items: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(quote(item) for item in items) + "]"
+
+
+def glob_regex(pattern: str) -> str:
+    """A shell glob (fnmatch: ``*``, ``?``, ``[...]``, ``[!...]``) as an anchored RE2 expression."""
+    out = ["^"]
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[":
+            # The closing bracket as fnmatch finds it: a leading "!" or "]" belongs to the set.
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append("\\[")
+                continue
+            body = pattern[i:j].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            elif body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{body}]")
+            i = j + 1
+        else:
+            out.append(ch if ch.isalnum() or ch in "-_" else re.escape(ch))
+    out.append("$")
+    return "".join(out)
+
+
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+# --- GPU pods -------------------------------------------------------------------------------------
+
+
+def _gpu_key(var: str, policy: Policy) -> str:
+    scope = policy.spec.scope
+    parts = []
+    if scope.gpu_resources:
+        parts.append(f"{var} in {str_list(scope.gpu_resources)}")
+    parts.extend(f"{var}.matches({quote(pattern)})" for pattern in scope.gpu_resource_patterns)
+    return " || ".join(parts) if parts else "false"
+
+
+def gpu_pod(policy: Policy, root: str = "object") -> str:
+    """True when a container or init container requests or limits a GPU resource (like the engine)."""
+    key = _gpu_key("r", policy)
+    container = (
+        "has(c.resources) && (\n"
+        f"  (has(c.resources.requests) && c.resources.requests.exists(r, {key})) ||\n"
+        f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
+        ")"
+    )
+    return " ||\n".join(
+        f"(has({root}.spec.{field}) && {root}.spec.{field}.exists(c, {container}))"
+        for field in ("containers", "initContainers")
+    )
+
+
+def not_mirror_pod(root: str = "object") -> str:
+    return f"!has({root}.metadata.annotations) || !({quote(MIRROR_ANNOTATION)} in {root}.metadata.annotations)"
+
+
+def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
+    """The mutating webhook's matchConditions: GPU pods only (unless the policy scopes all pods),
+    never mirror pods (the kubelet owns them; a mutated mirror pod no longer matches its static pod)."""
+    conditions = []
+    if not policy.spec.scope.all_pods:
+        conditions.append({"name": "gpu-pods", "expression": gpu_pod(policy)})
+    conditions.append({"name": "not-mirror-pods", "expression": not_mirror_pod()})
+    return conditions
+
+
+# --- namespace class ------------------------------------------------------------------------------
+
+
+def _label_equals(root: str, key: str, value: str) -> str:
+    labels = f"{root}.metadata.labels"
+    return f"(has({labels}) && {quote(key)} in {labels} && {labels}[{quote(key)}] == {quote(value)})"
+
+
+def _label_or_absent(root: str, key: str) -> str:
+    labels = f"{root}.metadata.labels"
+    return f"(has({labels}) && {key} in {labels} ? {labels}[{key}] : {quote(ABSENT)})"
+
+
+def _rule_matches(policy: Policy, index: int) -> str:
+    match = policy.spec.namespaces[index].match
+    parts = []
+    if match.names:
+        exact = [name for name in match.names if not _is_glob(name)]
+        names = [f"request.namespace in {str_list(exact)}"] if exact else []
+        names += [f"request.namespace.matches({quote(glob_regex(name))})" for name in match.names if _is_glob(name)]
+        parts.append("(" + " || ".join(names) + ")")
+    parts.extend(_label_equals("namespaceObject", key, value) for key, value in match.labels.items())
+    return " && ".join(parts)
+
+
+def _namespace_choice(policy: Policy, *, allowed: bool) -> str:
+    """Nested ternary mirroring Policy.namespace_classes: first rule, then the class label, then the default."""
+    spec = policy.spec
+    label = "variables.namespaceClassLabel"
+    fallback = (
+        f"{label} in {str_list(list(spec.classes))} ? "
+        + (f"[{label}]" if allowed else label)
+        + " : "
+        + (str_list([spec.default_class]) if allowed else quote(spec.default_class))
+    )
+    for index in reversed(range(len(spec.namespaces))):
+        rule = spec.namespaces[index]
+        value = str_list(rule.allowed_classes) if allowed else quote(rule.effective_default)
+        fallback = f"{_rule_matches(policy, index)} ? {value} :\n({fallback})"
+    return fallback
+
+
+# --- reaching reserved nodes ----------------------------------------------------------------------
+
+
+def node_selector_reserved(policy: Policy, root: str) -> str:
+    key, value = policy.spec.reserved_nodes.label
+    selector = f"{root}.spec.nodeSelector"
+    return f"has({selector}) && {quote(key)} in {selector} && {selector}[{quote(key)}] == {quote(value)}"
+
+
+def affinity_only_reserved(policy: Policy, root: str) -> str:
+    """Every non-empty required term has a requirement ``key In [value...]`` selecting only reserved nodes
+    (an empty term matches no node and is ignored; with no non-empty term the pod reaches nothing)."""
+    key, value = policy.spec.reserved_nodes.label
+    affinity = f"{root}.spec.affinity"
+    required = f"{affinity}.nodeAffinity.{REQUIRED}"
+    terms = f"{required}.nodeSelectorTerms"
+    live = (
+        "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+    )
+    only_reserved = (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && e.operator == 'In' "
+        f"&& has(e.values) && size(e.values) > 0 && e.values.all(v, v == {quote(value)})))"
+    )
+    return (
+        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
+        f"{terms}.exists(t, {live}) &&\n"
+        f"{terms}.all(t, !{live} ||\n  {only_reserved})"
+    )
+
+
+def tolerates_reserved(policy: Policy) -> str:
+    """A toleration that tolerates the reserved taint (Kubernetes' ToleratesTaint: an empty key with
+    Exists tolerates every taint) and that the old pod did not already have (on UPDATE only what the
+    update adds is checked, as the engine does)."""
+    taint = policy.spec.reserved_nodes.taint
+    if taint is None:
+        return "false"
+    effect = f"(!has(t.effect) || t.effect == '' || t.effect == {quote(taint.effect)})"
+    exists = "(has(t.operator) && t.operator == 'Exists')"
+    equal = "(!has(t.operator) || t.operator == '' || t.operator == 'Equal')"
+    value = f"(has(t.value) ? t.value : '') == {quote(taint.value)}"
+    keyed = f"t.key == {quote(taint.key)} && ({exists} || ({equal} && {value}))"
+    already = "request.operation == 'UPDATE' && has(oldObject.spec.tolerations) && t in oldObject.spec.tolerations"
+    return (
+        f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n"
+        f"  {effect} &&\n  ((!has(t.key) || t.key == '') ? {exists} : ({keyed})) &&\n  !({already}))"
+    )
+
+
+def _old(expression: str) -> str:
+    # On UPDATE only a change that newly reaches reserved nodes is denied (ratcheting): pods admitted
+    # before the policy existed can still have their labels or finalizers edited.
+    return f"request.operation == 'UPDATE' &&\n{expression}"
+
+
+def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes."""
+    spec = policy.spec
+    unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
+    reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
+    advice = (
+        f"move the pod to a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
+        if reserved_class
+        else ""
+    )
+    pod_label = quote(spec.labels.pod_class)
+    variables = [
+        {
+            "name": "namespaceClassLabel",
+            "expression": _label_or_absent("namespaceObject", quote(spec.labels.namespace_class)),
+        },
+        {"name": "namespaceAllowedClasses", "expression": _namespace_choice(policy, allowed=True)},
+        {"name": "namespaceDefaultClass", "expression": _namespace_choice(policy, allowed=False)},
+        {
+            "name": "podClass",
+            "expression": (
+                f"has(object.metadata.labels) && {pod_label} in object.metadata.labels &&\n"
+                f"object.metadata.labels[{pod_label}] in variables.namespaceAllowedClasses\n"
+                f"? object.metadata.labels[{pod_label}] : variables.namespaceDefaultClass"
+            ),
+        },
+        {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
+    ]
+    # (variable name, expression on the new pod, the same on the old pod or None, what, how to fix)
+    checks: list[tuple[str, str, str | None, str, str]] = [
+        (
+            "nodeSelectorReserved",
+            node_selector_reserved(policy, "object"),
+            node_selector_reserved(policy, "oldObject"),
+            "spec.nodeSelector selects the reserved nodes",
+            "remove the selector",
+        ),
+        (
+            "affinityReserved",
+            affinity_only_reserved(policy, "object"),
+            affinity_only_reserved(policy, "oldObject"),
+            "every term of spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution selects only "
+            "reserved nodes",
+            "remove that requirement",
+        ),
+    ]
+    taint = spec.reserved_nodes.taint
+    if taint is not None:
+        checks.append(
+            (
+                "tolerationReserved",
+                tolerates_reserved(policy),
+                None,
+                f"spec.tolerations tolerate the reserved taint {taint.key}={taint.value}:{taint.effect}",
+                "remove that toleration (an empty key with operator Exists tolerates every taint)",
+            )
+        )
+    validations = []
+    for name, current, before, what, fix in checks:
+        variables.append({"name": name, "expression": current})
+        expression = f"!variables.unreservedClass || !variables.{name}"
+        if before is not None:
+            variables.append({"name": f"{name}Before", "expression": _old(before)})
+            expression += f" || variables.{name}Before"
+        validations.append(
+            {
+                "expression": expression,
+                # Used when messageExpression cannot be evaluated.
+                "message": f"rocm-isolation: the class of this GPU pod may not use the nodes reserved for "
+                f"inference: {what}",
+                "messageExpression": quote("rocm-isolation: a GPU pod of class ")
+                + " + variables.podClass + "
+                + quote(f" may not use the nodes reserved for inference: {what}; {advice}{fix}"),
+                "reason": "Forbidden",
+            }
+        )
+    out: dict[str, Any] = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+            ]
+        },
+    }
+    conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": gpu_pod(policy)}]
+    # A terminating pod is never scheduled again: its updates (finalizers, status) are not checked.
+    conditions.append(
+        {
+            "name": "not-terminating",
+            "expression": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
+        }
+    )
+    out["matchConditions"] = conditions
+    out["variables"] = variables
+    out["validations"] = validations
+    return out
+
+
+def namespace_label_keys(policy: Policy) -> list[str]:
+    """Namespace labels that decide a class: the class label and every label a namespace rule matches on."""
+    keys = [policy.spec.labels.namespace_class]
+    for rule in policy.spec.namespaces:
+        keys.extend(key for key in rule.match.labels if key not in keys)
+    return keys
+
+
+def namespace_class_policy_spec(policy: Policy) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec limiting who may set, change or remove class-deciding labels."""
+    keys = namespace_label_keys(policy)
+    unchanged = (
+        f"{str_list(keys)}.all(k,\n  {_label_or_absent('object', 'k')} ==\n  "
+        f"(request.operation == 'UPDATE' && has(oldObject.metadata.labels) && k in oldObject.metadata.labels ? "
+        f"oldObject.metadata.labels[k] : {quote(ABSENT)}))"
+    )
+    editor = (
+        "has(request.userInfo.groups) && has(params.data) &&\n"
+        "params.data.exists(k, params.data[k] in request.userInfo.groups)"
+    )
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["namespaces"],
+                }
+            ]
+        },
+        "variables": [
+            {"name": "classLabelsUnchanged", "expression": unchanged},
+            {"name": "classLabelEditor", "expression": editor},
+        ],
+        "validations": [
+            {
+                "expression": "variables.classLabelsUnchanged || variables.classLabelEditor",
+                "message": f"rocm-isolation: only the groups listed in the ConfigMap {CLASS_LABEL_EDITORS} may set, "
+                f"change or remove the namespace labels {', '.join(keys)}",
+                "messageExpression": quote("rocm-isolation: only the groups listed in the ConfigMap ")
+                + " + params.metadata.name + "
+                + quote(
+                    f" may set, change or remove the namespace labels {', '.join(keys)}: they decide which pods "
+                    "may use the nodes reserved for inference"
+                ),
+                "reason": "Forbidden",
+            }
+        ],
+    }
