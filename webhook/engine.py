@@ -130,6 +130,9 @@ def _decide_pod(
     if not gpu and not policy.spec.scope.all_pods:
         return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
 
+    if not isinstance(pod.get("spec"), Mapping):
+        # Only reachable with scope.allPods: every patch below needs /spec to exist.
+        raise pods.MalformedPod("spec", "an object")
     key, value = policy.spec.reserved_nodes.label
     review = _Review(
         pod=pod,
