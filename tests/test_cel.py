@@ -7,7 +7,7 @@ fixtures (tests/fixtures/engine) plus edge cases of our own (tests/fixtures/cel)
 
 Scope of the agreement, stated precisely:
 - match conditions: for every well-formed pod, the webhook is called exactly when ``decide`` acts on
-  the pod (its rule is neither ``not-gpu-pod`` nor ``mirror-pod``);
+  the pod (its rule is not ``not-gpu-pod``: mirror pods are sent too, checked and never mutated);
 - the reserved-nodes policy: for every well-formed CREATE or UPDATE in a namespace the policy is
   bound to, the set of failed validations equals the set of engine violations among
   ``deny-node-selector``, ``deny-node-affinity`` and ``deny-toleration``, both on the pod as sent
@@ -16,8 +16,8 @@ Scope of the agreement, stated precisely:
   The engine runs without node facts here, as the policy has none: ``deny-node-name`` and
   ``matchFields`` on node names need node names, and are the documented gap (see
   ``test_node_names_are_the_documented_gap``).
-- Mirror pods are the one deliberate difference: the engine skips them, the policy does not (the
-  annotation can be set by anyone creating a pod, so it must not be a way around the backstop).
+- Mirror pods are checked by both and mutated by neither (the annotation can be set by anyone
+  creating a pod, so it must not be a way around either).
 """
 
 from __future__ import annotations
@@ -256,10 +256,7 @@ def test_match_conditions_select_exactly_the_pods_the_engine_acts_on(case: dict[
     # A namespace no rule excludes, so only the pod decides whether the engine acts.
     probe = {**case, "namespace": {"name": "anywhere", "labels": {}}, "oldPod": case.get("oldPod") or case["pod"]}
     for operation in ("CREATE", "UPDATE"):
-        acts = decide(probe, nodes_known=False, pod=pod, operation=operation).rule not in (
-            engine.RULE_NOT_GPU,
-            engine.RULE_MIRROR,
-        )
+        acts = decide(probe, nodes_known=False, pod=pod, operation=operation).rule != engine.RULE_NOT_GPU
         assert match_conditions_pass(resources, pod, operation) == acts
     if "gpu" in case.get("cel", {}):
         assert match_conditions_pass(resources, pod, "CREATE") == case["cel"]["gpu"]
@@ -273,19 +270,16 @@ def test_reserved_nodes_policy_denies_what_the_engine_denies(case: dict[str, Any
     expected = engine_reach(decision)
     pod = as_pod(case["pod"], case["namespace"]["name"])
     assert pod is not None
-    mirror = engine.MIRROR_ANNOTATION in (pod["metadata"].get("annotations") or {})
-    if decision.rule in (engine.RULE_EXCLUDED, engine.RULE_NOT_GPU) or mirror:
+    if decision.rule in (engine.RULE_EXCLUDED, engine.RULE_NOT_GPU):
         expected = set()
 
     # The webhook was unavailable (failurePolicy: Ignore): the policy sees the pod as it was sent.
     actions, failed, messages = reserved_nodes_verdict(resources, case, pod, operation)
     if decision.rule == engine.RULE_EXCLUDED:
         assert actions == [], "excluded namespaces are not bound"
-    elif mirror:
-        pass  # the deliberate difference: see the module docstring and test_mirror_pods_are_still_checked
     else:
         assert failed == expected, messages
-    if expected and not mirror:
+    if expected:
         assert actions == render.MODE_ACTIONS[decision.mode]
         assert ("Deny" in actions) == (not decision.allowed)
         for message in messages:
@@ -338,19 +332,21 @@ def test_node_names_are_the_documented_gap() -> None:
 
 
 def test_mirror_pods_are_still_checked() -> None:
-    """The engine skips mirror pods; the backstop does not, so the annotation is no way around it."""
+    """The engine never mutates mirror pods but checks them, and so does the backstop: the
+    annotation is no way around either."""
     case = copy.deepcopy(_case("training-tolerates-everything-with-exists-and-no-key"))
     case["pod"]["metadata"]["annotations"] = {engine.MIRROR_ANNOTATION: "x"}
-    assert decide(case, nodes_known=False).rule == engine.RULE_MIRROR
+    decision = decide(case, nodes_known=False)
+    assert decision.rule == engine.DENY_TOLERATION and decision.patch == ()
     pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
-    assert not match_conditions_pass(rendered("default"), pod, "CREATE")
+    assert match_conditions_pass(rendered("default"), pod, "CREATE")
     assert reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")[1] == {engine.DENY_TOLERATION}
 
 
 def test_all_pods_scope_renders_no_gpu_condition() -> None:
     resources = rendered("engine-all-pods")
     hook = find(resources, "MutatingWebhookConfiguration", render.WEBHOOK_CONFIGURATION)["webhooks"][0]
-    assert [c["name"] for c in hook["matchConditions"]] == ["not-mirror-pods"]
+    assert [c.get("name") for c in hook.get("matchConditions") or []] == []
     cpu_pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     assert match_conditions_pass(resources, cpu_pod, "CREATE")
     policy = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 
 from webhook import certs, render
@@ -107,15 +106,30 @@ def test_match_equivalent_versions(hook: dict[str, Any]) -> None:
     assert hook["matchPolicy"] == "Equivalent"
 
 
-def test_do_not_mutate_mirror_pods(hook: dict[str, Any]) -> None:
-    env = celpy.Environment()
-    mirror = {"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}, "spec": {}}
-    results = [
-        env.program(env.compile(c["expression"])).evaluate({"object": celpy.json_to_cel(mirror)})
-        for c in hook["matchConditions"]
-        if c["name"] == "not-mirror-pods"
-    ]
-    assert results == [False]
+def test_do_not_mutate_mirror_pods() -> None:
+    # Mirror pods reach the webhook (anyone can set the annotation, so they are checked), but the
+    # engine never patches them: the kubelet owns them.
+    from webhook.decision import NamespaceFacts, NodeFacts
+    from webhook.engine import RULE_MIRROR, decide
+    from webhook.policy import default_policy
+
+    mirror = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "static-gpu-node-1", "annotations": {"kubernetes.io/config.mirror": "abc"}},
+        "spec": {
+            "nodeName": "gpu-node-1",
+            "containers": [{"name": "c", "image": "rocm", "resources": {"limits": {"amd.com/gpu": "1"}}}],
+        },
+    }
+    decision = decide(
+        operation="CREATE",
+        pod=mirror,
+        namespace=NamespaceFacts("research", {}),
+        nodes=NodeFacts(frozenset()),
+        policy=default_policy(),
+    )
+    assert decision.allowed and decision.rule == RULE_MIRROR and decision.patch == ()
 
 
 def test_reinvocation_for_idempotent_mutation(hook: dict[str, Any]) -> None:

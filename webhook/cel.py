@@ -101,17 +101,15 @@ def gpu_pod(policy: Policy, root: str = "object") -> str:
     )
 
 
-def not_mirror_pod(root: str = "object") -> str:
-    return f"!has({root}.metadata.annotations) || !({quote(MIRROR_ANNOTATION)} in {root}.metadata.annotations)"
-
-
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """The mutating webhook's matchConditions: GPU pods only (unless the policy scopes all pods),
-    never mirror pods (the kubelet owns them; a mutated mirror pod no longer matches its static pod)."""
+    """The mutating webhook's matchConditions: GPU pods only (unless the policy scopes all pods).
+
+    Mirror pods are sent too: anyone can set the mirror annotation, so the engine checks them
+    (``spec.nodeName`` on a reserved node is beyond the ValidatingAdmissionPolicy) but never mutates them.
+    """
     conditions = []
     if not policy.spec.scope.all_pods:
         conditions.append({"name": "gpu-pods", "expression": gpu_pod(policy)})
-    conditions.append({"name": "not-mirror-pods", "expression": not_mirror_pod()})
     return conditions
 
 

@@ -124,8 +124,7 @@ def _decide_pod(
     labels = pods.string_map(metadata.get("labels"), "metadata.labels")
     if operation == "UPDATE" and metadata.get("deletionTimestamp"):
         return _allow(RULE_DELETING, "the pod is terminating", mode)
-    if MIRROR_ANNOTATION in annotations:
-        return _allow(RULE_MIRROR, "mirror pods are created by the kubelet and cannot be changed", mode)
+    mirror = MIRROR_ANNOTATION in annotations
     gpu = pods.gpu_containers(spec, policy.is_gpu_resource)
     if not gpu and not policy.spec.scope.all_pods:
         return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
@@ -143,10 +142,18 @@ def _decide_pod(
         reserved=scheduling.Reserved(key, value, nodes.reserved_node_names),
         warnings=list(mode_warnings),
     )
-    class_name = _classify(review, labels)
+    old_labels = None
+    if operation == "UPDATE":
+        old_metadata = pods.mapping(pods.mapping(old_pod, "oldObject").get("metadata"), "oldObject.metadata")
+        old_labels = pods.string_map(old_metadata.get("labels"), "oldObject.metadata.labels")
+    class_name = _classify(review, labels, old_labels)
     cls = policy.spec.classes[class_name]
     if operation == "CREATE":
         _check_create(review, cls, class_name)
+        if mirror:
+            # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
+            # mutate them. Anyone can set the annotation, so they are still checked.
+            return _finish_mirror(review, mode, class_name)
         _plan(review, cls, class_name, gpu, labels)
     else:
         old = pods.mapping(old_pod, "oldObject")
@@ -154,7 +161,7 @@ def _decide_pod(
     return _finish(review, mode, class_name, operation)
 
 
-def _classify(review: _Review, labels: Mapping[str, str]) -> str:
+def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[str, str] | None) -> str:
     spec = review.policy.spec
     namespace = review.namespace
     classes = review.policy.namespace_classes(namespace.name, namespace.labels)
@@ -168,6 +175,10 @@ def _classify(review: _Review, labels: Mapping[str, str]) -> str:
         return classes.default
     if requested in classes.allowed:
         return requested
+    if old_labels is not None and old_labels.get(spec.labels.pod_class) == requested:
+        # An UPDATE that does not introduce the request: the pod was admitted before (audit or
+        # warn mode, or before a relabel); blocking it would wedge its finalizers and status.
+        return classes.default
     hint = _class_hint(spec, requested)
     known = "" if requested in spec.classes else " (no such class in the policy)"
     review.violations.append(
@@ -394,7 +405,7 @@ def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
         return
     changed = False
     for term, new in zip(terms, new_terms, strict=True):
-        added = new.get("matchExpressions", [])[len(term.expressions) :]
+        added = (new.get("matchExpressions") or [])[len(term.expressions) :]
         if not added:
             continue
         changed = True
@@ -566,6 +577,20 @@ def _finish(review: _Review, mode: Mode, class_name: str, operation: str) -> Dec
         warnings=tuple(warnings),
         audit_annotations=audit,
         violations=violations,
+    )
+
+
+def _finish_mirror(review: _Review, mode: Mode, class_name: str) -> Decision:
+    if review.violations:
+        return _finish(review, mode, class_name, "CREATE")
+    return Decision(
+        allowed=True,
+        rule=RULE_MIRROR,
+        message="mirror pods are created by the kubelet and are checked, never changed",
+        mode=mode,
+        workload_class=class_name,
+        warnings=tuple(review.warnings),
+        audit_annotations={"class": class_name, "mode": mode, "decision": "allowed"},
     )
 
 
