@@ -1,0 +1,530 @@
+"""Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies.
+
+Shared by the property suite (tests/test_properties.py) and the service/fuzz suites. Everything
+generated here is what a real kube-apiserver could send in an AdmissionReview: label keys and
+values follow the qualified-name rules, GPU (extended) resources sit in ``limits`` (``requests``
+equal them when present), node-selector requirements carry the values their operator needs,
+``matchFields`` use ``metadata.name`` with exactly one value, and ``tolerationSeconds`` only
+comes with ``NoExecute``. Optional parents are sometimes absent and sometimes JSON ``null``.
+
+Hypothesis profiles are registered here (tests/conftest.py belongs to the service suite):
+``default`` (150 examples) and ``fuzz`` (5000), selected with ``HYPOTHESIS_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from webhook.decision import NamespaceFacts, NodeFacts
+from webhook.policy import Policy, default_policy, load_policy
+
+settings.register_profile(
+    "default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=5000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+POLICY_DIR = Path(__file__).parent / "fixtures" / "policies"
+
+# The default policy's names (the property suite checks the patched pods against them).
+RESERVED_KEY = "rocm-isolation.io/pool"
+RESERVED_VALUE = "inference"
+TAINT_KEY = "rocm-isolation.io/reserved"
+TAINT_VALUE = "inference"
+TAINT_EFFECT = "NoSchedule"
+CLASS_LABEL = "rocm-isolation.io/class"
+MODE_LABEL = "rocm-isolation.io/mode"
+POD_CLASS_LABEL = "rocm-isolation.io/workload-class"
+PSS_LABEL = "pod-security.kubernetes.io/enforce"
+PARTITION_KEY = "amd.com/compute-memory-partition"
+PARTITION_ALIAS = "amd.com/gpu.compute-memory-partition"
+KFD_PATH = "/sys/class/kfd/kfd/topology/nodes"
+
+RESERVED_NODE_NAMES = ("gpu-inf-0", "gpu-inf-1")
+OTHER_NODE_NAMES = ("gpu-train-0", "gpu-train-1", "cpu-0")
+NAMESPACE_NAMES = (
+    "default",
+    "team-a",
+    "ml-serving",
+    "inference-prod",
+    "inference-canary",
+    "research",
+    "kube-system",
+    "rocm-isolation-system",
+)
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+# Policy variants: the shipped default plus the prop-*.yaml files under tests/fixtures/policies/.
+POLICY_FILES = ("prop-kfd.yaml", "prop-partition.yaml", "prop-allpods-warn.yaml", "prop-audit.yaml")
+
+
+def policies() -> dict[str, Policy]:
+    """The shipped default policy and the property-suite variants, by name."""
+    out = {"default": default_policy()}
+    for name in POLICY_FILES:
+        out[name.removesuffix(".yaml")] = load_policy(POLICY_DIR / name)
+    return out
+
+
+_POLICIES = policies()
+POLICY_NAMES = tuple(_POLICIES)
+
+
+def policy_named(name: str) -> Policy:
+    return _POLICIES[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Names, labels, annotations
+# ---------------------------------------------------------------------------------------------
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,10}[A-Za-z0-9])?"
+
+dns_labels: st.SearchStrategy[str] = st.from_regex(rf"\A{_DNS_LABEL}\Z")
+label_names: st.SearchStrategy[str] = st.from_regex(rf"\A{_LABEL_NAME}\Z")
+label_values: st.SearchStrategy[str] = st.one_of(st.just(""), label_names)
+prefixes: st.SearchStrategy[str] = st.one_of(
+    st.sampled_from(["example.com", "app.kubernetes.io", "rocm-isolation.io", "amd.com", "a.b-c.d"]),
+    st.lists(dns_labels, min_size=1, max_size=3).map(".".join),
+)
+# Keys with a prefix (and therefore a "/", which must be escaped in JSON pointers) are common.
+label_keys: st.SearchStrategy[str] = st.one_of(
+    label_names,
+    st.builds(lambda prefix, name: f"{prefix}/{name}", prefixes, label_names),
+    st.sampled_from(["app", "app.kubernetes.io/name", "example.com/a", "pod-template-hash", RESERVED_KEY]),
+)
+
+
+@st.composite
+def pod_labels(draw: st.DrawFn) -> dict[str, str] | None:
+    labels = dict(draw(st.dictionaries(label_keys, label_values, max_size=4)))
+    choice = draw(st.sampled_from(["none", "none", "inference", "training", "bogus"]))
+    if choice != "none":
+        labels[POD_CLASS_LABEL] = choice
+    if not labels and draw(st.booleans()):
+        return None
+    return labels
+
+
+annotation_values: st.SearchStrategy[str] = st.text(st.characters(codec="utf-8"), max_size=8)
+
+
+@st.composite
+def pod_annotations(draw: st.DrawFn) -> dict[str, str] | None:
+    annotations = dict(draw(st.dictionaries(label_keys, annotation_values, max_size=3)))
+    extra = draw(st.sampled_from(["none", "none", "none", "class-stale", "class-training", "mirror"]))
+    if extra == "class-stale":
+        annotations[CLASS_LABEL] = "stale"
+    elif extra == "class-training":
+        annotations[CLASS_LABEL] = "training"
+    elif extra == "mirror":
+        annotations["kubernetes.io/config.mirror"] = "0123456789abcdef"
+    if not annotations and draw(st.booleans()):
+        return None
+    return annotations
+
+
+def _maybe(draw: st.DrawFn, value: Any, *, null: bool = True) -> tuple[bool, Any]:
+    """Whether to set an optional field, and to what (sometimes JSON null)."""
+    choice = draw(st.sampled_from(["set", "set", "set", "absent", "null"] if null else ["set", "set", "absent"]))
+    if choice == "absent":
+        return False, None
+    if choice == "null":
+        return True, None
+    return True, value
+
+
+def _put(draw: st.DrawFn, target: dict[str, Any], key: str, value: Any, *, null: bool = True) -> None:
+    present, body = _maybe(draw, value, null=null)
+    if present:
+        target[key] = body
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers
+# ---------------------------------------------------------------------------------------------
+
+GPU_RESOURCES = ("amd.com/gpu", "amd.com/cpx_nps4")
+QUANTITIES = {"cpu": ["100m", "1", "2"], "memory": ["128Mi", "1Gi"], "amd.com/gpu": ["1", "2", "8"]}
+
+
+@st.composite
+def resources(draw: st.DrawFn) -> dict[str, Any]:
+    """Requests/limits. Extended (GPU) resources: limits only, or requests equal to limits."""
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    for name in ("cpu", "memory"):
+        where = draw(st.sampled_from(["none", "requests", "limits", "both"]))
+        value = draw(st.sampled_from(QUANTITIES[name]))
+        if where in ("requests", "both"):
+            requests[name] = value
+        if where in ("limits", "both"):
+            limits[name] = value
+    for name in GPU_RESOURCES:
+        where = draw(st.sampled_from(["none", "none", "limits", "both"]))
+        value = draw(st.sampled_from(QUANTITIES["amd.com/gpu"]))
+        if where != "none":
+            limits[name] = value
+        if where == "both":
+            requests[name] = value
+    body: dict[str, Any] = {}
+    if requests or draw(st.booleans()):
+        body["requests"] = requests
+    if limits or draw(st.booleans()):
+        body["limits"] = limits
+    return body
+
+
+# Since Kubernetes 1.34 an env var name may be any printable ASCII except "=".
+env_names: st.SearchStrategy[str] = st.one_of(
+    st.sampled_from(["HSA_QUEUE_PRIORITY", "GPU_MAX_HW_QUEUES", "HIP_FORCE_DEV_KERNARG", "PATH", "HSA_CU_MASK"]),
+    st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,8}\Z"),
+    st.text(alphabet=[chr(c) for c in range(0x21, 0x7F) if chr(c) != "="], min_size=1, max_size=8),
+)
+
+
+@st.composite
+def env_var(draw: st.DrawFn) -> dict[str, Any]:
+    name = draw(env_names)
+    kind = draw(st.sampled_from(["value", "value", "empty", "fieldRef", "secret"]))
+    if kind == "value":
+        return {"name": name, "value": draw(st.sampled_from(["high", "low", "1", "4", "x/y~z"]))}
+    if kind == "empty":
+        return {"name": name}
+    if kind == "fieldRef":
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+
+
+@st.composite
+def container(draw: st.DrawFn, name: str, volume_names: list[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "image": draw(st.sampled_from(["rocm/pytorch:latest", "busybox"]))}
+    _put(draw, body, "resources", draw(resources()), null=False)
+    _put(draw, body, "env", draw(st.lists(env_var(), max_size=4)))
+    if volume_names:
+        mounts: list[dict[str, Any]] = []
+        paths: set[str] = set()
+        for volume in draw(st.lists(st.sampled_from(volume_names), max_size=3)):
+            path = draw(st.sampled_from(["/data", "/cache", "/scratch", KFD_PATH]))
+            if path in paths:
+                continue
+            paths.add(path)
+            mount: dict[str, Any] = {"name": volume, "mountPath": path}
+            if draw(st.booleans()):
+                mount["readOnly"] = True
+            mounts.append(mount)
+        _put(draw, body, "volumeMounts", mounts)
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling: tolerations, node selector, node affinity, topology spread
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def toleration(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(
+        st.sampled_from(
+            [
+                "exists-any",
+                "reserved-equal",
+                "reserved-equal-other-value",
+                "reserved-exists",
+                "reserved-no-operator",
+                "unhealthy",
+                "dcm",
+                "other",
+            ]
+        )
+    )
+    tol: dict[str, Any]
+    if kind == "exists-any":
+        tol = {"operator": "Exists"}
+    elif kind == "reserved-equal":
+        tol = {"key": TAINT_KEY, "operator": "Equal", "value": TAINT_VALUE}
+    elif kind == "reserved-equal-other-value":
+        tol = {"key": TAINT_KEY, "operator": "Equal", "value": "training"}
+    elif kind == "reserved-exists":
+        tol = {"key": TAINT_KEY, "operator": "Exists"}
+    elif kind == "reserved-no-operator":
+        tol = {"key": TAINT_KEY, "value": TAINT_VALUE}
+    elif kind == "unhealthy":
+        tol = {"key": "amd-gpu-unhealthy", "operator": "Exists"}
+    elif kind == "dcm":
+        tol = {"key": "amd-dcm", "operator": "Equal", "value": "up"}
+    else:
+        tol = {"key": draw(label_keys), "operator": "Equal", "value": draw(label_values)}
+    effect = draw(st.sampled_from(["", *EFFECTS]))
+    if effect:
+        tol["effect"] = effect
+    if effect == "NoExecute" and draw(st.booleans()):
+        tol["tolerationSeconds"] = draw(st.integers(0, 3600))
+    return tol
+
+
+@st.composite
+def node_selector(draw: st.DrawFn) -> dict[str, str]:
+    selector = dict(draw(st.dictionaries(label_keys, label_values, max_size=2)))
+    choice = draw(st.sampled_from(["none", "reserved", "other-pool", PARTITION_KEY]))
+    if choice == "reserved":
+        selector[RESERVED_KEY] = RESERVED_VALUE
+    elif choice == "other-pool":
+        selector[RESERVED_KEY] = "training"
+    elif choice == PARTITION_KEY:
+        selector[PARTITION_KEY] = "cpx_nps4"
+    return selector
+
+
+@st.composite
+def match_expression(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(
+        st.sampled_from(
+            [
+                "reserved-in",
+                "reserved-in",
+                "reserved-in-mixed",
+                "reserved-in-other",
+                "reserved-notin",
+                "reserved-exists",
+                "reserved-doesnotexist",
+                "partition",
+                "partition-alias",
+                "device-id",
+                "cu-count",
+                "random",
+            ]
+        )
+    )
+    if kind == "reserved-in":
+        return {"key": RESERVED_KEY, "operator": "In", "values": [RESERVED_VALUE]}
+    if kind == "reserved-in-mixed":
+        return {"key": RESERVED_KEY, "operator": "In", "values": [RESERVED_VALUE, "training"]}
+    if kind == "reserved-in-other":
+        return {"key": RESERVED_KEY, "operator": "In", "values": ["training"]}
+    if kind == "reserved-notin":
+        return {"key": RESERVED_KEY, "operator": "NotIn", "values": [RESERVED_VALUE]}
+    if kind == "reserved-exists":
+        return {"key": RESERVED_KEY, "operator": "Exists"}
+    if kind == "reserved-doesnotexist":
+        return {"key": RESERVED_KEY, "operator": "DoesNotExist"}
+    if kind == "partition":
+        return {"key": PARTITION_KEY, "operator": "In", "values": ["cpx_nps4"]}
+    if kind == "partition-alias":
+        return {"key": PARTITION_ALIAS, "operator": "In", "values": draw(st.sampled_from([["cpx_nps4"], ["spx_nps1"]]))}
+    if kind == "device-id":
+        return {"key": "amd.com/gpu.device-id", "operator": "In", "values": ["74a1"]}
+    if kind == "cu-count":
+        operator = draw(st.sampled_from(["Gt", "Lt"]))
+        return {"key": "amd.com/gpu.cu-count", "operator": operator, "values": [str(draw(st.integers(0, 400)))]}
+    operator = draw(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]))
+    expression: dict[str, Any] = {"key": draw(label_keys), "operator": operator}
+    if operator in ("In", "NotIn"):
+        expression["values"] = draw(st.lists(label_values, min_size=1, max_size=2))
+    return expression
+
+
+@st.composite
+def match_field(draw: st.DrawFn) -> dict[str, Any]:
+    # The apiserver allows only metadata.name with In/NotIn and exactly one value.
+    name = draw(st.sampled_from([*RESERVED_NODE_NAMES, *OTHER_NODE_NAMES]))
+    return {"key": "metadata.name", "operator": draw(st.sampled_from(["In", "In", "NotIn"])), "values": [name]}
+
+
+@st.composite
+def node_selector_term(draw: st.DrawFn) -> dict[str, Any]:
+    term: dict[str, Any] = {}
+    expressions = draw(st.lists(match_expression(), max_size=3))
+    fields = draw(st.lists(match_field(), max_size=1))
+    if expressions or draw(st.booleans()):
+        term["matchExpressions"] = expressions
+    elif draw(st.booleans()):
+        term["matchExpressions"] = None
+    if fields or draw(st.integers(0, 3)) == 0:
+        term["matchFields"] = fields
+    return term
+
+
+@st.composite
+def node_affinity(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    terms = draw(st.lists(node_selector_term(), min_size=0, max_size=4))
+    if terms:
+        body["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
+    elif draw(st.integers(0, 4)) == 0:
+        body["requiredDuringSchedulingIgnoredDuringExecution"] = None
+    preferred = draw(
+        st.lists(
+            st.fixed_dictionaries({"weight": st.integers(1, 100), "preference": node_selector_term()}),
+            max_size=2,
+        )
+    )
+    if preferred:
+        body["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    return body
+
+
+@st.composite
+def affinity(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    _put(draw, body, "nodeAffinity", draw(node_affinity()))
+    if draw(st.integers(0, 4)) == 0:
+        body["podAntiAffinity"] = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": "x"}},
+                    },
+                }
+            ]
+        }
+    return body
+
+
+@st.composite
+def spread_constraint(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "maxSkew": draw(st.integers(1, 3)),
+        "topologyKey": draw(st.sampled_from(["kubernetes.io/hostname", "topology.kubernetes.io/zone"])),
+        "whenUnsatisfiable": draw(st.sampled_from(["DoNotSchedule", "ScheduleAnyway"])),
+    }
+    if draw(st.booleans()):
+        body["labelSelector"] = {"matchLabels": draw(st.dictionaries(label_keys, label_values, max_size=2))}
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Pods
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def volumes(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        out.append({"name": "data", "emptyDir": {}})
+    if draw(st.booleans()):
+        out.append({"name": "cache", "emptyDir": {"medium": "Memory"}})
+    kfd = draw(st.sampled_from(["none", "none", "none", "same", "different"]))
+    if kfd == "same":
+        out.append({"name": "rocm-kfd-topology", "hostPath": {"path": KFD_PATH, "type": "Directory"}})
+    elif kfd == "different":
+        out.append({"name": "rocm-kfd-topology", "emptyDir": {}})
+    return out
+
+
+@st.composite
+def pods(draw: st.DrawFn, *, gpu: bool | None = None) -> dict[str, Any]:
+    """A schema-valid Pod as the apiserver sends it on CREATE.
+
+    ``gpu=True`` forces at least one container to limit ``amd.com/gpu``; ``False`` strips GPUs.
+    """
+    metadata: dict[str, Any] = {"name": draw(dns_labels)}
+    _put(draw, metadata, "labels", draw(pod_labels()), null=False)
+    _put(draw, metadata, "annotations", draw(pod_annotations()), null=False)
+    if draw(st.booleans()):
+        metadata["creationTimestamp"] = None  # what the apiserver sends on CREATE
+
+    spec: dict[str, Any] = {}
+    volume_list = draw(volumes())
+    volume_names = [v["name"] for v in volume_list]
+    spec["containers"] = [
+        draw(container(f"c{i}", volume_names)) for i in range(draw(st.integers(min_value=1, max_value=3)))
+    ]
+    init = [draw(container(f"init{i}", volume_names)) for i in range(draw(st.integers(min_value=0, max_value=2)))]
+    if init:
+        spec["initContainers"] = init
+    if volume_list:
+        spec["volumes"] = volume_list
+    elif draw(st.integers(0, 5)) == 0:
+        spec["volumes"] = None
+    spec = copy.deepcopy(spec)  # drawn values are never mutated (keeps Hypothesis' reports exact)
+    init = spec.get("initContainers") or []
+    if gpu is True:
+        first = spec["containers"][0]
+        if not isinstance(first.get("resources"), dict):
+            first["resources"] = {}
+        limits = first["resources"].get("limits")
+        if not isinstance(limits, dict):
+            limits = first["resources"]["limits"] = {}
+        limits["amd.com/gpu"] = "1"
+        requests = first["resources"].get("requests")
+        if isinstance(requests, dict) and "amd.com/gpu" in requests:
+            requests["amd.com/gpu"] = "1"
+    elif gpu is False:
+        for body in [*spec["containers"], *init]:
+            for kind in ("requests", "limits"):
+                quantities = (body.get("resources") or {}).get(kind)
+                if isinstance(quantities, dict):
+                    for name in GPU_RESOURCES:
+                        quantities.pop(name, None)
+
+    _put(draw, spec, "tolerations", draw(st.lists(toleration(), max_size=3)))
+    _put(draw, spec, "nodeSelector", draw(node_selector()))
+    node_name = draw(st.sampled_from(["", "", "", "", *RESERVED_NODE_NAMES, *OTHER_NODE_NAMES]))
+    if node_name:
+        spec["nodeName"] = node_name
+    _put(draw, spec, "affinity", draw(affinity()))
+    _put(draw, spec, "topologySpreadConstraints", draw(st.lists(spread_constraint(), max_size=2)))
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+@st.composite
+def updated_pods(draw: st.DrawFn, old: dict[str, Any]) -> dict[str, Any]:
+    """``old`` plus some added tolerations and labels (what an UPDATE may introduce)."""
+    new = copy.deepcopy(old)
+    added = draw(st.lists(toleration(), max_size=2))
+    if added:
+        existing = new["spec"].get("tolerations") or []
+        new["spec"]["tolerations"] = [*existing, *added]
+    extra = dict(draw(st.dictionaries(label_keys, label_values, max_size=2)))
+    if draw(st.integers(0, 3)) == 0:
+        extra[POD_CLASS_LABEL] = draw(st.sampled_from(["inference", "training", "bogus"]))
+    if extra:
+        new["metadata"]["labels"] = {**(new["metadata"].get("labels") or {}), **extra}
+    return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Namespaces and nodes
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def namespace_labels(draw: st.DrawFn) -> dict[str, str]:
+    labels = dict(draw(st.dictionaries(label_keys, label_values, max_size=2)))
+    for key, values in (
+        (CLASS_LABEL, ["inference", "training", "bogus"]),
+        (MODE_LABEL, ["enforce", "warn", "audit", "bogus"]),
+        (PSS_LABEL, ["baseline", "restricted", "privileged"]),
+        ("team", ["ml", "web"]),
+    ):
+        if draw(st.booleans()):
+            labels[key] = draw(st.sampled_from(values))
+    return labels
+
+
+@st.composite
+def namespaces(draw: st.DrawFn) -> NamespaceFacts:
+    name = draw(st.one_of(st.sampled_from(NAMESPACE_NAMES), dns_labels))
+    labels = draw(st.one_of(st.none(), namespace_labels()))
+    return NamespaceFacts(name=name, labels=labels)
+
+
+node_facts: st.SearchStrategy[NodeFacts] = st.sampled_from([NodeFacts(frozenset(RESERVED_NODE_NAMES)), NodeFacts(None)])
+policy_names: st.SearchStrategy[str] = st.sampled_from(POLICY_NAMES)
