@@ -9,6 +9,8 @@ HTTP status codes (what a caller that is not kube-apiserver can get):
 405    not POST (FastAPI)
 413    body over 7 MiB (checked from Content-Length first, else while reading)
 415    Content-Type is not application/json
+499    the client went away before its body was read (nobody receives it; counted as
+       ``rocm_isolation_errors_total{kind="disconnected"}``, not as an internal error)
 500    an unexpected failure before the envelope could be read (logged, counted)
 =====  =================================================================================
 
@@ -31,6 +33,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from webhook import review
 from webhook.cluster import ClusterCache
@@ -183,6 +186,9 @@ def create_app(service: WebhookService) -> FastAPI:
                 return reject(
                     "body_too_large", 413, f"body is over the {service.max_body_bytes} byte limit", connection="close"
                 )
+            except ClientDisconnect:
+                # The client closed (or the server's read deadline closed) the connection mid-body.
+                return reject("disconnected", 499, "the client disconnected before sending the whole body")
             if not body.strip():
                 return reject("malformed", 400, "empty body: expected an AdmissionReview")
             try:

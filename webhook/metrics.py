@@ -53,7 +53,7 @@ class Metrics:
         self.errors = Counter(
             f"{PREFIX}_errors",
             "Requests that could not be answered normally, by kind "
-            "(body_too_large, unsupported_media_type, malformed, internal).",
+            "(body_too_large, unsupported_media_type, malformed, disconnected, internal).",
             ["kind"],
             registry=r,
         )

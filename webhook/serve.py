@@ -6,6 +6,14 @@ uvicorn settings that matter for kube-apiserver as a client:
   ``IdleConnTimeout``); a server that closes first races the next POST on a reused connection.
 - ``timeout_graceful_shutdown``: on SIGTERM uvicorn stops accepting, answers the reviews in flight,
   then exits; idle pooled connections are closed so the apiserver redials a live replica.
+- read deadline (``--read-timeout-seconds``, default 10 s): uvicorn has no header or body read
+  timeout, so a client that connects and then sends nothing, or trickles its headers a byte at a
+  time (slowloris), would hold its connection forever. ``DeadlineHttpToolsProtocol`` closes a
+  connection whose request is not complete (headers and body) within that time of the connection
+  being made or of the request's first byte (Go's ``ReadHeaderTimeout``; controller-runtime uses
+  32 s). kube-apiserver writes a review in one go and gives up on the call after at most 30 s
+  (``timeoutSeconds``, 2 s in our manifests), so no real review is ever cut. The TLS handshake
+  itself is bounded by asyncio's 60 s ``ssl_handshake_timeout``.
 - ``--workers N`` runs N processes on one socket. Each worker loads the policy, the certificates
   and (with a cluster) its own watch cache, and polls the files itself. Metrics are aggregated
   across workers through ``PROMETHEUS_MULTIPROC_DIR`` (set here when not given).
@@ -18,6 +26,7 @@ environment variable ``ROCM_ISOLATION_WEBHOOK_SERVE`` (JSON), and each process b
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -29,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 from webhook.app import MAX_BODY_BYTES, WebhookService, create_app
 from webhook.cluster import ClusterCache, kubeconfig_available, load_api_client
 from webhook.logs import configure, uvicorn_log_config
@@ -39,6 +50,7 @@ from webhook.tls import CertificateError, CertificateReloader
 
 SETTINGS_ENV = "ROCM_ISOLATION_WEBHOOK_SERVE"
 DEFAULT_KEEP_ALIVE = 95
+DEFAULT_READ_TIMEOUT = 10.0
 
 log = logging.getLogger("webhook.serve")
 
@@ -59,6 +71,7 @@ class Settings:
     graceful_timeout_seconds: int = 30
     log_level: str = "info"
     max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -111,7 +124,61 @@ def process_service() -> WebhookService:
 
 def app_factory() -> Any:
     """uvicorn app factory (``webhook.serve:app_factory``), called once per worker process."""
+    DeadlineHttpToolsProtocol.read_timeout = Settings.from_env().read_timeout_seconds
     return create_app(process_service())
+
+
+class DeadlineHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a read deadline (see the module docstring).
+
+    The deadline is armed when the connection is made (TLS done) and when a request's first byte
+    arrives after an idle keep-alive period; it is cleared when the request is complete. While a
+    response is being computed or a connection idles between requests it does not run (the
+    keep-alive timeout does). When it fires, the connection is closed without a reply.
+    """
+
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # set per process by app_factory
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_read_deadline()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_read_deadline()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._clear_read_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._clear_read_deadline()
+        super().connection_lost(exc)
+
+    def _arm_read_deadline(self) -> None:
+        if self._read_deadline is None and self.read_timeout > 0:
+            self._read_deadline = self.loop.call_later(self.read_timeout, self._read_deadline_expired)
+
+    def _clear_read_deadline(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_deadline_expired(self) -> None:
+        self._read_deadline = None
+        if self.transport.is_closing():
+            return
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
+        log.warning(
+            "closing a connection whose request was not complete in time",
+            extra={"client": client, "read_timeout_seconds": self.read_timeout},
+        )
+        # abort, not close: a TLS close waits up to 30 s for the peer's close_notify.
+        self.transport.abort()
 
 
 def ssl_context_factory(config: Any, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -153,6 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graceful-timeout-seconds", type=int, default=30, help="how long shutdown waits for reviews in flight"
     )
+    parser.add_argument(
+        "--read-timeout-seconds",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT,
+        help="close a connection whose request (headers and body) is not complete within this time (slowloris)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -172,6 +245,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         keep_alive_seconds=args.keep_alive_seconds,
         graceful_timeout_seconds=args.graceful_timeout_seconds,
         log_level=args.log_level,
+        read_timeout_seconds=args.read_timeout_seconds,
     )
 
 
@@ -182,7 +256,12 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("serve: --workers must be at least 1", file=sys.stderr)
         return 2
-    if args.keep_alive_seconds < 1 or args.cert_poll_seconds <= 0 or args.policy_poll_seconds <= 0:
+    if (
+        args.keep_alive_seconds < 1
+        or args.cert_poll_seconds <= 0
+        or args.policy_poll_seconds <= 0
+        or args.read_timeout_seconds <= 0
+    ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2
     settings = settings_from_args(args)
@@ -217,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=settings.workers,
         ssl_context_factory=ssl_context_factory,
+        http="webhook.serve:DeadlineHttpToolsProtocol",
         timeout_keep_alive=settings.keep_alive_seconds,
         timeout_graceful_shutdown=settings.graceful_timeout_seconds,
         log_config=uvicorn_log_config(settings.log_level),
