@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from webhook import engine
 from webhook.policy import (
     NamespaceClasses,
     Policy,
@@ -424,3 +425,28 @@ def test_namespace_class_label_key_is_configurable() -> None:
     policy = parse_policy(text)
     assert policy.namespace_classes("a", {"example.com/gpu-class": "inference"}).default == "inference"
     assert policy.namespace_classes("a", {"rocm-isolation.io/class": "inference"}).default == "training"
+
+
+def test_docs_complete_example_is_the_good_full_fixture_and_loads_cleanly() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "policy.md").read_text(encoding="utf-8")
+    example = docs.split("## Complete example", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    fixture = POLICIES / "good-full.yaml"
+    assert example == fixture.read_text(encoding="utf-8")
+    policy = load_policy(fixture)
+    assert policy.warnings == ()
+    assert policy.name == "mi300x-cluster"
+    assert set(policy.spec.classes) == {"inference", "training", "debug"}
+    aliases = policy.spec.classes["inference"].node_selector_requirements[1]
+    assert aliases.key_aliases == ["amd.com/gpu.compute-memory-partition"]
+    assert policy.namespace_classes("serve-eu", None).allowed == ("inference",)
+    assert policy.namespace_classes("x", {"team": "ml-platform"}).allowed == ("training", "inference", "debug")
+
+
+def test_docs_list_every_rule_id() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "policy.md").read_text(encoding="utf-8")
+    rules = [
+        value for name, value in vars(engine).items() if name.startswith(("RULE_", "DENY_")) and isinstance(value, str)
+    ]
+    assert len(rules) == 14
+    for rule in rules:
+        assert f"| `{rule}` |" in docs, rule
