@@ -309,8 +309,10 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
 
 
 def namespace_label_keys(policy: Policy) -> list[str]:
-    """Namespace labels that decide a class: the class label and every label a namespace rule matches on."""
-    keys = [policy.spec.labels.namespace_class]
+    """Namespace labels that decide a class or its enforcement: the class label, the mode label (``audit``
+    or ``warn`` on a namespace turns the denials off there, in the webhook and in the policy's bindings)
+    and every label a namespace rule matches on."""
+    keys = [policy.spec.labels.namespace_class, policy.spec.labels.namespace_mode]
     for rule in policy.spec.namespaces:
         keys.extend(key for key in rule.match.labels if key not in keys)
     return keys
