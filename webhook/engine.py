@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, get_args
 
 from webhook import patch, pods, scheduling
@@ -86,6 +87,15 @@ class _Review:
     done: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    # Read once per review (the checks and the plan both need them).
+    @cached_property
+    def terms(self) -> list[scheduling.Term] | None:
+        return scheduling.required_terms(self.spec)
+
+    @cached_property
+    def tolerations(self) -> list[tuple[int, Mapping[str, Any]]]:
+        return _tolerations(self.spec)
 
 
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
@@ -225,7 +235,9 @@ def _tolerations(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]
     found = list(pods.objects(spec.get("tolerations"), "spec.tolerations"))
     for index, tol in found:
         for name in ("key", "operator", "value", "effect"):
-            pods.string(tol.get(name), f"spec.tolerations[{index}].{name}")
+            value = tol.get(name)
+            if value is not None and type(value) is not str:
+                pods.string(value, f"spec.tolerations[{index}].{name}")
     return found
 
 
@@ -235,8 +247,8 @@ def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
     reserved = review.reserved
     node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
     node_selector = pods.string_map(spec.get("nodeSelector"), "spec.nodeSelector")
-    terms = scheduling.required_terms(spec)
-    tolerations = _tolerations(spec)
+    terms = review.terms
+    tolerations = review.tolerations
     _warn_operator_taints(review, tolerations)
     if cls.placement != "unreserved":
         known = reserved.node_names
@@ -378,7 +390,7 @@ def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
     if not requirements:
         return
     spec = review.spec
-    terms = scheduling.required_terms(spec)
+    terms = review.terms
     new_terms, split = scheduling.narrow_terms(terms, requirements)
     if terms is None:
         term_list = new_terms
@@ -416,7 +428,7 @@ def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
 
 
 def _plan_tolerations(review: _Review, cls: WorkloadClass) -> None:
-    existing = [tol for _, tol in _tolerations(review.spec)]
+    existing = [tol for _, tol in review.tolerations]
     wanted: list[dict[str, Any]] = []
     taint = _reserved_taint(review)
     if cls.placement == "reserved" and taint is not None and not any(tolerates(tol, taint) for tol in existing):

@@ -8,6 +8,7 @@ keys are escaped (RFC 6901), and ``add`` is preferred over ``replace``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 Operation = dict[str, Any]
@@ -18,8 +19,14 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+@lru_cache(maxsize=4096, typed=True)
+def _reference(token: str | int) -> str:
+    """``/`` and the escaped token; the same few tokens recur in every patch, so they are cached (bounded)."""
+    return "/" + escape(str(token))
+
+
 def pointer(*tokens: str | int) -> str:
-    return "".join("/" + escape(str(token)) for token in tokens)
+    return "".join([_reference(token) for token in tokens])
 
 
 def add(path: str, value: Any) -> Operation:
@@ -62,7 +69,7 @@ def resolve(document: Any, path: Sequence[str | int]) -> Any:
     """The value at ``path`` (object keys and list indexes), or None when any step is missing."""
     node = document
     for token in path:
-        if isinstance(node, Mapping):
+        if type(node) is dict or isinstance(node, Mapping):
             node = node.get(token)
         elif isinstance(node, list) and isinstance(token, int) and 0 <= token < len(node):
             node = node[token]

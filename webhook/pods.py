@@ -24,6 +24,8 @@ class MalformedPod(Exception):
 
 def mapping(value: Any, field: str) -> Mapping[str, Any]:
     """The value as a mapping; absent or null reads as empty."""
+    if type(value) is dict:  # fast path: what JSON decoding gives (the ABC check below is slow)
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -40,6 +42,8 @@ def sequence(value: Any, field: str) -> list[Any]:
 
 
 def string(value: Any, field: str) -> str:
+    if type(value) is str:
+        return value
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -59,7 +63,8 @@ def string_map(value: Any, field: str) -> dict[str, str]:
 def objects(value: Any, field: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """Index and item of a list whose items must be objects."""
     for index, item in enumerate(sequence(value, field)):
-        yield index, mapping(item, f"{field}[{index}]")
+        # The field name is only formatted when the item is not a plain dict.
+        yield index, (item if type(item) is dict else mapping(item, f"{field}[{index}]"))
 
 
 @dataclass(frozen=True)
@@ -82,10 +87,14 @@ def containers(spec: Mapping[str, Any]) -> Iterator[ContainerRef]:
 
 
 def resource_names(container: ContainerRef) -> set[str]:
-    resources = mapping(container.body.get("resources"), f"{container.field}.resources")
+    # mapping() only when the value is not a plain dict: the field names are formatted for errors only.
+    resources = container.body.get("resources")
+    if type(resources) is not dict:
+        resources = mapping(resources, f"{container.field}.resources")
     names: set[str] = set()
     for kind in ("requests", "limits"):
-        names.update(mapping(resources.get(kind), f"{container.field}.resources.{kind}"))
+        value = resources.get(kind)
+        names.update(value if type(value) is dict else mapping(value, f"{container.field}.resources.{kind}"))
     return names
 
 

@@ -365,6 +365,7 @@ class Policy:
     _exact_names: dict[str, int] = field(default_factory=dict, repr=False)
     _globs: tuple[tuple[int, re.Pattern[str]], ...] = field(default=(), repr=False)
     _gpu_patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
+    _gpu_memo: dict[str, bool] = field(default_factory=dict, repr=False)
 
     @property
     def spec(self) -> PolicySpec:
@@ -375,7 +376,12 @@ class Policy:
         return self.document.metadata.name
 
     def is_gpu_resource(self, resource: str) -> bool:
-        return resource in self.spec.scope.gpu_resources or any(p.search(resource) for p in self._gpu_patterns)
+        known = self._gpu_memo.get(resource)
+        if known is None:
+            known = resource in self.spec.scope.gpu_resources or any(p.search(resource) for p in self._gpu_patterns)
+            if len(self._gpu_memo) < 1024:  # bounded: resource names come from pods
+                self._gpu_memo[resource] = known
+        return known
 
     def namespace_classes(self, namespace: str, labels: Mapping[str, str] | None) -> NamespaceClasses:
         """The first namespace rule that matches, then the class label, then ``defaultClass``.

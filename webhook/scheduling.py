@@ -84,6 +84,11 @@ def required_terms(spec: Mapping[str, Any]) -> list[Term] | None:
         return None
     terms = []
     for index, body in pods.objects(raw_terms, f"{field}.nodeSelectorTerms"):
+        plain = _plain_requirements(body.get("matchExpressions")), _plain_requirements(body.get("matchFields"))
+        if plain[0] is not None and plain[1] is not None:
+            # Well typed (what the apiserver sends): no field names to format.
+            terms.append(Term(index, plain[0], plain[1], body))
+            continue
         where = f"{field}.nodeSelectorTerms[{index}]"
         expressions = [expr for _, expr in pods.objects(body.get("matchExpressions"), f"{where}.matchExpressions")]
         fields = [expr for _, expr in pods.objects(body.get("matchFields"), f"{where}.matchFields")]
@@ -93,6 +98,22 @@ def required_terms(spec: Mapping[str, Any]) -> list[Term] | None:
                 pods.string(value, f"{where}: values")
         terms.append(Term(index, expressions, fields, body))
     return terms
+
+
+def _plain_requirements(value: Any) -> list[Mapping[str, Any]] | None:
+    """A copy of the requirement list when every item is a dict with a string key and string values
+    (absent counts as empty); None when anything else is there (checked field by field instead)."""
+    if value is None:
+        return []
+    if type(value) is not list:
+        return None
+    for expr in value:
+        if type(expr) is not dict or type(expr.get("key")) is not str:
+            return None
+        values = expr.get("values")
+        if values is not None and (type(values) is not list or any(type(v) is not str for v in values)):
+            return None
+    return list(value)
 
 
 def term_only_reserved(term: Term, reserved: Reserved) -> bool:
