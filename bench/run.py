@@ -1,0 +1,462 @@
+"""``make bench``: the webhook side by side with a null webhook, as kube-apiserver sees them.
+
+Both servers are the production ``serve`` (uvicorn, TLS, 1 worker, log level info); the null one
+answers ``allowed`` without calling the engine (bench/null_app.py). A separate load-generator
+process (bench/loadgen.py) drives them over keep-alive HTTPS. On a machine with two or more CPUs
+the servers are pinned to CPU 0 and the load generator to CPU 1 (``taskset``), so that the Python
+client does not steal the server's core. Real and null measurements are interleaved, so both see
+the same machine. The result is written to docs/benchmarks.md and docs/benchmarks-latency.png.
+
+``BENCH_QUICK=1`` runs every step much shorter (to check the tooling; the figures are then noisy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import policies, report, reviews, servers
+from bench.servers import Server
+from webhook.decision import NamespaceFacts, NodeFacts
+from webhook.engine import decide
+from webhook.policy import Policy
+
+
+@dataclass(frozen=True)
+class Config:
+    quick: bool
+    connections: int = 8  # closed loop (saturation)
+    open_connections: int = 16  # open loop: the pool requests are dispatched to
+    warmup_reviews: int = 3_000
+    saturation_seconds: float = 4.0
+    saturation_rounds: int = 3  # real/null alternated, median kept
+    open_seconds: dict[int, float] = field(default_factory=lambda: {200: 20.0, 1000: 10.0})
+    sweep_rates: tuple[int, ...] = (100, 200, 500, 1000, 1500, 2000, 2500, 3000)
+    sweep_seconds: float = 4.0
+    rss_reviews: int = 100_000
+    sizes: tuple[int, ...] = (1, 10, 30, 100)
+    rules: tuple[int, ...] = (1, 10, 100, 1000)
+    scaling_seconds: float = 3.0
+    decide_seconds: float = 0.5  # per timeit measurement (best of 5)
+
+    @classmethod
+    def from_env(cls) -> Config:
+        if os.environ.get("BENCH_QUICK", "") not in ("", "0"):
+            return cls(
+                quick=True,
+                warmup_reviews=500,
+                saturation_seconds=1.0,
+                saturation_rounds=1,
+                open_seconds={200: 2.0, 1000: 2.0},
+                sweep_rates=(200, 1000, 2000),
+                sweep_seconds=1.0,
+                rss_reviews=10_000,
+                scaling_seconds=1.0,
+                decide_seconds=0.1,
+            )
+        return cls(quick=False)
+
+
+SERVER_CPU = "0"
+CLIENT_CPU = "1"
+
+
+def cpus_to_pin() -> tuple[str | None, str | None]:
+    if (os.cpu_count() or 1) >= 2:
+        return SERVER_CPU, CLIENT_CPU
+    return None, None
+
+
+class Bench:
+    def __init__(self, config: Config, work: Path) -> None:
+        self.config = config
+        self.work = work
+        self.server_cpu, self.client_cpu = cpus_to_pin()
+        self.cert_dir = work / "certs"
+        self.ca_file = servers.make_certs(self.cert_dir)
+        self.review_files: dict[str, Path] = {}
+        for name, build in reviews.BUILDERS.items():
+            self.review_files[name] = self._write_review(name, build())
+        for size in config.sizes:
+            self.review_files[f"size-{size}"] = self._write_review(f"size-{size}", reviews.sized_pod(size))
+        self.policy_files = {n: self._write_policy(n) for n in sorted({1, *config.rules})}
+
+    def _write_review(self, name: str, review: dict[str, Any]) -> Path:
+        target = self.work / f"{name}.json"
+        target.write_text(json.dumps(review))
+        return target
+
+    def _write_policy(self, rules: int) -> Path:
+        target = self.work / f"policy-{rules}.yaml"
+        target.write_text(policies.policy_text(rules))
+        return target
+
+    def log(self, message: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    def start(self, name: str, module: str, rules: int = 1) -> Server:
+        return servers.start(
+            name,
+            module,
+            cert_dir=self.cert_dir,
+            ca_file=self.ca_file,
+            policy=self.policy_files[rules],
+            work=self.work,
+            cpus=self.server_cpu,
+        )
+
+    def load(
+        self,
+        server: Server,
+        scenarios: list[str],
+        *,
+        mode: str,
+        duration: float,
+        rate: float = 0.0,
+        connections: int | None = None,
+        max_requests: int = 0,
+    ) -> dict[str, Any]:
+        """Run the load generator against ``server``; add the server's own view of the same window."""
+        # The null webhook allows everything; the webhook answers as each scenario expects.
+        expected = {name: server.name == "null" or reviews.SCENARIOS.get(name, ("", True))[1] for name in scenarios}
+        job = {
+            "port": server.port,
+            "ca_file": str(self.ca_file),
+            "mode": mode,
+            "connections": connections
+            or (self.config.connections if mode == "closed" else self.config.open_connections),
+            "duration": duration,
+            "rate": rate,
+            "max_requests": max_requests,
+            "reviews": [[str(self.review_files[name]), expected[name]] for name in scenarios],
+        }
+        log_offset = server.log_size()
+        cpu_before = server.cpu_seconds()
+        buckets_before = servers.histogram(server.metrics())
+        done = subprocess.run(
+            [*servers.pin(self.client_cpu), sys.executable, "-m", "bench.loadgen"],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            cwd=servers.REPO,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(done.stdout)
+        cpu_after = server.cpu_seconds()
+        buckets_after = servers.histogram(server.metrics())
+        result["server_cpu_per_review"] = (cpu_after - cpu_before) / max(result["requests"], 1)
+        result["server_latency"] = in_handler_latencies(server.log_file, log_offset)
+        result["server_histogram"] = {
+            str(le): buckets_after.get(le, 0.0) - buckets_before.get(le, 0.0) for le in sorted(buckets_after)
+        }
+        if result["errors"]:
+            self.log(f"  {server.name}: {result['errors']} errors, e.g. {result['error_samples']}")
+        return result
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    def warm_up(self, server: Server) -> None:
+        # Every review shape the run sends, the biggest pod included: the allocator reaches its
+        # high-water mark here, so that RSS growth after warm-up means a leak.
+        self.load(
+            server,
+            [*reviews.BUILDERS, *(f"size-{size}" for size in self.config.sizes)],
+            mode="closed",
+            duration=120,
+            max_requests=self.config.warmup_reviews,
+        )
+
+    def saturation(self, real: Server, null: Server, scenario: str) -> dict[str, Any]:
+        runs: dict[str, list[dict[str, Any]]] = {"real": [], "null": []}
+        for _ in range(self.config.saturation_rounds):
+            for server in (real, null):
+                runs[server.name].append(
+                    self.load(server, [scenario], mode="closed", duration=self.config.saturation_seconds)
+                )
+        return {name: median_run(items) for name, items in runs.items()}
+
+    def fixed_rate(self, server: Server, scenarios: list[str], rate: float, seconds: float) -> dict[str, Any]:
+        return self.load(server, scenarios, mode="open", rate=rate, duration=seconds)
+
+    def decide_timings(self) -> dict[str, Any]:
+        """Time of ``decide()`` alone, in-process: per scenario, per pod size, per number of rules."""
+        config = self.config
+        base = policies.policy(1)
+        out: dict[str, Any] = {"scenarios": {}, "sizes": {}, "rules": {}}
+        for name, build in reviews.BUILDERS.items():
+            out["scenarios"][name] = time_decide(build(), base, config.decide_seconds)
+        for size in config.sizes:
+            out["sizes"][size] = time_decide(reviews.sized_pod(size), base, config.decide_seconds)
+        for rules in config.rules:
+            policy = policies.policy(rules)
+            out["rules"][rules] = {
+                "hit": time_decide(reviews.inference_small(), policy, config.decide_seconds),
+                "miss": time_decide_new_namespaces(policy, config.decide_seconds),
+            }
+        return out
+
+
+def median_run(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (its latencies stay consistent with its throughput)."""
+    ordered = sorted(items, key=lambda r: r["throughput"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["throughput_runs"] = [r["throughput"] for r in items]
+    chosen["cpu_per_review_runs"] = [r["server_cpu_per_review"] for r in items]
+    return chosen
+
+
+def in_handler_latencies(log_file: Path, offset: int) -> dict[str, float]:
+    """Quantiles of ``latency_ms`` of the review log lines written after ``offset`` (seconds)."""
+    values: list[float] = []
+    with log_file.open("rb") as handle:
+        handle.seek(offset)
+        for line in handle:
+            if b'"latency_ms"' not in line:
+                continue
+            try:
+                values.append(float(json.loads(line)["latency_ms"]) / 1000)
+            except (ValueError, KeyError):
+                continue
+    from bench.loadgen import quantiles
+
+    return quantiles(values)
+
+
+def _decide_call(review: dict[str, Any], policy: Policy) -> Callable[[], object]:
+    request = review["request"]
+    pod = request["object"]
+    namespace = NamespaceFacts(request["namespace"])
+    nodes = NodeFacts()
+
+    def call() -> object:
+        return decide(operation="CREATE", pod=pod, namespace=namespace, nodes=nodes, policy=policy)
+
+    return call
+
+
+def _best_per_call(call: Callable[[], object], seconds: float) -> float:
+    timer = timeit.Timer(call)
+    number, _ = timer.autorange()
+    per = max(1, int(number * seconds / 0.2))
+    return min(timer.repeat(repeat=5, number=per)) / per
+
+
+def time_decide(review: dict[str, Any], policy: Policy, seconds: float) -> float:
+    return _best_per_call(_decide_call(review, policy), seconds)
+
+
+def time_decide_new_namespaces(policy: Policy, seconds: float) -> float:
+    """``decide()`` for a namespace it has never seen (the namespace-rule cache misses every time)."""
+    request = reviews.inference_small()["request"]
+    pod = request["object"]
+    nodes = NodeFacts()
+    counter = iter(range(10**9))
+
+    def call() -> object:
+        namespace = NamespaceFacts(f"inference-new-{next(counter)}")
+        return decide(operation="CREATE", pod=pod, namespace=namespace, nodes=nodes, policy=policy)
+
+    return _best_per_call(call, seconds)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory = f"{int(line.split()[1]) // 1024} MiB"
+    except OSError:
+        pass
+    versions = {}
+    for package in ("uvicorn", "fastapi", "starlette", "pydantic", "uvloop", "httptools", "prometheus-client"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    return {
+        "cpu": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "memory": memory,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "commit": git_commit(),
+    }
+
+
+def git_commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=servers.REPO, check=False
+        )
+        return done.stdout.strip()
+    except OSError:
+        return ""
+
+
+def load_average() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def busy_cpu_fraction(seconds: float = 2.0) -> float:
+    """Fraction of all CPUs busy over ``seconds`` while the benchmark is idle (others' load)."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = values[3] + values[4]
+        return sum(values), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError):
+        return 0.0
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def main() -> int:
+    config = Config.from_env()
+    started = time.time()
+    results: dict[str, Any] = {
+        "quick": config.quick,
+        "machine": machine(),
+        "command": "make bench" + (" (BENCH_QUICK=1)" if config.quick else ""),
+        "busy_before": busy_cpu_fraction(),
+        "load_before": load_average(),
+        "pinned": cpus_to_pin()[0] is not None,
+        "config": {
+            "connections": config.connections,
+            "open_connections": config.open_connections,
+            "saturation_seconds": config.saturation_seconds,
+            "saturation_rounds": config.saturation_rounds,
+            "open_seconds": config.open_seconds,
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="rocm-isolation-bench-") as tmp:
+        bench = Bench(config, Path(tmp))
+        bench.log(f"decide() micro-timings ({'quick' if config.quick else 'full'} run)")
+        results["decide"] = bench.decide_timings()
+
+        real = bench.start("real", "webhook serve")
+        null = bench.start("null", "bench.null_app")
+        try:
+            bench.log("warm-up")
+            bench.warm_up(real)
+            bench.warm_up(null)
+            rss: dict[str, list[tuple[int, int]]] = {"real": [], "null": []}
+
+            def sample_rss() -> None:
+                for server in (real, null):
+                    rss[server.name].append((servers.reviews_total(server.metrics()), server.rss_kib()))
+
+            sample_rss()
+            warm_reviews = servers.reviews_total(real.metrics())
+
+            scenarios: dict[str, Any] = {}
+            for name in reviews.SCENARIOS:
+                bench.log(f"{name}: saturation")
+                entry: dict[str, Any] = {
+                    "body_bytes": bench.review_files[name].stat().st_size,
+                    "saturation": bench.saturation(real, null, name),
+                    "rates": {},
+                }
+                for rate, seconds in config.open_seconds.items():
+                    bench.log(f"{name}: {rate}/s for {seconds:.0f} s")
+                    entry["rates"][rate] = {
+                        server.name: bench.fixed_rate(server, [name], rate, seconds) for server in (real, null)
+                    }
+                scenarios[name] = entry
+                sample_rss()
+            results["scenarios"] = scenarios
+
+            bench.log("latency versus offered load (small pods, mixed)")
+            small = ["inference-small", "training-small", "training-denied", "non-gpu"]
+            sweep: dict[str, dict[int, Any]] = {"real": {}, "null": {}}
+            for rate in config.sweep_rates:
+                for server in (real, null):
+                    sweep[server.name][rate] = bench.fixed_rate(server, small, rate, config.sweep_seconds)
+            results["sweep"] = sweep
+            sample_rss()
+
+            bench.log("pod size")
+            sizes: dict[int, Any] = {}
+            for size in config.sizes:
+                sizes[size] = {
+                    server.name: bench.load(server, [f"size-{size}"], mode="closed", duration=config.scaling_seconds)
+                    for server in (real, null)
+                }
+                sizes[size]["body_bytes"] = bench.review_files[f"size-{size}"].stat().st_size
+            results["sizes"] = sizes
+            sample_rss()
+
+            done = servers.reviews_total(real.metrics()) - warm_reviews
+            if done < config.rss_reviews:
+                bench.log(f"RSS: {config.rss_reviews - done} more reviews")
+                bench.load(
+                    real,
+                    list(reviews.BUILDERS),
+                    mode="closed",
+                    duration=3600,
+                    max_requests=config.rss_reviews - done,
+                )
+                sample_rss()
+            results["rss"] = rss
+            results["rss_target"] = config.rss_reviews
+            results["reviews_after_warmup"] = servers.reviews_total(real.metrics()) - warm_reviews
+        finally:
+            real.stop()
+            null.stop()
+
+        bench.log("namespace rules (one server per policy)")
+        rules: dict[int, Any] = {}
+        for count in config.rules:
+            server = bench.start("real", "webhook serve", rules=count)
+            try:
+                bench.warm_up(server)
+                rules[count] = bench.load(
+                    server, ["inference-small", "training-small"], mode="closed", duration=config.scaling_seconds
+                )
+            finally:
+                server.stop()
+        results["rules"] = rules
+
+    results["busy_after"] = busy_cpu_fraction()
+    results["load_after"] = load_average()
+    results["duration_seconds"] = time.time() - started
+    docs = servers.REPO / "docs"
+    docs.mkdir(exist_ok=True)
+    raw = Path(tempfile.gettempdir()) / "rocm-isolation-bench-results.json"
+    raw.write_text(json.dumps(results, indent=1))
+    report.write(results, docs / "benchmarks.md", docs / "benchmarks-latency.png")
+    print(f"raw results: {raw}", file=sys.stderr)
+    print(report.summary(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Micro-benchmarks of ``decide()`` alone (no network): regressions show here first.
+
+``make bench`` runs them with ``--benchmark-only``; in ``make test`` each runs once and only its
+result is checked. The reviews are the ones the HTTPS benchmark sends (bench/reviews.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from bench import policies, reviews
+from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.engine import decide
+from webhook.policy import Policy
+
+POLICY = policies.policy(1)
+
+# scenario -> (allowed, rule, number of patch operations)
+EXPECTED: dict[str, tuple[bool, str, int]] = {
+    "inference-small": (True, "mutated", 6),
+    "training-small": (True, "mutated", 4),
+    "training-denied": (False, "deny-node-selector", 0),
+    "large": (True, "mutated", 40),
+    "non-gpu": (True, "not-gpu-pod", 0),
+}
+
+
+def _call(review: dict[str, Any], policy: Policy = POLICY, namespace: str | None = None) -> Callable[[], Decision]:
+    request = review["request"]
+    pod = request["object"]
+    facts = NamespaceFacts(namespace or request["namespace"])
+    nodes = NodeFacts()
+
+    def call() -> Decision:
+        return decide(operation="CREATE", pod=pod, namespace=facts, nodes=nodes, policy=policy)
+
+    return call
+
+
+@pytest.mark.parametrize("name", list(reviews.BUILDERS))
+def test_decide_scenario(benchmark: Any, name: str) -> None:
+    decision = benchmark(_call(reviews.BUILDERS[name]()))
+    allowed, rule, operations = EXPECTED[name]
+    assert (decision.allowed, decision.rule, len(decision.patch)) == (allowed, rule, operations)
+
+
+@pytest.mark.parametrize("containers", [1, 10, 30, 100])
+def test_decide_pod_size(benchmark: Any, containers: int) -> None:
+    decision = benchmark(_call(reviews.sized_pod(containers)))
+    assert decision.allowed
+    # One env operation per container, one per affinity term (8), the two annotations.
+    assert len(decision.patch) == containers + 8 + 2
+
+
+@pytest.mark.parametrize("rules", [1, 10, 100, 1000])
+def test_decide_namespace_rules(benchmark: Any, rules: int) -> None:
+    policy = policies.policy(rules)
+    decision = benchmark(_call(reviews.inference_small(), policy))
+    assert decision.workload_class == "inference"
+    assert decision.audit_annotations["class"] == "inference"
+
+
+@pytest.mark.parametrize("rules", [1, 1000])
+def test_decide_namespace_rules_new_namespace(benchmark: Any, rules: int) -> None:
+    """A namespace never seen before: the compiled rules are scanned, not the per-namespace cache."""
+    policy = policies.policy(rules)
+    review = reviews.inference_small()
+    counter = iter(range(10**9))
+
+    def call() -> Decision:
+        return _call(review, policy, f"inference-new-{next(counter)}")()
+
+    decision = benchmark(call)
+    assert decision.workload_class == "inference"
+
+
+def test_review_files_are_generated() -> None:
+    """bench/reviews/*.json are what ``python -m bench.reviews`` writes (edit the generator, not the files)."""
+    for name, build in reviews.BUILDERS.items():
+        assert json.loads(reviews.path(name).read_text()) == build(), f"run python -m bench.reviews ({name})"
