@@ -666,6 +666,9 @@ def test_tls_1_0_and_1_1_are_refused_by_the_server(server: Server, version: ssl.
             assert tls.version() == {ssl.TLSVersion.TLSv1: "TLSv1", ssl.TLSVersion.TLSv1_1: "TLSv1.1"}[version]
     finally:
         listener.close()
+    deadline = time.monotonic() + 30  # the control server's thread records the handshake after the client
+    while not versions and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert versions, "the control server saw the old-version handshake"
     with (
         socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
