@@ -21,11 +21,12 @@ v1beta1 patch as JSONPatch. Any other apiVersion is a 400.
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 SUPPORTED_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REVIEW_KIND = "AdmissionReview"
@@ -199,7 +200,7 @@ def _clean_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
 
 
 def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:
-    return base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode("ascii")
+    return base64.b64encode(orjson.dumps(list(patch))).decode("ascii")
 
 
 def review_response(request: AdmissionRequest, response: AdmissionResponse) -> dict[str, Any]:
