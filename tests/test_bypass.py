@@ -33,7 +33,7 @@ import pytest
 import yaml
 from conftest import Server, launch_server, make_pki
 from kube_apiserver import ApiserverClient, apply_patch, validate_pod, verify_response
-from test_cel import rendered, reserved_nodes_verdict
+from test_cel import OPTED_OUT_NODE_NAME, rendered, reserved_nodes_verdict
 from test_properties import CLUSTER, RESERVED_NODES, reachable, term_matches
 
 from webhook import engine
@@ -618,19 +618,20 @@ def test_opt_out_label_skips_only_the_webhook_and_the_policy_still_denies() -> N
         assert actions == ["Deny"] and rule in failed, spec
 
 
-def test_opt_out_label_with_node_name_is_a_known_gap() -> None:
-    """Documented gap (docs/operations.md "Known gaps", docs/reliability.md): the policy cannot see
-    node labels, so an opted-out training pod with ``spec.nodeName`` of a reserved node is neither
-    sent to the webhook (no NotIn added) nor denied by the policy; the kubelet does not check
-    NoSchedule taints for pods bound by name. Restrict the opt-out label (or pods with nodeName)
-    with RBAC or an extra policy if that matters. This test pins the behaviour so a fix is noticed."""
+def test_opt_out_label_with_node_name_is_denied_by_the_policy() -> None:
+    """The policy cannot see node labels, and an opted-out pod never reaches the webhook (no NotIn
+    added), while the kubelet does not check NoSchedule taints for a pod bound by name: so the policy
+    denies any non-inference GPU pod that both opts out and sets ``spec.nodeName``. Without the
+    opt-out label the webhook decides it (deny-node-name with node facts)."""
+    case = {"namespace": {"name": NAMESPACE, "labels": {}}}
     pod = training_pod(nodeName="gpu-inf-0")
     pod["metadata"]["labels"]["rocm-isolation.io/ignore"] = "true"
-    _, failed, _ = reserved_nodes_verdict(
-        rendered("default"), {"namespace": {"name": NAMESPACE, "labels": {}}}, pod, "CREATE"
-    )
-    assert failed == set()
-    assert reachable(pod, CLUSTER) == ["gpu-inf-0"]
+    assert reachable(pod, CLUSTER) == ["gpu-inf-0"], "without the policy it would land there"
+    actions, failed, messages = reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")
+    assert actions == ["Deny"] and failed == {OPTED_OUT_NODE_NAME}
+    assert any("rocm-isolation.io/ignore" in message for message in messages)
+    del pod["metadata"]["labels"]["rocm-isolation.io/ignore"]
+    assert reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")[1] == set()
 
 
 def test_namespace_class_label_is_guarded_by_a_policy() -> None:

@@ -41,6 +41,10 @@ from webhook.policy import Policy, default_policy, load_policy
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION)
+# The policy's validations in order: the engine's rules, then the one only the policy has (an
+# opted-out pod never reaches the webhook, see test_bypass.py).
+OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
+VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME)
 # Functions and macros both Kubernetes CEL and cel-python implement; nothing else may appear.
 PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches"})
 
@@ -229,7 +233,7 @@ def reserved_nodes_verdict(
     matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation))
     if not matched:
         return applying[0]["spec"]["validationActions"], set(), []
-    return applying[0]["spec"]["validationActions"], {REACH_RULES[i] for i in failed}, messages
+    return applying[0]["spec"]["validationActions"], {VALIDATION_RULES[i] for i in failed}, messages
 
 
 def engine_reach(decision: Decision) -> set[str]:

@@ -204,6 +204,21 @@ def tolerates_reserved(policy: Policy) -> str:
     )
 
 
+# Pods labelled rocm-isolation.io/ignore=true are not sent to the webhook (its objectSelector).
+OPT_OUT_LABEL = "rocm-isolation.io/ignore"
+
+
+def opted_out_with_node_name(root: str) -> str:
+    """An opted-out pod that names its node: only the webhook knows which nodes are reserved (the
+    policy sees no node labels) and the kubelet ignores NoSchedule taints for such a pod."""
+    label = quote(OPT_OUT_LABEL)
+    return (
+        f"has({root}.metadata.labels) && {label} in {root}.metadata.labels && "
+        f"{root}.metadata.labels[{label}] == 'true' &&\n"
+        f"has({root}.spec.nodeName) && {root}.spec.nodeName != ''"
+    )
+
+
 def _old(expression: str) -> str:
     # On UPDATE only a change that newly reaches reserved nodes is denied (ratcheting): pods admitted
     # before the policy existed can still have their labels or finalizers edited.
@@ -267,6 +282,16 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
                 "remove that toleration (an empty key with operator Exists tolerates every taint)",
             )
         )
+    checks.append(
+        (
+            "optedOutWithNodeName",
+            opted_out_with_node_name("object"),
+            opted_out_with_node_name("oldObject"),
+            f"it opts out of the webhook ({OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the webhook "
+            "can check against the reserved nodes",
+            f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
+        )
+    )
     validations = []
     for name, current, before, what, fix in checks:
         variables.append({"name": name, "expression": current})

@@ -35,7 +35,7 @@ RESERVED_NODES_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_CLASS_POLICY = "rocm-isolation-namespace-class"
 CLASS_LABEL_EDITORS = cel.CLASS_LABEL_EDITORS
 # Pods carrying this label are not sent to the webhook (the ValidatingAdmissionPolicy still applies).
-OPT_OUT_LABEL = "rocm-isolation.io/ignore"
+OPT_OUT_LABEL = cel.OPT_OUT_LABEL
 DEFAULT_IMAGE_REPOSITORY = "rocm-isolation-webhook"
 OVERLAYS = ("cert-manager", "self-signed")
 DEFAULT_OVERLAY = "cert-manager"
