@@ -227,6 +227,16 @@ def _denied(review: _Review, class_name: str, rule: str, where: str, what: str) 
     )
 
 
+def _deny_node_selector(review: _Review, class_name: str) -> None:
+    key, value = review.reserved.key, review.reserved.value
+    _denied(review, class_name, DENY_NODE_SELECTOR, "spec.nodeSelector", f"selects {key}={value}")
+
+
+def _deny_node_affinity(review: _Review, class_name: str) -> None:
+    where = f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}"
+    _denied(review, class_name, DENY_NODE_AFFINITY, where, "selects reserved nodes in every term")
+
+
 def _reserved_taint(review: _Review) -> Taint | None:
     return review.policy.spec.reserved_nodes.taint
 
@@ -267,21 +277,9 @@ def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
         elif node_name in reserved.node_names:
             _denied(review, class_name, DENY_NODE_NAME, "spec.nodeName", f"is {node_name}, a reserved node")
     if node_selector.get(reserved.key) == reserved.value:
-        _denied(
-            review,
-            class_name,
-            DENY_NODE_SELECTOR,
-            "spec.nodeSelector",
-            f"selects {reserved.key}={reserved.value}",
-        )
+        _deny_node_selector(review, class_name)
     if scheduling.affinity_only_reserved(terms, reserved):
-        _denied(
-            review,
-            class_name,
-            DENY_NODE_AFFINITY,
-            f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}",
-            "selects reserved nodes in every term",
-        )
+        _deny_node_affinity(review, class_name)
     elif terms and reserved.node_names is None and any(t.fields for t in terms):
         review.warnings.append(
             "matchFields on node names could not be checked against the reserved nodes (no cluster connection)"
@@ -325,24 +323,12 @@ def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: Map
     selector = pods.string_map(review.spec.get("nodeSelector"), "spec.nodeSelector")
     old_selector = pods.string_map(old_spec.get("nodeSelector"), "oldObject.spec.nodeSelector")
     if selector.get(reserved.key) == reserved.value and old_selector.get(reserved.key) != reserved.value:
-        _denied(
-            review,
-            class_name,
-            DENY_NODE_SELECTOR,
-            "spec.nodeSelector",
-            f"selects {reserved.key}={reserved.value}",
-        )
+        _deny_node_selector(review, class_name)
     terms = scheduling.required_terms(review.spec)
     if scheduling.affinity_only_reserved(terms, reserved) and not scheduling.affinity_only_reserved(
         scheduling.required_terms(old_spec), reserved
     ):
-        _denied(
-            review,
-            class_name,
-            DENY_NODE_AFFINITY,
-            f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}",
-            "selects reserved nodes in every term",
-        )
+        _deny_node_affinity(review, class_name)
 
 
 def _plan(

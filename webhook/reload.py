@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from webhook import polling
 from webhook.metrics import Metrics
 from webhook.policy import PolicyError, default_policy, parse_policy
 
@@ -105,16 +106,11 @@ class PolicyStore:
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
         """Poll every ``interval`` seconds until ``stop`` is set. Never raises."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await asyncio.to_thread(self.check)
-            except Exception:
-                log.exception("policy reload check crashed; will retry", extra={"policy_file": self.source})
+
+        async def check() -> None:
+            await asyncio.to_thread(self.check)
+
+        await polling.every(interval, stop, check, what="policy reload", extra={"policy_file": self.source})
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:

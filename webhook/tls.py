@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cryptography import x509
 
+from webhook import polling
 from webhook.metrics import Metrics
 
 log = logging.getLogger("webhook.tls")
@@ -141,13 +142,8 @@ class CertificateReloader:
         The check runs on the event loop thread, the thread that also makes the handshakes, so the
         swap never races a handshake reading the context.
         """
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-                return
-            except TimeoutError:
-                pass
-            try:
-                self.check()
-            except Exception:
-                log.exception("certificate reload check crashed; will retry")
+
+        async def check() -> None:
+            self.check()
+
+        await polling.every(interval, stop, check, what="certificate reload")
