@@ -239,6 +239,11 @@ BAD_SPECS = [
         ["spec.classes.training.onConflict: Extra inputs are not permitted"],
     ),
     (
+        # Field names are the camelCase ones of the docs: a snake_case spelling is an unknown field.
+        HEAD + "spec:\n  default_class: training\n  classes: {training: {placement: unreserved}}\n",
+        ["spec.default_class: Extra inputs are not permitted"],
+    ),
+    (
         HEAD + "spec:\n  classes: {training: {placement: unreserved, env: [{name: A, value: x, onConflict: merge}]}}\n",
         ["spec.classes.training.env[0].onConflict: Input should be 'keep' or 'override'"],
     ),

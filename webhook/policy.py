@@ -49,7 +49,9 @@ class PolicyError(Exception):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=False, frozen=True, strict=True
+    )
 
 
 def _check_label_key(key: str) -> str:
