@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from webhook import patch, pods, scheduling
 from webhook.decision import Decision, NamespaceFacts, NodeFacts, Violation
@@ -42,6 +42,8 @@ DENY_NODE_AFFINITY = "deny-node-affinity"
 DENY_TOLERATION = "deny-toleration"
 DENY_CLASS = "deny-class-not-allowed"
 DENY_RULES = (DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS)
+
+_MODES: frozenset[str] = frozenset(get_args(Mode))
 
 
 def decide(
@@ -108,9 +110,8 @@ def _mode(spec: PolicySpec, namespace: NamespaceFacts) -> tuple[Mode, list[str]]
     value = namespace.labels.get(spec.labels.namespace_mode)
     if value is None:
         return spec.mode, []
-    for mode in get_args(Mode):
-        if value == mode:
-            return mode, []
+    if value in _MODES:
+        return cast(Mode, value), []
     return spec.mode, [
         f"namespace label {spec.labels.namespace_mode}={value!r} is not enforce, warn or audit; "
         f"using the policy's mode {spec.mode}"
@@ -129,7 +130,8 @@ def _decide_pod(
 ) -> Decision:
     pod = pods.mapping(pod, "the pod")
     metadata = pods.mapping(pod.get("metadata"), "metadata")
-    spec = pods.mapping(pod.get("spec"), "spec")
+    raw_spec = pod.get("spec")
+    spec = pods.mapping(raw_spec, "spec")
     annotations = pods.string_map(metadata.get("annotations"), "metadata.annotations")
     labels = pods.string_map(metadata.get("labels"), "metadata.labels")
     if operation == "UPDATE" and metadata.get("deletionTimestamp"):
@@ -139,7 +141,7 @@ def _decide_pod(
     if not gpu and not policy.spec.scope.all_pods:
         return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
 
-    if not isinstance(pod.get("spec"), Mapping):
+    if raw_spec is None:
         # Only reachable with scope.allPods: every patch below needs /spec to exist.
         raise pods.MalformedPod("spec", "an object")
     key, value = policy.spec.reserved_nodes.label
@@ -152,23 +154,23 @@ def _decide_pod(
         reserved=scheduling.Reserved(key, value, nodes.reserved_node_names),
         warnings=list(mode_warnings),
     )
-    old_labels = None
     if operation == "UPDATE":
-        old_metadata = pods.mapping(pods.mapping(old_pod, "oldObject").get("metadata"), "oldObject.metadata")
-        old_labels = pods.string_map(old_metadata.get("labels"), "oldObject.metadata.labels")
-    class_name = _classify(review, labels, old_labels)
-    cls = policy.spec.classes[class_name]
-    if operation == "CREATE":
-        _check_create(review, cls, class_name)
-        if mirror:
-            # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
-            # mutate them. Anyone can set the annotation, so they are still checked.
-            return _finish_mirror(review, mode, class_name)
-        _plan(review, cls, class_name, gpu, labels)
-    else:
         old = pods.mapping(old_pod, "oldObject")
+        old_metadata = pods.mapping(old.get("metadata"), "oldObject.metadata")
+        old_labels = pods.string_map(old_metadata.get("labels"), "oldObject.metadata.labels")
+        class_name = _classify(review, labels, old_labels)
+        cls = policy.spec.classes[class_name]
         _check_update(review, cls, class_name, old)
-    return _finish(review, mode, class_name, operation)
+        return _finish(review, mode, class_name, RULE_CHECKED)
+    class_name = _classify(review, labels, None)
+    cls = policy.spec.classes[class_name]
+    _check_create(review, cls, class_name)
+    if mirror:
+        # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
+        # mutate them. Anyone can set the annotation, so they are still checked.
+        return _finish(review, mode, class_name, RULE_MIRROR)
+    _plan(review, cls, class_name, gpu, labels)
+    return _finish(review, mode, class_name, RULE_COMPLIANT)
 
 
 def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[str, str] | None) -> str:
@@ -319,13 +321,12 @@ def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: Map
     old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
     reserved = review.reserved
     old_tolerations = [tol for _, tol in pods.objects(old_spec.get("tolerations"), "oldObject.spec.tolerations")]
-    _check_tolerations(review, class_name, _tolerations(review.spec), old_tolerations)
+    _check_tolerations(review, class_name, review.tolerations, old_tolerations)
     selector = pods.string_map(review.spec.get("nodeSelector"), "spec.nodeSelector")
     old_selector = pods.string_map(old_spec.get("nodeSelector"), "oldObject.spec.nodeSelector")
     if selector.get(reserved.key) == reserved.value and old_selector.get(reserved.key) != reserved.value:
         _deny_node_selector(review, class_name)
-    terms = scheduling.required_terms(review.spec)
-    if scheduling.affinity_only_reserved(terms, reserved) and not scheduling.affinity_only_reserved(
+    if scheduling.affinity_only_reserved(review.terms, reserved) and not scheduling.affinity_only_reserved(
         scheduling.required_terms(old_spec), reserved
     ):
         _deny_node_affinity(review, class_name)
@@ -375,26 +376,12 @@ def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
     requirements = _class_requirements(review, cls)
     if not requirements:
         return
-    spec = review.spec
     terms = review.terms
     new_terms, split = scheduling.narrow_terms(terms, requirements)
     if terms is None:
-        term_list = new_terms
-        affinity = spec.get("affinity")
-        node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-        required = node_affinity.get(scheduling.REQUIRED) if isinstance(node_affinity, Mapping) else None
-        if not isinstance(affinity, Mapping):
-            op = patch.add("/spec/affinity", {"nodeAffinity": {scheduling.REQUIRED: {"nodeSelectorTerms": term_list}}})
-        elif not isinstance(node_affinity, Mapping):
-            op = patch.add("/spec/affinity/nodeAffinity", {scheduling.REQUIRED: {"nodeSelectorTerms": term_list}})
-        elif not isinstance(required, Mapping):
-            op = patch.add(
-                patch.pointer("spec", "affinity", "nodeAffinity", scheduling.REQUIRED),
-                {"nodeSelectorTerms": term_list},
-            )
-        else:
-            op = patch.add(patch.pointer(*scheduling.TERMS_PATH), term_list)
-        review.operations.append(op)
+        # No required affinity (or no terms): one new term, its missing parents created.
+        required_path = scheduling.TERMS_PATH[:-1]
+        review.operations.extend(patch.set_map_entries(review.pod, required_path, {"nodeSelectorTerms": new_terms}))
         review.done.append("node-affinity")
         return
     if split:
@@ -408,7 +395,7 @@ def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
             continue
         changed = True
         path = (*scheduling.TERMS_PATH, term.index, "matchExpressions")
-        review.operations.extend(patch.append_to_list(review.pod, path, added))
+        review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
     if changed:
         review.done.append("node-affinity")
 
@@ -424,7 +411,7 @@ def _plan_tolerations(review: _Review, cls: WorkloadClass) -> None:
         if body not in existing and body not in wanted:
             wanted.append(body)
     if wanted:
-        review.operations.extend(patch.append_to_list(review.pod, ("spec", "tolerations"), wanted))
+        review.operations.extend(patch.append_to_list(review.spec.get("tolerations"), ("spec", "tolerations"), wanted))
         review.done.append("tolerations")
 
 
@@ -432,8 +419,10 @@ def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str])
     spread = cls.topology_spread
     if spread is None:
         return
-    existing = list(pods.objects(review.spec.get("topologySpreadConstraints"), "spec.topologySpreadConstraints"))
-    if any(c.get("topologyKey") == spread.topology_key for _, c in existing):
+    current = review.spec.get("topologySpreadConstraints")
+    if any(
+        c.get("topologyKey") == spread.topology_key for _, c in pods.objects(current, "spec.topologySpreadConstraints")
+    ):
         return
     if not labels:
         review.warnings.append(
@@ -449,7 +438,7 @@ def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str])
     }
     if spread.min_domains is not None:
         constraint["minDomains"] = spread.min_domains
-    review.operations.extend(patch.append_to_list(review.pod, ("spec", "topologySpreadConstraints"), [constraint]))
+    review.operations.extend(patch.append_to_list(current, ("spec", "topologySpreadConstraints"), [constraint]))
     review.done.append("topology-spread")
 
 
@@ -458,7 +447,8 @@ def _plan_env(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef])
         return
     changed = False
     for container in gpu:
-        env = list(pods.objects(container.body.get("env"), f"{container.field}.env"))
+        current = container.body.get("env")
+        env = list(pods.objects(current, f"{container.field}.env"))
         missing: list[dict[str, Any]] = []
         for var in cls.env:
             matches = [(i, entry) for i, entry in env if entry.get("name") == var.name]
@@ -473,7 +463,7 @@ def _plan_env(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef])
                         changed = True
         if missing:
             env_path = ("spec", container.list_name, container.index, "env")
-            review.operations.extend(patch.append_to_list(review.pod, env_path, missing))
+            review.operations.extend(patch.append_to_list(current, env_path, missing))
             changed = True
     if changed:
         review.done.append("env")
@@ -496,27 +486,30 @@ def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.Containe
             "which forbids hostPath volumes"
         )
         return
-    volumes = list(pods.objects(review.spec.get("volumes"), "spec.volumes"))
-    same_name = [v for _, v in volumes if v.get("name") == KFD_VOLUME_NAME]
+    volumes = review.spec.get("volumes")
+    same_name = [v for _, v in pods.objects(volumes, "spec.volumes") if v.get("name") == KFD_VOLUME_NAME]
     if same_name and dict(same_name[0]) != KFD_VOLUME:
         review.warnings.append(f"KFD topology mount skipped: the pod already has a different volume {KFD_VOLUME_NAME}")
         return
     changed = False
     if not same_name:
-        review.operations.extend(patch.append_to_list(review.pod, ("spec", "volumes"), [dict(KFD_VOLUME)]))
+        review.operations.extend(patch.append_to_list(volumes, ("spec", "volumes"), [dict(KFD_VOLUME)]))
         changed = True
     for container in gpu:
-        mounts = list(pods.objects(container.body.get("volumeMounts"), f"{container.field}.volumeMounts"))
-        if any(m.get("mountPath") == KFD_TOPOLOGY_PATH for _, m in mounts):
+        mounts = container.body.get("volumeMounts")
+        if any(
+            m.get("mountPath") == KFD_TOPOLOGY_PATH for _, m in pods.objects(mounts, f"{container.field}.volumeMounts")
+        ):
             continue
         path = ("spec", container.list_name, container.index, "volumeMounts")
-        review.operations.extend(patch.append_to_list(review.pod, path, [dict(KFD_MOUNT)]))
+        review.operations.extend(patch.append_to_list(mounts, path, [dict(KFD_MOUNT)]))
         changed = True
     if changed:
         review.done.append("kfd-topology-mount")
 
 
-def _finish(review: _Review, mode: Mode, class_name: str, operation: str) -> Decision:
+def _finish(review: _Review, mode: Mode, class_name: str, quiet_rule: str) -> Decision:
+    """The Decision in ``mode``. ``quiet_rule`` names an outcome with neither violation nor patch."""
     violations = tuple(review.violations)
     operations = tuple(review.operations)
     warnings = list(review.warnings)
@@ -524,73 +517,35 @@ def _finish(review: _Review, mode: Mode, class_name: str, operation: str) -> Dec
     if violations:
         audit["violations"] = ",".join(sorted({v.rule for v in violations}))
     denial = "; ".join(v.message for v in violations)
-
+    rule = violations[0].rule if violations else (RULE_MUTATED if operations else quiet_rule)
+    allowed, code, patch_out = True, 200, operations
     if mode == "audit":
         audit["would-patch-operations"] = str(len(operations))
         if violations:
             audit["would-deny"] = denial[:1000]
-        warnings_out = tuple(warnings)
-        rule = violations[0].rule if violations else (RULE_MUTATED if operations else _quiet_rule(operation))
-        return Decision(
-            allowed=True,
-            rule=rule,
-            message="audit mode: nothing changed" + (f"; would deny: {denial}" if violations else ""),
-            mode=mode,
-            workload_class=class_name,
-            warnings=warnings_out,
-            audit_annotations=audit,
-            violations=violations,
-        )
-    if violations and mode == "enforce":
+        message = "audit mode: nothing changed" + (f"; would deny: {denial}" if violations else "")
+        patch_out = ()
+    elif violations and mode == "enforce":
         audit["decision"] = "denied"
-        return Decision(
-            allowed=False,
-            rule=violations[0].rule,
-            message=denial,
-            mode=mode,
-            workload_class=class_name,
-            warnings=tuple(warnings),
-            audit_annotations=audit,
-            violations=violations,
-            code=403,
-        )
-    if violations:  # warn mode: the denial becomes a warning, the pod is still mutated
-        warnings = [f"would be denied in enforce mode: {v.message}" for v in violations] + warnings
-    audit["decision"] = "patched" if operations else "allowed"
-    if operations:
-        audit["patch-operations"] = str(len(operations))
-    rule = violations[0].rule if violations else (RULE_MUTATED if operations else _quiet_rule(operation))
-    summary = (
-        f"class {class_name}: " + (", ".join(review.done) or "annotated")
-        if operations
-        else f"class {class_name}: compliant"
-    )
+        allowed, code, message, patch_out = False, 403, denial, ()
+    else:
+        if violations:  # warn mode: the denial becomes a warning, the pod is still mutated
+            warnings = [f"would be denied in enforce mode: {v.message}" for v in violations] + warnings
+        audit["decision"] = "patched" if operations else "allowed"
+        if operations:
+            audit["patch-operations"] = str(len(operations))
+            message = f"class {class_name}: " + (", ".join(review.done) or "annotated")
+        else:
+            message = f"class {class_name}: compliant"
     return Decision(
-        allowed=True,
+        allowed=allowed,
         rule=rule,
-        message=summary,
+        message=message,
         mode=mode,
         workload_class=class_name,
-        patch=operations,
+        patch=patch_out,
         warnings=tuple(warnings),
         audit_annotations=audit,
         violations=violations,
+        code=code,
     )
-
-
-def _finish_mirror(review: _Review, mode: Mode, class_name: str) -> Decision:
-    if review.violations:
-        return _finish(review, mode, class_name, "CREATE")
-    return Decision(
-        allowed=True,
-        rule=RULE_MIRROR,
-        message="mirror pods are created by the kubelet and are checked, never changed",
-        mode=mode,
-        workload_class=class_name,
-        warnings=tuple(review.warnings),
-        audit_annotations={"class": class_name, "mode": mode, "decision": "allowed"},
-    )
-
-
-def _quiet_rule(operation: str) -> str:
-    return RULE_COMPLIANT if operation == "CREATE" else RULE_CHECKED

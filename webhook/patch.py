@@ -58,9 +58,10 @@ def set_map_entries(
         node = child
     operations = []
     for key, value in entries.items():
-        if key not in node:
+        current = node.get(key)
+        if current is None:  # absent or null: add creates (or sets) the member
             operations.append(add(pointer(*map_path, key), value))
-        elif node[key] != value:
+        elif current != value:
             operations.append(replace(pointer(*map_path, key), value))
     return operations
 
@@ -78,15 +79,14 @@ def resolve(document: Any, path: Sequence[str | int]) -> Any:
     return node
 
 
-def append_to_list(
-    document: Mapping[str, Any], list_path: Sequence[str | int], items: Sequence[Any]
-) -> list[Operation]:
-    """Operations that append ``items`` to the list at ``list_path`` (created when absent or null).
+def append_to_list(current: Any, list_path: Sequence[str | int], items: Sequence[Any]) -> list[Operation]:
+    """Operations that append ``items`` to the list at ``list_path``, whose value the caller has read
+    (``current``): appended to when it is a list, created when absent or null.
 
     The parent of the list must exist and be an object.
     """
     if not items:
         return []
-    if isinstance(resolve(document, list_path), list):
+    if isinstance(current, list):
         return [add(pointer(*list_path, "-"), item) for item in items]
     return [add(pointer(*list_path), list(items))]

@@ -159,21 +159,17 @@ def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) 
 
     Empty terms match nothing and stay as they are. With no terms at all, one term is created.
     """
-    if not terms:
-        base: list[dict[str, Any]] = [{}]
-    else:
-        base = [dict(term.body) for term in terms]
     split = False
     out: list[dict[str, Any]] = []
     originals: list[Term | None] = list(terms) if terms else [None]
-    for original, body in zip(originals, base, strict=True):
+    for original in originals:
+        body = dict(original.body) if original is not None else {}
         variants = [body]
         if original is not None and original.empty:
             out.append(body)
             continue
         for requirement in requirements:
-            probe = original if original is not None else Term(0, [], [], {})
-            if probe.expressions and requirement.satisfied(probe):
+            if original is not None and requirement.satisfied(original):
                 continue
             next_variants = []
             for variant in variants:
