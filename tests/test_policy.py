@@ -432,6 +432,20 @@ def test_namespace_class_label_key_is_configurable() -> None:
     assert policy.namespace_classes("a", {"rocm-isolation.io/class": "inference"}).default == "training"
 
 
+def test_a_name_in_two_rules_falls_through_to_the_second_when_the_first_needs_labels() -> None:
+    text = HEAD + (
+        "spec:\n  classes: {inference: {placement: reserved}, training: {placement: unreserved}}\n"
+        "  namespaces:\n"
+        "    - {match: {names: [serving], labels: {tier: gold}}, allowedClasses: [inference]}\n"
+        "    - {match: {names: [serving, a.b]}, allowedClasses: [training, inference]}\n"
+    )
+    policy = parse_policy(text)
+    assert policy.namespace_classes("serving", {"tier": "gold"}).source == "policy rule namespaces[0]"
+    assert policy.namespace_classes("serving", {}).allowed == ("training", "inference")
+    assert policy.namespace_classes("a.b", {}).source == "policy rule namespaces[1]"
+    assert policy.namespace_classes("axb", {}).source == "the policy's defaultClass"  # '.' is not a glob
+
+
 def test_docs_complete_example_is_the_good_full_fixture_and_loads_cleanly() -> None:
     docs = (Path(__file__).parent.parent / "docs" / "policy.md").read_text(encoding="utf-8")
     example = docs.split("## Complete example", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]

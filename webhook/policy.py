@@ -364,8 +364,8 @@ class Policy:
     source: str
     digest: str
     warnings: tuple[str, ...] = ()
-    _exact_names: dict[str, int] = field(default_factory=dict, repr=False)
-    _globs: tuple[tuple[int, re.Pattern[str]], ...] = field(default=(), repr=False)
+    # Per namespace rule, its names and globs as one pattern (None: the rule matches by labels only).
+    _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
     _gpu_patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
     _gpu_memo: dict[str, bool] = field(default_factory=dict, repr=False)
 
@@ -395,15 +395,8 @@ class Policy:
         return _namespace_classes(self, namespace, label_key)
 
     def _match_rules(self, namespace: str, labels: frozenset[tuple[str, str]] | None) -> int | None:
-        candidates: list[int] = []
-        exact = self._exact_names.get(namespace)
-        if exact is not None:
-            candidates.append(exact)
-        candidates.extend(index for index, glob in self._globs if glob.match(namespace))
-        rules = self.spec.namespaces
-        name_matched = set(candidates)
-        for index, rule in enumerate(rules):
-            if rule.match.names and index not in name_matched:
+        for index, (rule, names) in enumerate(zip(self.spec.namespaces, self._name_patterns, strict=True)):
+            if names is not None and not names.match(namespace):
                 continue
             if rule.match.labels and (labels is None or not set(rule.match.labels.items()) <= labels):
                 continue
@@ -425,8 +418,9 @@ def _namespace_classes(policy: Policy, namespace: str, labels: frozenset[tuple[s
     return NamespaceClasses((spec.default_class,), spec.default_class, "the policy's defaultClass")
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(fnmatch.translate(pattern))
+def _names_regex(names: list[str]) -> re.Pattern[str] | None:
+    """Exact names and shell-style globs as one anchored pattern (fnmatch escapes exact names)."""
+    return re.compile("|".join(fnmatch.translate(name) for name in names)) if names else None
 
 
 def _format_location(loc: tuple[int | str, ...]) -> str:
@@ -455,22 +449,13 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
 
 
 def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Policy:
-    exact: dict[str, int] = {}
-    globs: list[tuple[int, re.Pattern[str]]] = []
-    for index, rule in enumerate(doc.spec.namespaces):
-        for name in rule.match.names:
-            if any(ch in name for ch in "*?["):
-                globs.append((index, _glob_regex(name)))
-            else:
-                exact.setdefault(name, index)
     digest = hashlib.sha256((text or doc.model_dump_json()).encode()).hexdigest()
     return Policy(
         document=doc,
         source=source,
         digest=digest,
         warnings=tuple(_policy_warnings(doc)),
-        _exact_names=exact,
-        _globs=tuple(globs),
+        _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
         _gpu_patterns=tuple(re.compile(p) for p in doc.spec.scope.gpu_resource_patterns),
     )
 
