@@ -28,6 +28,8 @@ from typing import Any
 
 import orjson
 
+from webhook import pods
+
 SUPPORTED_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REVIEW_KIND = "AdmissionReview"
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
@@ -70,13 +72,7 @@ class AdmissionRequest:
     @property
     def pod_name(self) -> str:
         """The pod's name, or its generateName (a CREATE with generateName has no name yet)."""
-        if self.name:
-            return self.name
-        meta = self.object.get("metadata") if self.object else None
-        if isinstance(meta, dict):
-            name = meta.get("name") or meta.get("generateName") or ""
-            return name if isinstance(name, str) else ""
-        return ""
+        return self.name or pods.pod_name(self.object or {})
 
 
 @dataclass(frozen=True)
