@@ -22,7 +22,7 @@ import yaml
 
 from webhook import patch, pods
 from webhook.decision import Decision, NamespaceFacts, NodeFacts
-from webhook.engine import decide
+from webhook.engine import RULE_MALFORMED, decide
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
 
 STDIN = "-"
@@ -462,23 +462,14 @@ def prefixed(
         return []
     prefix = patch.pointer(*pod_path)
     out: list[dict[str, Any]] = []
-    for depth in range(len(pod_path)):
-        if not isinstance(patch.resolve(body, pod_path[: depth + 1]), Mapping):
-            out.append(patch.add(patch.pointer(*pod_path[: depth + 1]), _nested(pod_path[depth + 1 :])))
-            break
+    if pod_path and not isinstance(patch.resolve(body, pod_path), Mapping):
+        out.extend(patch.set_map_entries(body, pod_path[:-1], {pod_path[-1]: {}}))
     for operation in operations:
         moved = {**operation, "path": prefix + operation["path"]}
         if "from" in operation:
             moved["from"] = prefix + operation["from"]
         out.append(moved)
     return out
-
-
-def _nested(path: Sequence[str]) -> dict[str, Any]:
-    value: dict[str, Any] = {}
-    for token in reversed(path):
-        value = {token: value}
-    return value
 
 
 def _passed(doc: Document, why: str) -> Outcome:
@@ -503,7 +494,7 @@ def _malformed(doc: Document, namespace: str, pod_path: tuple[str, ...], err: po
         name=pods.pod_name(doc.body),
         output=doc.body,
         verdict="denied",
-        rule="malformed-pod",
+        rule=RULE_MALFORMED,
         message=f"the pod template cannot be checked: {err}",
         pod_path=patch.pointer(*pod_path),
     )
