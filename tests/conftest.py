@@ -194,6 +194,19 @@ def launch_server(
     return server
 
 
+SERVICE_TEST_POLICY = Path(__file__).parent / "fixtures" / "admission" / "policy.yaml"
+
+
+def module_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Server]:
+    """A server with its own certificates and the service-test policy, for a module's read-only tests
+    (a module defines its ``server`` fixture as ``yield from module_server(tmp_path_factory, name)``)."""
+    workdir = tmp_path_factory.mktemp(name)
+    pki = make_pki(workdir / "certs")
+    server = launch_server(workdir, cert_dir=pki.dir, ca_file=pki.ca_file, policy=SERVICE_TEST_POLICY)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def running_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """Factory with the arguments of ``launch_server`` (minus ``workdir``); servers stop after the test."""

@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, launch_server, load_review, make_pki
+from conftest import Server, load_review, module_server
 from kube_apiserver import SERVICE_HOST, ApiserverClient, apply_patch, verify_response
 
-POLICY = Path(__file__).parent / "fixtures" / "admission" / "policy.yaml"
 JSON = {"Content-Type": "application/json"}
 # What a Python traceback looks like in a body; none may reach a client.
 TRACEBACK_MARKERS = (b"Traceback (most recent call last)", b'File "/', b"site-packages")
@@ -44,11 +43,7 @@ TRACEBACK_MARKERS = (b"Traceback (most recent call last)", b'File "/', b"site-pa
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    workdir = tmp_path_factory.mktemp("hostile")
-    pki = make_pki(workdir / "certs")
-    server = launch_server(workdir, cert_dir=pki.dir, ca_file=pki.ca_file, policy=POLICY)
-    yield server
-    server.stop()
+    yield from module_server(tmp_path_factory, "hostile")
 
 
 def exchange(
@@ -492,18 +487,22 @@ def _duplicate(first: dict[str, Any], key: str, second: Any) -> bytes:
     return (text[:-1] + f", {json.dumps(key)}: {json.dumps(second)}}}").encode()
 
 
-def test_duplicate_uid_the_last_one_is_answered(server: Server) -> None:
-    """kube-apiserver encodes the review itself and never repeats a key; a body with a repeated key
-    did not come from it. Such a body is decoded as Python's json (and Go's encoding/json) does:
-    the last value wins. The reply names that uid, and nothing else is confused."""
-    review = envelope(uid="first-uid")
-    request = _duplicate(review["request"], "uid", "last-uid")
-    body = (
+def _with_request(review: dict[str, Any], request: bytes) -> bytes:
+    """The review's envelope around an already encoded ``request``."""
+    return (
         json.dumps({k: v for k, v in review.items() if k != "request"})[:-1].encode()
         + b', "request": '
         + request
         + b"}"
     )
+
+
+def test_duplicate_uid_the_last_one_is_answered(server: Server) -> None:
+    """kube-apiserver encodes the review itself and never repeats a key; a body with a repeated key
+    did not come from it. Such a body is decoded as Python's json (and Go's encoding/json) does:
+    the last value wins. The reply names that uid, and nothing else is confused."""
+    review = envelope(uid="first-uid")
+    body = _with_request(review, _duplicate(review["request"], "uid", "last-uid"))
     status, _, data = exchange(server, body)
     assert status == 200
     reply = json.loads(data)
@@ -518,13 +517,7 @@ def test_duplicate_object_the_last_one_is_decided(server: Server) -> None:
     harmless = training_pod()
     for first, last, allowed in ((reserved, harmless, True), (harmless, reserved, False)):
         review = envelope(first)
-        request = _duplicate(review["request"], "object", last)
-        body = (
-            json.dumps({k: v for k, v in review.items() if k != "request"})[:-1].encode()
-            + b', "request": '
-            + request
-            + b"}"
-        )
+        body = _with_request(review, _duplicate(review["request"], "object", last))
         status, _, data = exchange(server, body)
         assert status == 200
         response = json.loads(data)["response"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PKI, Server, launch_server, load_review, make_pki, wait_for
+from conftest import PKI, SERVICE_TEST_POLICY, Server, launch_server, load_review, make_pki, module_server, wait_for
 from kube_apiserver import (
     SERVICE_HOST,
     ApiserverClient,
@@ -30,17 +30,13 @@ from kube_apiserver import (
     verify_response,
 )
 
-POLICY = Path(__file__).parent / "fixtures" / "admission" / "policy.yaml"
+POLICY = SERVICE_TEST_POLICY
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for the read-only tests of this module."""
-    workdir = tmp_path_factory.mktemp("server")
-    pki = make_pki(workdir / "certs")
-    server = launch_server(workdir, cert_dir=pki.dir, ca_file=pki.ca_file, policy=POLICY)
-    yield server
-    server.stop()
+    yield from module_server(tmp_path_factory, "server")
 
 
 def review_roundtrip(client: ApiserverClient, review: dict[str, Any]) -> dict[str, Any]:
