@@ -130,14 +130,15 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """Read at most ``limit`` bytes; raise BodyTooLarge as soon as the body is longer."""
+async def _read_body(request: Request, limit: int) -> bytearray:
+    """Read at most ``limit`` bytes; raise BodyTooLarge as soon as the body is longer.
+    (orjson decodes a bytearray directly: the body is not copied again.)"""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
             raise BodyTooLarge()
-    return bytes(body)
+    return body
 
 
 def create_app(service: WebhookService) -> FastAPI:
@@ -189,7 +190,7 @@ def create_app(service: WebhookService) -> FastAPI:
             except ClientDisconnect:
                 # The client closed (or the server's read deadline closed) the connection mid-body.
                 return reject("disconnected", 499, "the client disconnected before sending the whole body")
-            if not body.strip():
+            if not body or body.isspace():
                 return reject("malformed", 400, "empty body: expected an AdmissionReview")
             try:
                 # orjson: twice as fast as json on AdmissionReviews, stricter (no NaN, no lone
