@@ -260,8 +260,8 @@ def _record(service: WebhookService, admission: review.AdmissionRequest, handled
             metrics.patch_operations.inc(patch_ops)
         if handled.decision == "denied":
             metrics.denials.labels(handled.rule).inc()
-        for rule, mode in handled.violations:
-            metrics.violations.labels(rule, mode).inc()
+        for rule in handled.violations:
+            metrics.violations.labels(rule, handled.mode).inc()
         log_review(
             {
                 "uid": admission.uid,

@@ -46,7 +46,7 @@ class Handled:
     decision: str  # allowed | patched | denied | skipped
     rule: str
     mode: str
-    violations: tuple[tuple[str, str], ...] = ()  # (rule, mode) for every violation found
+    violations: tuple[str, ...] = ()  # the rule of every violation found (in any mode)
 
 
 def _skip(rule: str, mode: str) -> Handled:
@@ -106,5 +106,5 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
         decision=decision.outcome,
         rule=decision.rule,
         mode=decision.mode,
-        violations=tuple((v.rule, decision.mode) for v in decision.violations),
+        violations=tuple(v.rule for v in decision.violations),
     )
