@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, cast, get_args
 
 from webhook import patch, pods, scheduling
@@ -339,7 +339,7 @@ def _plan(
     gpu: list[pods.ContainerRef],
     labels: Mapping[str, str],
 ) -> None:
-    _plan_affinity(review, cls)
+    _plan_affinity(review, class_name)
     _plan_tolerations(review, cls)
     _plan_spread(review, cls, labels)
     _plan_env(review, cls, gpu)
@@ -352,8 +352,12 @@ def _plan(
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
 
 
-def _class_requirements(review: _Review, cls: WorkloadClass) -> list[scheduling.Requirement]:
-    reserved = review.reserved
+@lru_cache(maxsize=256)
+def _class_requirements(policy: Policy, class_name: str) -> tuple[scheduling.Requirement, ...]:
+    """What a class adds to every node-selector term: built once per policy and class."""
+    key, value = policy.spec.reserved_nodes.label
+    reserved = scheduling.Reserved(key, value, None)
+    cls = policy.spec.classes[class_name]
     requirements: list[scheduling.Requirement] = []
     if cls.placement == "reserved":
         requirements.append(
@@ -369,11 +373,11 @@ def _class_requirements(review: _Review, cls: WorkloadClass) -> list[scheduling.
     for extra in cls.node_selector_requirements:
         keys = (extra.key, *extra.key_aliases)
         requirements.append(scheduling.Requirement(tuple(extra.expression(key) for key in keys)))
-    return requirements
+    return tuple(requirements)
 
 
-def _plan_affinity(review: _Review, cls: WorkloadClass) -> None:
-    requirements = _class_requirements(review, cls)
+def _plan_affinity(review: _Review, class_name: str) -> None:
+    requirements = _class_requirements(review.policy, class_name)
     if not requirements:
         return
     terms = review.terms

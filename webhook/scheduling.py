@@ -154,6 +154,14 @@ class Requirement:
         return False
 
 
+def _fresh(expression: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy owned by the patch (requirements are shared by every review of a policy)."""
+    out = dict(expression)
+    if "values" in out:
+        out["values"] = list(out["values"])
+    return out
+
+
 def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) -> tuple[list[dict[str, Any]], bool]:
     """The terms with every requirement ANDed in, and whether any term was split (alternatives).
 
@@ -174,7 +182,7 @@ def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) 
             next_variants = []
             for variant in variants:
                 for alternative in requirement.alternatives:
-                    expressions = [*(variant.get("matchExpressions") or []), dict(alternative)]
+                    expressions = [*(variant.get("matchExpressions") or []), _fresh(alternative)]
                     next_variants.append({**variant, "matchExpressions": expressions})
             split = split or len(requirement.alternatives) > 1
             variants = next_variants
