@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
+from itertools import repeat
 from typing import Any, cast, get_args
 
 from webhook import patch, pods, scheduling
@@ -75,7 +76,7 @@ def decide(
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Review:
     """Working state of one decision."""
 
@@ -89,15 +90,9 @@ class _Review:
     done: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-    # Read once per review (the checks and the plan both need them).
-    @cached_property
-    def terms(self) -> list[scheduling.Term] | None:
-        return scheduling.required_terms(self.spec)
-
-    @cached_property
-    def tolerations(self) -> list[tuple[int, Mapping[str, Any]]]:
-        return _tolerations(self.spec)
+    # Read once by the check (in the order its errors are reported), reused by the plan.
+    terms: list[scheduling.Term] | None = None
+    tolerations: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
 
 
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
@@ -244,13 +239,21 @@ def _reserved_taint(review: _Review) -> Taint | None:
 
 
 def _tolerations(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
-    found = list(pods.objects(spec.get("tolerations"), "spec.tolerations"))
+    found = pods.objects(spec.get("tolerations"), "spec.tolerations")
     for index, tol in found:
+        if (
+            type(tol.get("key")) in _STRING_OR_NULL
+            and type(tol.get("operator")) in _STRING_OR_NULL
+            and type(tol.get("value")) in _STRING_OR_NULL
+            and type(tol.get("effect")) in _STRING_OR_NULL
+        ):
+            continue
         for name in ("key", "operator", "value", "effect"):
-            value = tol.get(name)
-            if value is not None and type(value) is not str:
-                pods.string(value, f"spec.tolerations[{index}].{name}")
+            pods.string(tol.get(name), f"spec.tolerations[{index}].{name}")
     return found
+
+
+_STRING_OR_NULL = (str, type(None))
 
 
 def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
@@ -259,8 +262,8 @@ def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
     reserved = review.reserved
     node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
     node_selector = pods.string_map(spec.get("nodeSelector"), "spec.nodeSelector")
-    terms = review.terms
-    tolerations = review.tolerations
+    terms = review.terms = scheduling.required_terms(spec)
+    tolerations = review.tolerations = _tolerations(spec)
     _warn_operator_taints(review, tolerations)
     if cls.placement != "unreserved":
         known = reserved.node_names
@@ -321,11 +324,13 @@ def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: Map
     old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
     reserved = review.reserved
     old_tolerations = [tol for _, tol in pods.objects(old_spec.get("tolerations"), "oldObject.spec.tolerations")]
+    review.tolerations = _tolerations(review.spec)
     _check_tolerations(review, class_name, review.tolerations, old_tolerations)
     selector = pods.string_map(review.spec.get("nodeSelector"), "spec.nodeSelector")
     old_selector = pods.string_map(old_spec.get("nodeSelector"), "oldObject.spec.nodeSelector")
     if selector.get(reserved.key) == reserved.value and old_selector.get(reserved.key) != reserved.value:
         _deny_node_selector(review, class_name)
+    review.terms = scheduling.required_terms(review.spec)
     if scheduling.affinity_only_reserved(review.terms, reserved) and not scheduling.affinity_only_reserved(
         scheduling.required_terms(old_spec), reserved
     ):
@@ -339,10 +344,11 @@ def _plan(
     gpu: list[pods.ContainerRef],
     labels: Mapping[str, str],
 ) -> None:
-    _plan_affinity(review, class_name)
-    _plan_tolerations(review, cls)
+    plan = _class_plan(review.policy, class_name)
+    _plan_affinity(review, plan)
+    _plan_tolerations(review, plan)
     _plan_spread(review, cls, labels)
-    _plan_env(review, cls, gpu)
+    _plan_env(review, plan, gpu)
     _plan_kfd_mount(review, cls, gpu)
     # The class annotation lands even when nothing else changes; the list of what was done only
     # when something was (so that a reinvocation on our own output yields no operation).
@@ -352,9 +358,18 @@ def _plan(
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
 
 
+@dataclass(frozen=True)
+class _ClassPlan:
+    """What a class adds to a pod, built once per policy and class (the pods only decide which parts)."""
+
+    requirements: tuple[scheduling.Requirement, ...]  # ANDed into every node-selector term
+    reserved_toleration: dict[str, Any] | None  # a reserved class tolerates the reserved taint
+    tolerations: tuple[dict[str, Any], ...]
+    env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
+
+
 @lru_cache(maxsize=256)
-def _class_requirements(policy: Policy, class_name: str) -> tuple[scheduling.Requirement, ...]:
-    """What a class adds to every node-selector term: built once per policy and class."""
+def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
     key, value = policy.spec.reserved_nodes.label
     reserved = scheduling.Reserved(key, value, None)
     cls = policy.spec.classes[class_name]
@@ -373,11 +388,20 @@ def _class_requirements(policy: Policy, class_name: str) -> tuple[scheduling.Req
     for extra in cls.node_selector_requirements:
         keys = (extra.key, *extra.key_aliases)
         requirements.append(scheduling.Requirement(tuple(extra.expression(key) for key in keys)))
-    return tuple(requirements)
+    taint = policy.spec.reserved_nodes.taint
+    reserved_toleration = None
+    if cls.placement == "reserved" and taint is not None:
+        reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+    return _ClassPlan(
+        requirements=tuple(requirements),
+        reserved_toleration=reserved_toleration,
+        tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
+        env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
+    )
 
 
-def _plan_affinity(review: _Review, class_name: str) -> None:
-    requirements = _class_requirements(review.policy, class_name)
+def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:
+    requirements = plan.requirements
     if not requirements:
         return
     terms = review.terms
@@ -398,24 +422,23 @@ def _plan_affinity(review: _Review, class_name: str) -> None:
         if not added:
             continue
         changed = True
-        path = (*scheduling.TERMS_PATH, term.index, "matchExpressions")
+        path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
         review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
     if changed:
         review.done.append("node-affinity")
 
 
-def _plan_tolerations(review: _Review, cls: WorkloadClass) -> None:
+def _plan_tolerations(review: _Review, plan: _ClassPlan) -> None:
     existing = [tol for _, tol in review.tolerations]
     wanted: list[dict[str, Any]] = []
     taint = _reserved_taint(review)
-    if cls.placement == "reserved" and taint is not None and not any(tolerates(tol, taint) for tol in existing):
-        wanted.append({"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect})
-    for extra in cls.tolerations:
-        body = extra.as_k8s()
+    if plan.reserved_toleration is not None and taint is not None and not any(tolerates(t, taint) for t in existing):
+        wanted.append(dict(plan.reserved_toleration))
+    for body in plan.tolerations:
         if body not in existing and body not in wanted:
-            wanted.append(body)
+            wanted.append(dict(body))
     if wanted:
-        review.operations.extend(patch.append_to_list(review.spec.get("tolerations"), ("spec", "tolerations"), wanted))
+        review.operations.extend(patch.append_to_list(review.spec.get("tolerations"), "/spec/tolerations", wanted))
         review.done.append("tolerations")
 
 
@@ -442,35 +465,42 @@ def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str])
     }
     if spread.min_domains is not None:
         constraint["minDomains"] = spread.min_domains
-    review.operations.extend(patch.append_to_list(current, ("spec", "topologySpreadConstraints"), [constraint]))
+    review.operations.extend(patch.append_to_list(current, "/spec/topologySpreadConstraints", [constraint]))
     review.done.append("topology-spread")
 
 
-def _plan_env(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:
-    if not cls.env:
+def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -> None:
+    if not plan.env:
         return
     changed = False
     for container in gpu:
         current = container.body.get("env")
-        env = list(pods.objects(current, f"{container.field}.env"))
+        entries, names = _env(current, container)
         missing: list[dict[str, Any]] = []
-        for var in cls.env:
-            matches = [(i, entry) for i, entry in env if entry.get("name") == var.name]
-            wanted = {"name": var.name, "value": var.value}
-            if not matches:
-                missing.append(wanted)
-            elif var.on_conflict == "override":
-                for i, entry in matches:
-                    if dict(entry) != wanted:
-                        pointer = patch.pointer("spec", container.list_name, container.index, "env", i)
-                        review.operations.append(patch.replace(pointer, wanted))
+        for name, wanted, override in plan.env:
+            if name not in names:
+                missing.append(dict(wanted))
+            elif override:
+                for i, entry in enumerate(entries):
+                    if names[i] == name and dict(entry) != wanted:
+                        review.operations.append(patch.replace(f"{container.pointer}/env/{i}", dict(wanted)))
                         changed = True
         if missing:
-            env_path = ("spec", container.list_name, container.index, "env")
-            review.operations.extend(patch.append_to_list(current, env_path, missing))
+            review.operations.extend(patch.append_to_list(current, container.pointer + "/env", missing))
             changed = True
     if changed:
         review.done.append("env")
+
+
+def _env(env: Any, container: pods.ContainerRef) -> tuple[list[Mapping[str, Any]], list[Any]]:
+    """A container's env entries and their names (long lists are common: read in one C loop)."""
+    if type(env) is list:
+        try:
+            return env, list(map(dict.get, env, repeat("name")))
+        except TypeError:  # an entry that is not a plain dict: checked one by one below
+            pass
+    entries = [entry for _, entry in pods.objects(env, f"{container.field}.env")]
+    return entries, [entry.get("name") for entry in entries]
 
 
 def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:
@@ -497,7 +527,7 @@ def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.Containe
         return
     changed = False
     if not same_name:
-        review.operations.extend(patch.append_to_list(volumes, ("spec", "volumes"), [dict(KFD_VOLUME)]))
+        review.operations.extend(patch.append_to_list(volumes, "/spec/volumes", [dict(KFD_VOLUME)]))
         changed = True
     for container in gpu:
         mounts = container.body.get("volumeMounts")
@@ -505,8 +535,7 @@ def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.Containe
             m.get("mountPath") == KFD_TOPOLOGY_PATH for _, m in pods.objects(mounts, f"{container.field}.volumeMounts")
         ):
             continue
-        path = ("spec", container.list_name, container.index, "volumeMounts")
-        review.operations.extend(patch.append_to_list(mounts, path, [dict(KFD_MOUNT)]))
+        review.operations.extend(patch.append_to_list(mounts, container.pointer + "/volumeMounts", [dict(KFD_MOUNT)]))
         changed = True
     if changed:
         review.done.append("kfd-topology-mount")

@@ -6,8 +6,7 @@ the policy from the caller. The same function serves the HTTPS app and any offli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from webhook import review
 from webhook.decision import NamespaceFacts, NodeFacts
@@ -37,8 +36,7 @@ class NoCluster:
         return NodeFacts(reserved_node_names=None)
 
 
-@dataclass(frozen=True)
-class Handled:
+class Handled(NamedTuple):
     """The response and what to record about it (log line, metrics)."""
 
     response: AdmissionResponse

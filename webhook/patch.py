@@ -19,14 +19,14 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-@lru_cache(maxsize=4096, typed=True)
-def _reference(token: str | int) -> str:
-    """``/`` and the escaped token; the same few tokens recur in every patch, so they are cached (bounded)."""
-    return "/" + escape(str(token))
-
-
 def pointer(*tokens: str | int) -> str:
-    return "".join([_reference(token) for token in tokens])
+    return _pointer(tokens)
+
+
+@lru_cache(maxsize=4096)
+def _pointer(tokens: tuple[str | int, ...]) -> str:
+    # The same few paths recur in every patch, so they are escaped once (bounded cache).
+    return "".join(["/" + escape(str(token)) for token in tokens])
 
 
 def add(path: str, value: Any) -> Operation:
@@ -38,7 +38,7 @@ def replace(path: str, value: Any) -> Operation:
 
 
 def set_map_entries(
-    document: Mapping[str, Any], map_path: Sequence[str], entries: Mapping[str, Any]
+    document: Mapping[str, Any], map_path: tuple[str, ...], entries: Mapping[str, Any]
 ) -> list[Operation]:
     """Operations that make ``document[map_path...]`` contain ``entries``, creating missing maps.
 
@@ -46,23 +46,24 @@ def set_map_entries(
     """
     if not entries:
         return []
-    node: Any = document
+    node: Mapping[str, Any] = document
     for depth, token in enumerate(map_path):
-        child = node.get(token) if isinstance(node, Mapping) else None
-        if not isinstance(child, Mapping):
+        child = node.get(token)
+        if type(child) is not dict and not isinstance(child, Mapping):
             # Build the whole missing (or null) subtree in one operation.
             nested: Any = dict(entries)
             for inner in reversed(map_path[depth + 1 :]):
                 nested = {inner: nested}
-            return [add(pointer(*map_path[: depth + 1]), nested)]
+            return [add(_pointer(map_path[: depth + 1]), nested)]
         node = child
+    prefix = _pointer(map_path) + "/"
     operations = []
     for key, value in entries.items():
         current = node.get(key)
         if current is None:  # absent or null: add creates (or sets) the member
-            operations.append(add(pointer(*map_path, key), value))
+            operations.append({"op": "add", "path": prefix + escape(key), "value": value})
         elif current != value:
-            operations.append(replace(pointer(*map_path, key), value))
+            operations.append({"op": "replace", "path": prefix + escape(key), "value": value})
     return operations
 
 
@@ -79,14 +80,15 @@ def resolve(document: Any, path: Sequence[str | int]) -> Any:
     return node
 
 
-def append_to_list(current: Any, list_path: Sequence[str | int], items: Sequence[Any]) -> list[Operation]:
-    """Operations that append ``items`` to the list at ``list_path``, whose value the caller has read
-    (``current``): appended to when it is a list, created when absent or null.
+def append_to_list(current: Any, list_pointer: str, items: Sequence[Any]) -> list[Operation]:
+    """Operations that append ``items`` to the list at ``list_pointer`` (already escaped), whose value
+    the caller has read (``current``): appended to when it is a list, created when absent or null.
 
     The parent of the list must exist and be an object.
     """
     if not items:
         return []
     if isinstance(current, list):
-        return [add(pointer(*list_path, "-"), item) for item in items]
-    return [add(pointer(*list_path), list(items))]
+        end = list_pointer + "/-"
+        return [{"op": "add", "path": end, "value": item} for item in items]
+    return [add(list_pointer, list(items))]

@@ -7,8 +7,7 @@ clients may not; a wrong type raises ``MalformedPod`` naming the field, never a 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 CONTAINER_LISTS = ("initContainers", "containers")
 
@@ -51,33 +50,43 @@ def string(value: Any, field: str) -> str:
     return value
 
 
-def string_map(value: Any, field: str) -> dict[str, str]:
-    out = {}
+def string_map(value: Any, field: str) -> Mapping[str, str]:
+    """The value as a map of strings (not copied); absent or null reads as empty."""
     for key, item in mapping(value, field).items():
-        if not isinstance(item, str):
+        if type(item) is not str and not isinstance(item, str):
             raise MalformedPod(f"{field}[{key}]", "a string")
-        out[key] = item
-    return out
+    return value or {}
 
 
-def objects(value: Any, field: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def objects(value: Any, field: str) -> list[tuple[int, Mapping[str, Any]]]:
     """Index and item of a list whose items must be objects."""
-    for index, item in enumerate(sequence(value, field)):
-        # The field name is only formatted when the item is not a plain dict.
-        yield index, (item if type(item) is dict else mapping(item, f"{field}[{index}]"))
+    items = sequence(value, field)
+    for item in items:
+        if type(item) is not dict:
+            break
+    else:  # what JSON decoding gives: nothing to check
+        return list(enumerate(items))
+    # The field name is only formatted for an item that is not a plain dict.
+    return [
+        (index, item if type(item) is dict else mapping(item, f"{field}[{index}]")) for index, item in enumerate(items)
+    ]
 
 
-@dataclass(frozen=True)
-class ContainerRef:
+class ContainerRef(NamedTuple):
     """A container and where it sits in the pod (``containers`` or ``initContainers``, index)."""
 
     list_name: str
-    index: int
+    position: int  # index in its list
     body: Mapping[str, Any]
 
     @property
     def field(self) -> str:
-        return f"spec.{self.list_name}[{self.index}]"
+        return f"spec.{self.list_name}[{self.position}]"
+
+    @property
+    def pointer(self) -> str:
+        # The list names are constants and the index an integer: nothing to escape.
+        return f"/spec/{self.list_name}/{self.position}"
 
 
 def containers(spec: Mapping[str, Any]) -> Iterator[ContainerRef]:
@@ -86,20 +95,28 @@ def containers(spec: Mapping[str, Any]) -> Iterator[ContainerRef]:
             yield ContainerRef(list_name, index, body)
 
 
-def resource_names(container: ContainerRef) -> set[str]:
-    # mapping() only when the value is not a plain dict: the field names are formatted for errors only.
+def resource_maps(container: ContainerRef) -> list[Mapping[str, Any]]:
+    """The ``requests`` and ``limits`` maps of a container (each checked to be an object)."""
     resources = container.body.get("resources")
     if type(resources) is not dict:
         resources = mapping(resources, f"{container.field}.resources")
-    names: set[str] = set()
-    for kind in ("requests", "limits"):
-        value = resources.get(kind)
-        names.update(value if type(value) is dict else mapping(value, f"{container.field}.resources.{kind}"))
-    return names
+    requests, limits = resources.get("requests"), resources.get("limits")
+    # mapping() only when the value is not a plain dict: the field names are formatted for errors only.
+    if requests is not None and type(requests) is not dict:
+        requests = mapping(requests, f"{container.field}.resources.requests")
+    if limits is not None and type(limits) is not dict:
+        limits = mapping(limits, f"{container.field}.resources.limits")
+    return [names for names in (requests, limits) if names]
 
 
 def gpu_containers(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> list[ContainerRef]:
-    return [c for c in containers(spec) if any(is_gpu_resource(name) for name in resource_names(c))]
+    found = []
+    for container in containers(spec):
+        if container.body.get("resources") is not None and any(
+            any(map(is_gpu_resource, names)) for names in resource_maps(container)
+        ):
+            found.append(container)
+    return found
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:

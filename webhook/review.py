@@ -23,8 +23,9 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -75,8 +76,7 @@ class AdmissionRequest:
         return self.name or pods.pod_name(self.object or {})
 
 
-@dataclass(frozen=True)
-class AdmissionResponse:
+class AdmissionResponse(NamedTuple):
     """What goes into ``AdmissionReview.response``, before encoding."""
 
     allowed: bool
@@ -85,7 +85,7 @@ class AdmissionResponse:
     reason: str = ""
     patch: tuple[Mapping[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
-    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    audit_annotations: Mapping[str, str] = MappingProxyType({})
 
 
 def _require_str(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:

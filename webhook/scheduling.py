@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook import pods
 
@@ -18,8 +18,7 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 TERMS_PATH = ("spec", "affinity", "nodeAffinity", REQUIRED, "nodeSelectorTerms")
 
 
-@dataclass(frozen=True)
-class Reserved:
+class Reserved(NamedTuple):
     """How reserved nodes are recognised: one node label, and their names when known."""
 
     key: str
