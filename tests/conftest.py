@@ -32,6 +32,27 @@ ADMISSION_FIXTURES = FIXTURES / "admission"
 REPO = Path(__file__).parent.parent
 
 
+def stale_compiled_modules(package: Path = REPO / "webhook") -> list[str]:
+    """Compiled modules (mypyc, ``make compile``) older than their source: Python would import the
+    old compiled code instead of the source being tested."""
+    stale = []
+    for compiled in package.glob("*.so"):
+        source = compiled.with_name(compiled.name.split(".", 1)[0] + ".py")
+        if source.exists() and source.stat().st_mtime > compiled.stat().st_mtime:
+            stale.append(f"{compiled.name} (older than {source.name})")
+    return stale
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    stale = stale_compiled_modules()
+    if stale:
+        pytest.exit(
+            "compiled modules are older than their sources: " + ", ".join(stale) + ". Run `make compile` "
+            "(or `make pure` for the pure Python modules); `make test` does it for you.",
+            returncode=4,
+        )
+
+
 @dataclass(frozen=True)
 class PKI:
     dir: Path

@@ -1,0 +1,32 @@
+"""Build hook: the decision core compiled with mypyc, when asked for (``ROCM_ISOLATION_COMPILE=1``).
+
+Every pod creation in the cluster waits for ``decide()``; compiled, it takes about half the CPU
+(docs/benchmarks.md). The compiled modules are the same typed source (mypy --strict), so the pure
+Python package stays the reference: it is what a plain ``pip install`` builds, and what runs when
+no C compiler is available. ``make`` compiles in place (``make compile``); the Dockerfile builds a
+compiled wheel. Metadata lives in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+# The modules on the per-review path that are ours (no I/O): the engine and what it calls, and the handler.
+COMPILED_MODULES = [
+    "webhook/decision.py",
+    "webhook/engine.py",
+    "webhook/handler.py",
+    "webhook/patch.py",
+    "webhook/pods.py",
+    "webhook/scheduling.py",
+]
+
+ext_modules = []
+if os.environ.get("ROCM_ISOLATION_COMPILE") == "1":
+    from mypyc.build import mypycify
+
+    ext_modules = mypycify(COMPILED_MODULES, opt_level="3")
+
+setup(ext_modules=ext_modules)
