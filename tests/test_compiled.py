@@ -99,7 +99,7 @@ def outcome(module: Any, pod: Any, old: Any, operation: str, namespace: Any, nod
         list(decision.patch),
         list(decision.warnings),
         dict(decision.audit_annotations),
-        [tuple(v) for v in decision.violations],
+        [(v.rule, v.field, v.message) for v in decision.violations],
         decision.code,
     )
 

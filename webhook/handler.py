@@ -6,7 +6,7 @@ the policy from the caller. The same function serves the HTTPS app and any offli
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Final, Protocol
 
 from webhook import review
 from webhook.decision import NamespaceFacts, NodeFacts
@@ -23,6 +23,9 @@ class ClusterFacts(Protocol):
     def nodes(self, policy: Policy) -> NodeFacts: ...
 
 
+_UNKNOWN_NODES = NodeFacts(reserved_node_names=None)
+
+
 class NoCluster:
     """No cluster connection: namespace labels and reserved nodes are unknown.
 
@@ -33,18 +36,30 @@ class NoCluster:
         return NamespaceFacts(name=name, labels=None)
 
     def nodes(self, policy: Policy) -> NodeFacts:
-        return NodeFacts(reserved_node_names=None)
+        return _UNKNOWN_NODES
 
 
-class Handled(NamedTuple):
+class Handled:
     """The response and what to record about it (log line, metrics)."""
 
-    response: AdmissionResponse
-    workload_class: str
-    decision: str  # allowed | patched | denied | skipped
-    rule: str
-    mode: str
-    violations: tuple[str, ...] = ()  # the rule of every violation found (in any mode)
+    __slots__ = ("decision", "mode", "response", "rule", "violations", "workload_class")
+
+    def __init__(
+        self,
+        *,
+        response: AdmissionResponse,
+        workload_class: str,
+        decision: str,  # allowed | patched | denied | skipped
+        rule: str,
+        mode: str,
+        violations: tuple[str, ...] = (),  # the rule of every violation found (in any mode)
+    ) -> None:
+        self.response: Final = response
+        self.workload_class: Final = workload_class
+        self.decision: Final = decision
+        self.rule: Final = rule
+        self.mode: Final = mode
+        self.violations: Final = violations
 
 
 def _skip(rule: str, mode: str) -> Handled:

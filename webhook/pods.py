@@ -7,7 +7,7 @@ clients may not; a wrong type raises ``MalformedPod`` naming the field, never a 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Final
 
 CONTAINER_LISTS = ("initContainers", "containers")
 
@@ -72,12 +72,15 @@ def objects(value: Any, field: str) -> list[tuple[int, Mapping[str, Any]]]:
     ]
 
 
-class ContainerRef(NamedTuple):
+class ContainerRef:
     """A container and where it sits in the pod (``containers`` or ``initContainers``, index)."""
 
-    list_name: str
-    position: int  # index in its list
-    body: Mapping[str, Any]
+    __slots__ = ("body", "list_name", "position")
+
+    def __init__(self, list_name: str, position: int, body: Mapping[str, Any]) -> None:
+        self.list_name: Final = list_name
+        self.position: Final = position  # index in its list
+        self.body: Final = body
 
     @property
     def field(self) -> str:
@@ -111,12 +114,23 @@ def resource_maps(container: ContainerRef) -> list[Mapping[str, Any]]:
 
 def gpu_containers(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> list[ContainerRef]:
     found = []
-    for container in containers(spec):
-        if container.body.get("resources") is not None and any(
-            any(map(is_gpu_resource, names)) for names in resource_maps(container)
-        ):
-            found.append(container)
+    for list_name, field in _CONTAINER_FIELDS:
+        value = spec.get(list_name)
+        if value is None:
+            continue
+        for index, body in objects(value, field):
+            resources = body.get("resources")
+            if resources is None:
+                continue
+            container = ContainerRef(list_name, index, body)
+            for names in resource_maps(container):
+                if any(map(is_gpu_resource, names)):
+                    found.append(container)
+                    break
     return found
+
+
+_CONTAINER_FIELDS = tuple((name, f"spec.{name}") for name in CONTAINER_LISTS)
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:

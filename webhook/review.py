@@ -20,10 +20,11 @@ v1beta1 patch as JSONPatch. Any other apiVersion is a 400.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -154,8 +155,12 @@ def parse_review(data: Any) -> AdmissionRequest:
     )
 
 
+# Responses keep the mappings they are given (the engine's own, never changed afterwards): no copies.
+_NONE: Mapping[str, str] = MappingProxyType({})
+
+
 def allowed(*, warnings: Sequence[str] = (), audit_annotations: Mapping[str, str] | None = None) -> AdmissionResponse:
-    return AdmissionResponse(allowed=True, warnings=tuple(warnings), audit_annotations=dict(audit_annotations or {}))
+    return AdmissionResponse(allowed=True, warnings=tuple(warnings), audit_annotations=audit_annotations or _NONE)
 
 
 def patched(
@@ -165,7 +170,7 @@ def patched(
     audit_annotations: Mapping[str, str] | None = None,
 ) -> AdmissionResponse:
     return AdmissionResponse(
-        allowed=True, patch=tuple(patch), warnings=tuple(warnings), audit_annotations=dict(audit_annotations or {})
+        allowed=True, patch=tuple(patch), warnings=tuple(warnings), audit_annotations=audit_annotations or _NONE
     )
 
 
@@ -182,7 +187,7 @@ def denied(
         message=message,
         reason=_STATUS_REASONS.get(code, ""),
         warnings=tuple(warnings),
-        audit_annotations=dict(audit_annotations or {}),
+        audit_annotations=audit_annotations or _NONE,
     )
 
 
@@ -192,11 +197,17 @@ def errored(message: str, *, code: int = 500) -> AdmissionResponse:
 
 
 def _clean_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
-    return {key: str(value) for key, value in annotations.items() if isinstance(key, str) and _AUDIT_KEY.match(key)}
+    return {key: str(value) for key, value in annotations.items() if _valid_audit_key(key)}
+
+
+@lru_cache(maxsize=1024)
+def _valid_audit_key(key: object) -> bool:
+    # The same few keys in every reply: each is checked once.
+    return isinstance(key, str) and _AUDIT_KEY.match(key) is not None
 
 
 def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:
-    return base64.b64encode(orjson.dumps(list(patch))).decode("ascii")
+    return binascii.b2a_base64(orjson.dumps(patch), newline=False).decode("ascii")
 
 
 def review_response(request: AdmissionRequest, response: AdmissionResponse) -> dict[str, Any]:

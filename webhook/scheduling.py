@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from webhook import pods
 
@@ -56,12 +56,18 @@ class Reserved(NamedTuple):
         )
 
 
-@dataclass(frozen=True)
 class Term:
-    index: int
-    expressions: list[Mapping[str, Any]]
-    fields: list[Mapping[str, Any]]
-    body: Mapping[str, Any]
+    """One required node-selector term of the pod: where it is, and its requirements (read once)."""
+
+    __slots__ = ("body", "expressions", "fields", "index")
+
+    def __init__(
+        self, index: int, expressions: list[Mapping[str, Any]], fields: list[Mapping[str, Any]], body: Mapping[str, Any]
+    ) -> None:
+        self.index: Final = index
+        self.expressions: Final = expressions
+        self.fields: Final = fields
+        self.body: Final = body
 
     @property
     def empty(self) -> bool:
