@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 # The decision core compiled with mypyc (setup.py); pure Python when compiling fails.
 COMPILED_SOURCES := setup.py webhook/decision.py webhook/engine.py webhook/handler.py webhook/patch.py \
-                    webhook/pods.py webhook/scheduling.py
+                    webhook/pods.py webhook/review.py webhook/scheduling.py
 COMPILED := $(VENV)/.compiled-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8443

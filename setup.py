@@ -13,13 +13,14 @@ import os
 
 from setuptools import setup
 
-# The modules on the per-review path that are ours (no I/O): the engine and what it calls, and the handler.
+# The modules on the per-review path that are ours (no I/O): the envelope, the handler, the engine and what it calls.
 COMPILED_MODULES = [
     "webhook/decision.py",
     "webhook/engine.py",
     "webhook/handler.py",
     "webhook/patch.py",
     "webhook/pods.py",
+    "webhook/review.py",
     "webhook/scheduling.py",
 ]
 

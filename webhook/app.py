@@ -254,14 +254,16 @@ def _record(service: WebhookService, admission: review.AdmissionRequest, handled
     try:
         metrics = service.metrics
         patch_ops = len(handled.response.patch)
-        metrics.reviews.labels(admission.operation, handled.workload_class, handled.decision, handled.mode).inc()
+        metrics.labelled(
+            metrics.reviews, admission.operation, handled.workload_class, handled.decision, handled.mode
+        ).inc()
         metrics.latency.observe(elapsed)
         if patch_ops:
             metrics.patch_operations.inc(patch_ops)
         if handled.decision == "denied":
-            metrics.denials.labels(handled.rule).inc()
+            metrics.labelled(metrics.denials, handled.rule).inc()
         for rule in handled.violations:
-            metrics.violations.labels(rule, handled.mode).inc()
+            metrics.labelled(metrics.violations, rule, handled.mode).inc()
         log_review(
             {
                 "uid": admission.uid,

@@ -14,7 +14,7 @@ from typing import Any, Final, cast, get_args
 
 from webhook import patch, pods, scheduling
 from webhook.decision import Decision, NamespaceFacts, NodeFacts, Violation
-from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass, tolerates
+from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass
 
 CLASS_ANNOTATION = "rocm-isolation.io/class"
 MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
@@ -328,7 +328,7 @@ def _check_tolerations(
         return
     previous = old or []
     for index, tol in tolerations:
-        if tolerates(tol, taint) and tol not in previous:
+        if scheduling.tolerates(tol, taint.key, taint.value, taint.effect) and tol not in previous:
             what = (
                 "tolerates every taint" if not tol.get("key") else f"tolerates {taint.key}={taint.value}:{taint.effect}"
             )
@@ -460,8 +460,10 @@ def _plan_tolerations(review: _Review, plan: _ClassPlan) -> None:
     existing = [tol for _, tol in review.tolerations]
     wanted: list[dict[str, Any]] = []
     taint = _reserved_taint(review)
-    if plan.reserved_toleration is not None and taint is not None and not any(tolerates(t, taint) for t in existing):
-        wanted.append(dict(plan.reserved_toleration))
+    if plan.reserved_toleration is not None and taint is not None:
+        key, value, effect = taint.key, taint.value, taint.effect
+        if not any(scheduling.tolerates(t, key, value, effect) for t in existing):
+            wanted.append(dict(plan.reserved_toleration))
     for body in plan.tolerations:
         if body not in existing and body not in wanted:
             wanted.append(dict(body))

@@ -27,6 +27,7 @@ def multiprocess_dir() -> str | None:
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[object, ...], Counter] = {}
         r = self.registry
         self.reviews = Counter(
             f"{PREFIX}_admission_reviews",
@@ -96,6 +97,16 @@ class Metrics:
             ["resource", "reason"],
             registry=r,
         )
+
+    def labelled(self, metric: Counter, *values: str) -> Counter:
+        """``metric.labels(*values)``, remembered: ``labels()`` validates and locks on every call, and
+        the label values of the per-review counters come from small fixed sets (the policy's classes
+        and rules, the decisions, the modes)."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def render(self) -> bytes:
         if multiprocess_dir():

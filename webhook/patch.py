@@ -49,7 +49,7 @@ def set_map_entries(
     node: Mapping[str, Any] = document
     for depth, token in enumerate(map_path):
         child = node.get(token)
-        if type(child) is not dict and not isinstance(child, Mapping):
+        if child is None or (type(child) is not dict and not isinstance(child, Mapping)):
             # Build the whole missing (or null) subtree in one operation.
             nested: Any = dict(entries)
             for inner in reversed(map_path[depth + 1 :]):

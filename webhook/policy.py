@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from webhook import rocm
+from webhook.scheduling import tolerates
 
 API_VERSION = "rocm-isolation.io/v1alpha1"
 KIND = "IsolationPolicy"
@@ -86,7 +87,7 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
     def tolerates(self, taint: Taint) -> bool:
-        return tolerates(self.as_k8s(), taint)
+        return tolerates(self.as_k8s(), taint.key, taint.value, taint.effect)
 
     def as_k8s(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -330,23 +331,6 @@ class IsolationPolicy(_Model):
     spec: PolicySpec
 
 
-def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
-    """Kubernetes' ToleratesTaint: does this pod toleration tolerate the taint?"""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.effect:
-        return False
-    key = toleration.get("key") or ""
-    operator = toleration.get("operator") or "Equal"
-    if not key:
-        # An empty key with operator Exists tolerates every taint.
-        return operator == "Exists"
-    if key != taint.key:
-        return False
-    if operator == "Exists":
-        return True
-    return operator == "Equal" and (toleration.get("value") or "") == taint.value
-
-
 @dataclass(frozen=True)
 class NamespaceClasses:
     """What a namespace may run: the classes it allows and the one its pods get by default."""
@@ -368,10 +352,11 @@ class Policy:
     _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
     _gpu_patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
     _gpu_memo: dict[str, bool] = field(default_factory=dict, repr=False)
+    # document.spec, read for every review: an attribute, not a property.
+    spec: PolicySpec = field(init=False, repr=False)
 
-    @property
-    def spec(self) -> PolicySpec:
-        return self.document.spec
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", self.document.spec)
 
     @property
     def name(self) -> str:

@@ -23,10 +23,9 @@ from __future__ import annotations
 import binascii
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, Final
 
 import orjson
 
@@ -43,25 +42,48 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 422: "Invalid", 500: "InternalError"}
 
 
+# Responses keep the mappings they are given (the engine's own, never changed afterwards): no copies.
+_NONE: Mapping[str, str] = MappingProxyType({})
+
+
 class ReviewError(ValueError):
     """The body is not an AdmissionReview we can answer: the caller replies with HTTP 400."""
 
 
-@dataclass(frozen=True)
 class AdmissionRequest:
     """The parts of ``AdmissionReview.request`` the webhook reads. ``object`` is kept as sent."""
 
-    api_version: str
-    uid: str
-    operation: str
-    kind: Mapping[str, str]
-    resource: Mapping[str, str]
-    sub_resource: str
-    namespace: str
-    name: str
-    dry_run: bool
-    object: dict[str, Any] | None
-    old_object: dict[str, Any] | None
+    __slots__ = (
+        "api_version", "dry_run", "kind", "name", "namespace", "object", "old_object", "operation", "resource",
+        "sub_resource", "uid",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        api_version: str,
+        uid: str,
+        operation: str,
+        kind: Mapping[str, str],
+        resource: Mapping[str, str],
+        sub_resource: str,
+        namespace: str,
+        name: str,
+        dry_run: bool,
+        object: dict[str, Any] | None,
+        old_object: dict[str, Any] | None,
+    ) -> None:
+        self.api_version: Final = api_version
+        self.uid: Final = uid
+        self.operation: Final = operation
+        self.kind: Final = kind
+        self.resource: Final = resource
+        self.sub_resource: Final = sub_resource
+        self.namespace: Final = namespace
+        self.name: Final = name
+        self.dry_run: Final = dry_run
+        self.object: Final = object
+        self.old_object: Final = old_object
 
     @property
     def is_pod(self) -> bool:
@@ -77,16 +99,29 @@ class AdmissionRequest:
         return self.name or pods.pod_name(self.object or {})
 
 
-class AdmissionResponse(NamedTuple):
+class AdmissionResponse:
     """What goes into ``AdmissionReview.response``, before encoding."""
 
-    allowed: bool
-    code: int = 200
-    message: str = ""
-    reason: str = ""
-    patch: tuple[Mapping[str, Any], ...] = ()
-    warnings: tuple[str, ...] = ()
-    audit_annotations: Mapping[str, str] = MappingProxyType({})
+    __slots__ = ("allowed", "audit_annotations", "code", "message", "patch", "reason", "warnings")
+
+    def __init__(
+        self,
+        *,
+        allowed: bool,
+        code: int = 200,
+        message: str = "",
+        reason: str = "",
+        patch: tuple[Mapping[str, Any], ...] = (),
+        warnings: tuple[str, ...] = (),
+        audit_annotations: Mapping[str, str] = _NONE,
+    ) -> None:
+        self.allowed: Final = allowed
+        self.code: Final = code
+        self.message: Final = message
+        self.reason: Final = reason
+        self.patch: Final = patch
+        self.warnings: Final = warnings
+        self.audit_annotations: Final = audit_annotations
 
 
 def _require_str(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
@@ -153,10 +188,6 @@ def parse_review(data: Any) -> AdmissionRequest:
         object=_object(request, "object"),
         old_object=_object(request, "oldObject"),
     )
-
-
-# Responses keep the mappings they are given (the engine's own, never changed afterwards): no copies.
-_NONE: Mapping[str, str] = MappingProxyType({})
 
 
 def allowed(*, warnings: Sequence[str] = (), audit_annotations: Mapping[str, str] | None = None) -> AdmissionResponse:

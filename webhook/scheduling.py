@@ -193,3 +193,20 @@ def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) 
             variants = next_variants
         out.extend(variants)
     return out, split
+
+
+def tolerates(toleration: Mapping[str, Any], key: str, value: str, effect: str) -> bool:
+    """Kubernetes' ToleratesTaint: does this pod toleration tolerate the taint ``key=value:effect``?"""
+    wanted_effect = toleration.get("effect") or ""
+    if wanted_effect and wanted_effect != effect:
+        return False
+    wanted_key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if not wanted_key:
+        # An empty key with operator Exists tolerates every taint.
+        return operator == "Exists"
+    if wanted_key != key:
+        return False
+    if operator == "Exists":
+        return True
+    return operator == "Equal" and (toleration.get("value") or "") == value
