@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat
 from typing import Any, Final, cast, get_args
 
 from webhook import patch, pods, scheduling
@@ -153,7 +152,7 @@ def _decide_pod(
     if operation == "UPDATE" and metadata.get("deletionTimestamp"):
         return _allow(RULE_DELETING, "the pod is terminating", mode)
     mirror = MIRROR_ANNOTATION in annotations
-    gpu = pods.gpu_containers(spec, policy.is_gpu_resource)
+    gpu = pods.gpu_containers(spec, policy.gpu)
     if not gpu and not policy.spec.scope.all_pods:
         return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
 
@@ -394,6 +393,7 @@ class _ClassPlan:
     reserved_toleration: dict[str, Any] | None  # a reserved class tolerates the reserved taint
     tolerations: tuple[dict[str, Any], ...]
     env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
+    env_names: tuple[str, ...]  # compared, not hashed: hashing every name of every env list costs more
 
 
 @lru_cache(maxsize=256)
@@ -425,6 +425,7 @@ def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
         reserved_toleration=reserved_toleration,
         tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
         env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
+        env_names=tuple(var.name for var in cls.env),
     )
 
 
@@ -505,14 +506,15 @@ def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -
     changed = False
     for container in gpu:
         current = container.body.get("env")
-        entries, names = _env(current, container)
+        entries, found = _env_indexes(current, plan.env_names, container)
         missing: list[dict[str, Any]] = []
         for name, wanted, override in plan.env:
-            if name not in names:
+            indexes = found.get(name)
+            if indexes is None:
                 missing.append(dict(wanted))
             elif override:
-                for i, entry in enumerate(entries):
-                    if names[i] == name and dict(entry) != wanted:
+                for i in indexes:
+                    if dict(entries[i]) != wanted:
                         review.operations.append(patch.replace(f"{container.pointer}/env/{i}", dict(wanted)))
                         changed = True
         if missing:
@@ -522,15 +524,28 @@ def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -
         review.done.append("env")
 
 
-def _env(env: Any, container: pods.ContainerRef) -> tuple[list[Mapping[str, Any]], list[Any]]:
-    """A container's env entries and their names (long lists are common: read in one C loop)."""
+def _env_indexes(
+    env: Any, names: tuple[str, ...], container: pods.ContainerRef
+) -> tuple[list[Mapping[str, Any]], dict[str, list[int]]]:
+    """A container's env entries, and where each of ``names`` is set in them (one pass: env lists
+    of a hundred variables are common, and every GPU container is read)."""
+    found: dict[str, list[int]] = {}
     if type(env) is list:
-        try:
-            return env, list(map(dict.get, env, repeat("name")))
-        except TypeError:  # an entry that is not a plain dict: checked one by one below
-            pass
+        for index, entry in enumerate(env):
+            if type(entry) is not dict:
+                break  # checked one by one below
+            name = entry.get("name")
+            if type(name) is str and name in names:
+                found.setdefault(name, []).append(index)
+        else:
+            return env, found
+        found.clear()
     entries = [entry for _, entry in pods.objects(env, f"{container.field}.env")]
-    return entries, [entry.get("name") for entry in entries]
+    for index, entry in enumerate(entries):
+        name = entry.get("name")
+        if isinstance(name, str) and name in names:
+            found.setdefault(name, []).append(index)
+    return entries, found
 
 
 def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:

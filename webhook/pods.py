@@ -6,7 +6,8 @@ clients may not; a wrong type raises ``MalformedPod`` naming the field, never a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 CONTAINER_LISTS = ("initContainers", "containers")
@@ -112,7 +113,33 @@ def resource_maps(container: ContainerRef) -> list[Mapping[str, Any]]:
     return [names for names in (requests, limits) if names]
 
 
-def gpu_containers(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> list[ContainerRef]:
+class GpuResources:
+    """Which resource names are GPUs: the policy's names and patterns, each answer remembered."""
+
+    __slots__ = ("_known", "_patterns")
+
+    def __init__(self, names: Iterable[str], patterns: Iterable[re.Pattern[str]]) -> None:
+        self._known: Final[dict[str, bool]] = dict.fromkeys(names, True)
+        self._patterns: Final = tuple(patterns)
+
+    def __call__(self, resource: str) -> bool:
+        known = self._known.get(resource)
+        if known is None:
+            known = any(pattern.search(resource) for pattern in self._patterns)
+            if len(self._known) < 1024:  # bounded: resource names come from pods
+                self._known[resource] = known
+        return known
+
+    def any(self, resources: Mapping[str, Any]) -> bool:
+        """Whether any of the names is a GPU (a plain loop: compiled, it beats any() over a generator)."""
+        for resource in resources:
+            known = self._known.get(resource)
+            if known or (known is None and self(resource)):
+                return True
+        return False
+
+
+def gpu_containers(spec: Mapping[str, Any], gpu: GpuResources) -> list[ContainerRef]:
     found = []
     for list_name, field in _CONTAINER_FIELDS:
         value = spec.get(list_name)
@@ -124,7 +151,7 @@ def gpu_containers(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], boo
                 continue
             container = ContainerRef(list_name, index, body)
             for names in resource_maps(container):
-                if any(map(is_gpu_resource, names)):
+                if gpu.any(names):
                     found.append(container)
                     break
     return found

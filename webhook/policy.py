@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from webhook import rocm
+from webhook.pods import GpuResources
 from webhook.scheduling import tolerates
 
 API_VERSION = "rocm-isolation.io/v1alpha1"
@@ -350,8 +351,8 @@ class Policy:
     warnings: tuple[str, ...] = ()
     # Per namespace rule, its names and globs as one pattern (None: the rule matches by labels only).
     _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
-    _gpu_patterns: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
-    _gpu_memo: dict[str, bool] = field(default_factory=dict, repr=False)
+    # Which resource names are GPUs (compiled, remembered per name).
+    gpu: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
     # document.spec, read for every review: an attribute, not a property.
     spec: PolicySpec = field(init=False, repr=False)
 
@@ -363,12 +364,7 @@ class Policy:
         return self.document.metadata.name
 
     def is_gpu_resource(self, resource: str) -> bool:
-        known = self._gpu_memo.get(resource)
-        if known is None:
-            known = resource in self.spec.scope.gpu_resources or any(p.search(resource) for p in self._gpu_patterns)
-            if len(self._gpu_memo) < 1024:  # bounded: resource names come from pods
-                self._gpu_memo[resource] = known
-        return known
+        return self.gpu(resource)
 
     def namespace_classes(self, namespace: str, labels: Mapping[str, str] | None) -> NamespaceClasses:
         """The first namespace rule that matches, then the class label, then ``defaultClass``.
@@ -441,7 +437,7 @@ def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Poli
         digest=digest,
         warnings=tuple(_policy_warnings(doc)),
         _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
-        _gpu_patterns=tuple(re.compile(p) for p in doc.spec.scope.gpu_resource_patterns),
+        gpu=GpuResources(doc.spec.scope.gpu_resources, [re.compile(p) for p in doc.spec.scope.gpu_resource_patterns]),
     )
 
 
