@@ -463,7 +463,7 @@ def prefixed(
     prefix = patch.pointer(*pod_path)
     out: list[dict[str, Any]] = []
     if pod_path and not isinstance(patch.resolve(body, pod_path), Mapping):
-        out.extend(patch.set_map_entries(body, tuple(pod_path[:-1]), {pod_path[-1]: {}}))
+        out.extend(patch.set_map_entries(pods.mapping(body, "the document"), tuple(pod_path[:-1]), {pod_path[-1]: {}}))
     for operation in operations:
         moved = {**operation, "path": prefix + operation["path"]}
         if "from" in operation:

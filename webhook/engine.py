@@ -92,9 +92,9 @@ class _Review:
     def __init__(
         self,
         *,
-        pod: Mapping[str, Any],
-        spec: Mapping[str, Any],
-        metadata: Mapping[str, Any],
+        pod: dict[str, Any],
+        spec: dict[str, Any],
+        metadata: dict[str, Any],
         policy: Policy,
         namespace: NamespaceFacts,
         reserved: scheduling.Reserved,
@@ -112,7 +112,7 @@ class _Review:
         self.violations: Final[list[Violation]] = []
         # Read once by the check (in the order its errors are reported), reused by the plan.
         self.terms: list[scheduling.Term] | None = None
-        self.tolerations: list[tuple[int, Mapping[str, Any]]] = []
+        self.tolerations: list[tuple[int, dict[str, Any]]] = []
 
 
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
@@ -265,7 +265,7 @@ def _reserved_taint(review: _Review) -> Taint | None:
     return review.policy.spec.reserved_nodes.taint
 
 
-def _tolerations(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+def _tolerations(spec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     found = pods.objects(spec.get("tolerations"), "spec.tolerations")
     for index, tol in found:
         if (
@@ -320,7 +320,7 @@ def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
 
 
 def _check_tolerations(
-    review: _Review, class_name: str, tolerations: list[tuple[int, Mapping[str, Any]]], old: Any = None
+    review: _Review, class_name: str, tolerations: list[tuple[int, dict[str, Any]]], old: Any = None
 ) -> None:
     taint = _reserved_taint(review)
     if taint is None:
@@ -334,7 +334,7 @@ def _check_tolerations(
             _denied(review, class_name, DENY_TOLERATION, f"spec.tolerations[{index}]", what)
 
 
-def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, Mapping[str, Any]]]) -> None:
+def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, dict[str, Any]]]) -> None:
     for index, tol in tolerations:
         if tol.get("key") in AMD_OPERATOR_TAINT_KEYS:
             review.warnings.append(
@@ -343,7 +343,7 @@ def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, Mapping[
             )
 
 
-def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: Mapping[str, Any]) -> None:
+def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: dict[str, Any]) -> None:
     """On UPDATE only what the update introduces is checked: rejecting a pod that was admitted
     before the policy would block its finalizers and status changes."""
     if cls.placement != "unreserved":
@@ -526,7 +526,7 @@ def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -
 
 def _env_indexes(
     env: Any, names: tuple[str, ...], container: pods.ContainerRef
-) -> tuple[list[Mapping[str, Any]], dict[str, list[int]]]:
+) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """A container's env entries, and where each of ``names`` is set in them (one pass: env lists
     of a hundred variables are common, and every GPU container is read)."""
     found: dict[str, list[int]] = {}

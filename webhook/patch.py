@@ -37,16 +37,14 @@ def replace(path: str, value: Any) -> Operation:
     return {"op": "replace", "path": path, "value": value}
 
 
-def set_map_entries(
-    document: Mapping[str, Any], map_path: tuple[str, ...], entries: Mapping[str, Any]
-) -> list[Operation]:
+def set_map_entries(document: dict[str, Any], map_path: tuple[str, ...], entries: dict[str, Any]) -> list[Operation]:
     """Operations that make ``document[map_path...]`` contain ``entries``, creating missing maps.
 
     ``map_path`` must lead through objects only (e.g. ``("metadata", "annotations")``).
     """
     if not entries:
         return []
-    node: Mapping[str, Any] = document
+    node: dict[str, Any] = document
     for depth, token in enumerate(map_path):
         child = node.get(token)
         if child is None or (type(child) is not dict and not isinstance(child, Mapping)):
@@ -55,7 +53,7 @@ def set_map_entries(
             for inner in reversed(map_path[depth + 1 :]):
                 nested = {inner: nested}
             return [add(_pointer(map_path[: depth + 1]), nested)]
-        node = child
+        node = child if type(child) is dict else dict(child)
     prefix = _pointer(map_path) + "/"
     operations = []
     for key, value in entries.items():

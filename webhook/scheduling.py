@@ -8,7 +8,7 @@ lead to a reserved node?
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -25,7 +25,7 @@ class Reserved(NamedTuple):
     value: str
     node_names: frozenset[str] | None
 
-    def selects_only_reserved(self, requirement: Mapping[str, Any]) -> bool:
+    def selects_only_reserved(self, requirement: dict[str, Any]) -> bool:
         values = requirement.get("values") or []
         return (
             requirement.get("key") == self.key
@@ -34,7 +34,7 @@ class Reserved(NamedTuple):
             and all(value == self.value for value in values)
         )
 
-    def excludes_reserved(self, requirement: Mapping[str, Any]) -> bool:
+    def excludes_reserved(self, requirement: dict[str, Any]) -> bool:
         if requirement.get("key") != self.key:
             return False
         operator = requirement.get("operator")
@@ -45,7 +45,7 @@ class Reserved(NamedTuple):
             or (operator == "In" and self.value not in values)
         )
 
-    def fields_select_only_reserved(self, requirement: Mapping[str, Any]) -> bool:
+    def fields_select_only_reserved(self, requirement: dict[str, Any]) -> bool:
         values = requirement.get("values") or []
         return (
             self.node_names is not None
@@ -62,7 +62,7 @@ class Term:
     __slots__ = ("body", "expressions", "fields", "index")
 
     def __init__(
-        self, index: int, expressions: list[Mapping[str, Any]], fields: list[Mapping[str, Any]], body: Mapping[str, Any]
+        self, index: int, expressions: list[dict[str, Any]], fields: list[dict[str, Any]], body: dict[str, Any]
     ) -> None:
         self.index: Final = index
         self.expressions: Final = expressions
@@ -75,7 +75,7 @@ class Term:
         return not self.expressions and not self.fields
 
 
-def required_terms(spec: Mapping[str, Any]) -> list[Term] | None:
+def required_terms(spec: dict[str, Any]) -> list[Term] | None:
     """The required node-affinity terms, or None when the pod has no required node affinity."""
     affinity = pods.mapping(spec.get("affinity"), "spec.affinity")
     node_affinity = pods.mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
@@ -105,7 +105,7 @@ def required_terms(spec: Mapping[str, Any]) -> list[Term] | None:
     return terms
 
 
-def _plain_requirements(value: Any) -> list[Mapping[str, Any]] | None:
+def _plain_requirements(value: Any) -> list[dict[str, Any]] | None:
     """A copy of the requirement list when every item is a dict with a string key and string values
     (absent counts as empty); None when anything else is there (checked field by field instead)."""
     if value is None:
@@ -135,7 +135,7 @@ def affinity_only_reserved(terms: list[Term] | None, reserved: Reserved) -> bool
     return bool(live) and all(term_only_reserved(term, reserved) for term in live)
 
 
-def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def _same_requirement(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return (
         a.get("key") == b.get("key")
         and a.get("operator") == b.get("operator")
@@ -147,7 +147,7 @@ def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 class Requirement:
     """One requirement the policy adds to every term; ``alternatives`` are equivalent spellings (ORed)."""
 
-    alternatives: tuple[Mapping[str, Any], ...]
+    alternatives: tuple[dict[str, Any], ...]
     satisfied_by_exclusion: Reserved | None = None  # for "not reserved": any expression excluding them counts
 
     def satisfied(self, term: Term) -> bool:
@@ -159,7 +159,7 @@ class Requirement:
         return False
 
 
-def _fresh(expression: Mapping[str, Any]) -> dict[str, Any]:
+def _fresh(expression: dict[str, Any]) -> dict[str, Any]:
     """A copy owned by the patch (requirements are shared by every review of a policy)."""
     out = dict(expression)
     if "values" in out:
@@ -195,7 +195,7 @@ def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) 
     return out, split
 
 
-def tolerates(toleration: Mapping[str, Any], key: str, value: str, effect: str) -> bool:
+def tolerates(toleration: dict[str, Any], key: str, value: str, effect: str) -> bool:
     """Kubernetes' ToleratesTaint: does this pod toleration tolerate the taint ``key=value:effect``?"""
     wanted_effect = toleration.get("effect") or ""
     if wanted_effect and wanted_effect != effect:
