@@ -21,15 +21,20 @@ $(STAMP): pyproject.toml
 
 # Compiled in place (webhook/*.so next to the sources, git-ignored). Rebuilt whenever a compiled source
 # changes; tests/conftest.py refuses to run against a compiled module older than its source.
-$(COMPILED): $(STAMP) $(COMPILED_SOURCES)
+define compile_core
 	rm -f webhook/*.so *__mypyc*.so
 	ROCM_ISOLATION_COMPILE=1 $(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation \
 	    --no-deps -e . || { rm -f webhook/*.so *__mypyc*.so; echo "mypyc compilation failed: running pure Python"; }
 	touch $(COMPILED)
+endef
+
+$(COMPILED): $(STAMP) $(COMPILED_SOURCES)
+	$(compile_core)
 
 setup: $(COMPILED)
 
-compile: $(COMPILED)
+compile: $(STAMP)
+	$(compile_core)
 
 # Back to the pure Python reference (until a compiled source changes or `make compile`).
 pure: $(STAMP)
