@@ -302,7 +302,15 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": versions,
         "commit": git_commit(),
+        "compiled": compiled_core(),
     }
+
+
+def compiled_core() -> str:
+    """Whether the server runs the mypyc-compiled core (``make compile``) or pure Python."""
+    import webhook.engine  # the server imports the same modules from the same checkout
+
+    return "compiled (mypyc)" if not (webhook.engine.__file__ or "").endswith(".py") else "pure Python"
 
 
 def git_commit() -> str:
