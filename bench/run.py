@@ -192,20 +192,28 @@ class Bench:
         return self.load(server, scenarios, mode="open", rate=rate, duration=seconds)
 
     def decide_timings(self) -> dict[str, Any]:
-        """Time of ``decide()`` alone, in-process: per scenario, per pod size, per number of rules."""
+        """Time of ``decide()`` alone, in-process: per scenario, per pod size, per number of rules.
+
+        The measurements of a group are interleaved (round robin, best of 5 rounds), so that a passing
+        slowdown of the machine hits every configuration alike instead of one of them."""
         config = self.config
         base = policies.policy(1)
-        out: dict[str, Any] = {"scenarios": {}, "sizes": {}, "rules": {}}
-        for name, build in reviews.BUILDERS.items():
-            out["scenarios"][name] = time_decide(build(), base, config.decide_seconds)
-        for size in config.sizes:
-            out["sizes"][size] = time_decide(reviews.sized_pod(size), base, config.decide_seconds)
-        for rules in config.rules:
-            policy = policies.policy(rules)
-            out["rules"][rules] = {
-                "hit": time_decide(reviews.inference_small(), policy, config.decide_seconds),
-                "miss": time_decide_new_namespaces(policy, config.decide_seconds),
-            }
+        out: dict[str, Any] = {}
+        out["scenarios"] = _interleaved_best(
+            {name: _decide_call(build(), base) for name, build in reviews.BUILDERS.items()}, config.decide_seconds
+        )
+        out["sizes"] = _interleaved_best(
+            {size: _decide_call(reviews.sized_pod(size), base) for size in config.sizes}, config.decide_seconds
+        )
+        rule_policies = {rules: policies.policy(rules) for rules in config.rules}
+        hits = _interleaved_best(
+            {rules: _decide_call(reviews.inference_small(), policy) for rules, policy in rule_policies.items()},
+            config.decide_seconds,
+        )
+        out["rules"] = {
+            rules: {"hit": hits[rules], "miss": time_decide_new_namespaces(policy, config.decide_seconds)}
+            for rules, policy in rule_policies.items()
+        }
         return out
 
 
@@ -254,8 +262,15 @@ def _best_per_call(call: Callable[[], object], seconds: float) -> float:
     return min(timer.repeat(repeat=5, number=per)) / per
 
 
-def time_decide(review: dict[str, Any], policy: Policy, seconds: float) -> float:
-    return _best_per_call(_decide_call(review, policy), seconds)
+def _interleaved_best(calls: dict[Any, Callable[[], object]], seconds: float, rounds: int = 5) -> dict[Any, float]:
+    """Seconds per call of each ``calls`` entry: the best of ``rounds`` rounds, each running every entry once."""
+    timers = {key: timeit.Timer(call) for key, call in calls.items()}
+    numbers = {key: max(1, int(timer.autorange()[0] * seconds / 0.2)) for key, timer in timers.items()}
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for key, timer in timers.items():
+            best[key] = min(best[key], timer.timeit(numbers[key]) / numbers[key])
+    return best
 
 
 def time_decide_new_namespaces(policy: Policy, seconds: float) -> float:
