@@ -40,7 +40,7 @@ class Config:
     open_connections: int = 16  # open loop: the pool requests are dispatched to
     warmup_reviews: int = 3_000
     saturation_seconds: float = 3.0
-    saturation_rounds: int = 5  # real/null alternated, median kept (a passing slowdown spoils one round, not the result)
+    saturation_rounds: int = 5  # real/null alternated, median kept (a passing slowdown spoils one round only)
     open_seconds: dict[int, float] = field(default_factory=lambda: {200: 20.0, 1000: 10.0})
     sweep_rates: tuple[int, ...] = (100, 200, 500, 1000, 1500, 2000, 2500, 3000)
     sweep_seconds: float = 4.0

@@ -535,8 +535,10 @@ def _env_indexes(
             if type(entry) is not dict:
                 break  # checked one by one below
             name = entry.get("name")
-            if type(name) is str and name in names:
-                found.setdefault(name, []).append(index)
+            if isinstance(name, str):
+                for wanted in names:  # a class sets a few variables: compared one by one, never hashed
+                    if name == wanted:
+                        found.setdefault(name, []).append(index)
         else:
             return env, found
         found.clear()
