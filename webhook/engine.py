@@ -390,6 +390,7 @@ class _ClassPlan:
     """What a class adds to a pod, built once per policy and class (the pods only decide which parts)."""
 
     requirements: tuple[scheduling.Requirement, ...]  # ANDed into every node-selector term
+    single_spellings: bool  # no requirement has alternatives: terms are appended to, never split
     reserved_toleration: dict[str, Any] | None  # a reserved class tolerates the reserved taint
     tolerations: tuple[dict[str, Any], ...]
     env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
@@ -422,6 +423,7 @@ def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
         reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
     return _ClassPlan(
         requirements=tuple(requirements),
+        single_spellings=all(len(r.alternatives) == 1 for r in requirements),
         reserved_toleration=reserved_toleration,
         tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
         env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
@@ -434,6 +436,10 @@ def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:
     if not requirements:
         return
     terms = review.terms
+    if terms is not None and plan.single_spellings:
+        # The common case: requirements are appended to the terms, never split them.
+        _append_requirements(review, terms, requirements)
+        return
     new_terms, split = scheduling.narrow_terms(terms, requirements)
     if terms is None:
         # No required affinity (or no terms): one new term, its missing parents created.
@@ -448,13 +454,29 @@ def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:
     changed = False
     for term, new in zip(terms, new_terms, strict=True):
         added = (new.get("matchExpressions") or [])[len(term.expressions) :]
-        if not added:
-            continue
-        changed = True
-        path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
-        review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
+        if added:
+            _append_to_term(review, term, added)
+            changed = True
     if changed:
         review.done.append("node-affinity")
+
+
+def _append_requirements(
+    review: _Review, terms: list[scheduling.Term], requirements: tuple[scheduling.Requirement, ...]
+) -> None:
+    changed = False
+    for term in terms:
+        added = scheduling.missing_requirements(term, requirements)
+        if added:
+            _append_to_term(review, term, added)
+            changed = True
+    if changed:
+        review.done.append("node-affinity")
+
+
+def _append_to_term(review: _Review, term: scheduling.Term, added: list[dict[str, Any]]) -> None:
+    path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
+    review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
 
 
 def _plan_tolerations(review: _Review, plan: _ClassPlan) -> None:

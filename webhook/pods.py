@@ -103,8 +103,8 @@ def containers(spec: dict[str, Any]) -> Iterator[ContainerRef]:
             yield ContainerRef(list_name, index, body)
 
 
-def resource_maps(container: ContainerRef) -> list[dict[str, Any]]:
-    """The ``requests`` and ``limits`` maps of a container (each checked to be an object)."""
+def resource_maps(container: ContainerRef) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The ``requests`` and ``limits`` maps of a container (each checked to be an object, or None)."""
     resources = container.body.get("resources")
     if type(resources) is not dict:
         resources = mapping(resources, f"{container.field}.resources")
@@ -114,7 +114,7 @@ def resource_maps(container: ContainerRef) -> list[dict[str, Any]]:
         requests = mapping(requests, f"{container.field}.resources.requests")
     if limits is not None and type(limits) is not dict:
         limits = mapping(limits, f"{container.field}.resources.limits")
-    return [names for names in (requests, limits) if names]
+    return requests, limits
 
 
 class GpuResources:
@@ -154,10 +154,9 @@ def gpu_containers(spec: dict[str, Any], gpu: GpuResources) -> list[ContainerRef
             if resources is None:
                 continue
             container = ContainerRef(list_name, index, body)
-            for names in resource_maps(container):
-                if gpu.any(names):
-                    found.append(container)
-                    break
+            requests, limits = resource_maps(container)
+            if (requests and gpu.any(requests)) or (limits and gpu.any(limits)):
+                found.append(container)
     return found
 
 

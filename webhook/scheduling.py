@@ -167,6 +167,14 @@ def _fresh(expression: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def missing_requirements(term: Term, requirements: Sequence[Requirement]) -> list[dict[str, Any]]:
+    """What ``narrow_terms`` appends to one existing term when every requirement has a single
+    spelling (no split): the requirements the term does not satisfy yet (nothing for an empty term)."""
+    if term.empty:
+        return []
+    return [_fresh(r.alternatives[0]) for r in requirements if not r.satisfied(term)]
+
+
 def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) -> tuple[list[dict[str, Any]], bool]:
     """The terms with every requirement ANDed in, and whether any term was split (alternatives).
 
