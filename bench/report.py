@@ -439,8 +439,8 @@ review against a budget of ~37 µs (ratio 70-75%); no single hotspot. What close
 265 / 176 / 40-55 (bimodal across processes), non-GPU 4.3 / 2.1 / 0.9 µs (in-process, best of 5).
 Through the server (saturation, same run as the null webhook): small pods 70-75% of the null webhook
 before, 83-87% after; the large pod 59% before, 82% after (ad-hoc runs; this page's tables are the
-`make bench` run). Without a C compiler (pure Python) the small pods stay near 70%: the budget needs
-the compiled core.
+`make bench` run). Without a C compiler (pure Python) the small pods stay below the budget (about 70%
+of the null webhook in the in-process replay): the budget needs the compiled core.
 
 Where the rest goes now (perf, difference between the two servers per review): no symbol above
 1 µs but the kernel's IRQ-restore sampling artefact; dictionary lookups, allocation and freeing of
