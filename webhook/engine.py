@@ -390,7 +390,6 @@ class _ClassPlan:
     """What a class adds to a pod, built once per policy and class (the pods only decide which parts)."""
 
     requirements: tuple[scheduling.Requirement, ...]  # ANDed into every node-selector term
-    single_spellings: bool  # no requirement has alternatives: terms are appended to, never split
     reserved_toleration: dict[str, Any] | None  # a reserved class tolerates the reserved taint
     tolerations: tuple[dict[str, Any], ...]
     env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
@@ -399,8 +398,7 @@ class _ClassPlan:
 
 @lru_cache(maxsize=256)
 def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
-    key, value = policy.spec.reserved_nodes.label
-    reserved = scheduling.Reserved(key, value, None)
+    reserved = _reserved(policy, None)
     cls = policy.spec.classes[class_name]
     requirements: list[scheduling.Requirement] = []
     if cls.placement == "reserved":
@@ -423,7 +421,6 @@ def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
         reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
     return _ClassPlan(
         requirements=tuple(requirements),
-        single_spellings=all(len(r.alternatives) == 1 for r in requirements),
         reserved_toleration=reserved_toleration,
         tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
         env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
@@ -436,57 +433,37 @@ def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:
     if not requirements:
         return
     terms = review.terms
-    if terms is not None and plan.single_spellings:
-        # The common case: requirements are appended to the terms, never split them.
-        _append_requirements(review, terms, requirements)
-        return
-    new_terms, split = scheduling.narrow_terms(terms, requirements)
     if terms is None:
         # No required affinity (or no terms): one new term, its missing parents created.
         required_path = scheduling.TERMS_PATH[:-1]
+        new_terms = scheduling.narrow_terms(None, requirements)
         review.operations.extend(patch.set_map_entries(review.pod, required_path, {"nodeSelectorTerms": new_terms}))
         review.done.append("node-affinity")
         return
-    if split:
+    if scheduling.splits(terms, requirements):
+        new_terms = scheduling.narrow_terms(terms, requirements)
         review.operations.append(patch.replace(patch.pointer(*scheduling.TERMS_PATH), new_terms))
         review.done.append("node-affinity")
         return
     changed = False
-    for term, new in zip(terms, new_terms, strict=True):
-        added = (new.get("matchExpressions") or [])[len(term.expressions) :]
-        if added:
-            _append_to_term(review, term, added)
-            changed = True
-    if changed:
-        review.done.append("node-affinity")
-
-
-def _append_requirements(
-    review: _Review, terms: list[scheduling.Term], requirements: tuple[scheduling.Requirement, ...]
-) -> None:
-    changed = False
     for term in terms:
         added = scheduling.missing_requirements(term, requirements)
         if added:
-            _append_to_term(review, term, added)
+            path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
+            review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
             changed = True
     if changed:
         review.done.append("node-affinity")
-
-
-def _append_to_term(review: _Review, term: scheduling.Term, added: list[dict[str, Any]]) -> None:
-    path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
-    review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
 
 
 def _plan_tolerations(review: _Review, plan: _ClassPlan) -> None:
     existing = [tol for _, tol in review.tolerations]
     wanted: list[dict[str, Any]] = []
-    taint = _reserved_taint(review)
-    if plan.reserved_toleration is not None and taint is not None:
-        key, value, effect = taint.key, taint.value, taint.effect
+    reserved = plan.reserved_toleration
+    if reserved is not None:
+        key, value, effect = reserved["key"], reserved["value"], reserved["effect"]
         if not any(scheduling.tolerates(t, key, value, effect) for t in existing):
-            wanted.append(dict(plan.reserved_toleration))
+            wanted.append(dict(reserved))
     for body in plan.tolerations:
         if body not in existing and body not in wanted:
             wanted.append(dict(body))
@@ -536,7 +513,7 @@ def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -
                 missing.append(dict(wanted))
             elif override:
                 for i in indexes:
-                    if dict(entries[i]) != wanted:
+                    if entries[i] != wanted:
                         review.operations.append(patch.replace(f"{container.pointer}/env/{i}", dict(wanted)))
                         changed = True
         if missing:
@@ -549,26 +526,19 @@ def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -
 def _env_indexes(
     env: Any, names: tuple[str, ...], container: pods.ContainerRef
 ) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
-    """A container's env entries, and where each of ``names`` is set in them (one pass: env lists
-    of a hundred variables are common, and every GPU container is read)."""
+    """A container's env entries, and where each of ``names`` is set in them (env lists of a hundred
+    variables are common, and every GPU container is read)."""
+    if type(env) is list and all(type(entry) is dict for entry in env):
+        entries: list[dict[str, Any]] = env
+    else:  # the field name is only formatted for a list that is not plain JSON objects
+        entries = [entry for _, entry in pods.objects(env, f"{container.field}.env")]
     found: dict[str, list[int]] = {}
-    if type(env) is list:
-        for index, entry in enumerate(env):
-            if type(entry) is not dict:
-                break  # checked one by one below
-            name = entry.get("name")
-            if isinstance(name, str):
-                for wanted in names:  # a class sets a few variables: compared one by one, never hashed
-                    if name == wanted:
-                        found.setdefault(name, []).append(index)
-        else:
-            return env, found
-        found.clear()
-    entries = [entry for _, entry in pods.objects(env, f"{container.field}.env")]
     for index, entry in enumerate(entries):
         name = entry.get("name")
-        if isinstance(name, str) and name in names:
-            found.setdefault(name, []).append(index)
+        if isinstance(name, str):
+            for wanted in names:  # a class sets a few variables: compared one by one, never hashed
+                if name == wanted:
+                    found.setdefault(name, []).append(index)
     return entries, found
 
 

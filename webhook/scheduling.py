@@ -167,20 +167,27 @@ def _fresh(expression: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def splits(terms: list[Term], requirements: Sequence[Requirement]) -> bool:
+    """Whether narrowing splits a term: a term (not empty) lacks a requirement that has several spellings."""
+    return any(
+        len(r.alternatives) > 1 and not term.empty and not r.satisfied(term) for term in terms for r in requirements
+    )
+
+
 def missing_requirements(term: Term, requirements: Sequence[Requirement]) -> list[dict[str, Any]]:
-    """What ``narrow_terms`` appends to one existing term when every requirement has a single
-    spelling (no split): the requirements the term does not satisfy yet (nothing for an empty term)."""
+    """What narrowing appends to one term when nothing ``splits``: the requirements the term does not
+    satisfy yet (nothing for an empty term, which matches no node)."""
     if term.empty:
         return []
     return [_fresh(r.alternatives[0]) for r in requirements if not r.satisfied(term)]
 
 
-def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) -> tuple[list[dict[str, Any]], bool]:
-    """The terms with every requirement ANDed in, and whether any term was split (alternatives).
+def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) -> list[dict[str, Any]]:
+    """The terms with every requirement ANDed in; a requirement with several spellings splits a term
+    into one term per spelling (terms are ORed).
 
     Empty terms match nothing and stay as they are. With no terms at all, one term is created.
     """
-    split = False
     out: list[dict[str, Any]] = []
     originals: list[Term | None] = list(terms) if terms else [None]
     for original in originals:
@@ -197,10 +204,9 @@ def narrow_terms(terms: list[Term] | None, requirements: Sequence[Requirement]) 
                 for alternative in requirement.alternatives:
                     expressions = [*(variant.get("matchExpressions") or []), _fresh(alternative)]
                     next_variants.append({**variant, "matchExpressions": expressions})
-            split = split or len(requirement.alternatives) > 1
             variants = next_variants
         out.extend(variants)
-    return out, split
+    return out
 
 
 def tolerates(toleration: dict[str, Any], key: str, value: str, effect: str) -> bool:
