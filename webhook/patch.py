@@ -59,9 +59,9 @@ def set_map_entries(document: dict[str, Any], map_path: tuple[str, ...], entries
     for key, value in entries.items():
         current = node.get(key)
         if current is None:  # absent or null: add creates (or sets) the member
-            operations.append({"op": "add", "path": prefix + escape(key), "value": value})
+            operations.append(add(prefix + escape(key), value))
         elif current != value:
-            operations.append({"op": "replace", "path": prefix + escape(key), "value": value})
+            operations.append(replace(prefix + escape(key), value))
     return operations
 
 
@@ -88,5 +88,5 @@ def append_to_list(current: Any, list_pointer: str, items: Sequence[Any]) -> lis
         return []
     if isinstance(current, list):
         end = list_pointer + "/-"
-        return [{"op": "add", "path": end, "value": item} for item in items]
+        return [add(end, item) for item in items]
     return [add(list_pointer, list(items))]

@@ -7,10 +7,11 @@ clients may not; a wrong type raises ``MalformedPod`` naming the field, never a 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 CONTAINER_LISTS = ("initContainers", "containers")
+_CONTAINER_FIELDS = tuple((name, f"spec.{name}") for name in CONTAINER_LISTS)
 
 
 class MalformedPod(Exception):
@@ -97,12 +98,6 @@ class ContainerRef:
         return f"/spec/{self.list_name}/{self.position}"
 
 
-def containers(spec: dict[str, Any]) -> Iterator[ContainerRef]:
-    for list_name in CONTAINER_LISTS:
-        for index, body in objects(spec.get(list_name), f"spec.{list_name}"):
-            yield ContainerRef(list_name, index, body)
-
-
 def resource_maps(container: ContainerRef) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The ``requests`` and ``limits`` maps of a container (each checked to be an object, or None)."""
     resources = container.body.get("resources")
@@ -158,9 +153,6 @@ def gpu_containers(spec: dict[str, Any], gpu: GpuResources) -> list[ContainerRef
             if (requests and gpu.any(requests)) or (limits and gpu.any(limits)):
                 found.append(container)
     return found
-
-
-_CONTAINER_FIELDS = tuple((name, f"spec.{name}") for name in CONTAINER_LISTS)
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
