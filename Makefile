@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-# The decision core compiled with mypyc (setup.py); pure Python when compiling fails.
-COMPILED_SOURCES := setup.py webhook/decision.py webhook/engine.py webhook/handler.py webhook/patch.py \
-                    webhook/pods.py webhook/review.py webhook/scheduling.py
+# The decision core compiled with mypyc: the modules are COMPILED_MODULES in setup.py (listed there
+# only); pure Python when compiling fails.
+COMPILED_SOURCES := setup.py $(shell sed -n 's/^ *"\(webhook\/[a-z_]*\.py\)",$$/\1/p' setup.py)
 COMPILED := $(VENV)/.compiled-stamp
+REMOVE_COMPILED := rm -f webhook/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
@@ -22,9 +23,9 @@ $(STAMP): pyproject.toml
 # Compiled in place (webhook/*.so next to the sources, git-ignored). Rebuilt whenever a compiled source
 # changes; tests/conftest.py refuses to run against a compiled module older than its source.
 define compile_core
-	rm -f webhook/*.so *__mypyc*.so
+	$(REMOVE_COMPILED)
 	ROCM_ISOLATION_COMPILE=1 $(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation \
-	    --no-deps -e . || { rm -f webhook/*.so *__mypyc*.so; echo "mypyc compilation failed: running pure Python"; }
+	    --no-deps -e . || { $(REMOVE_COMPILED); echo "mypyc compilation failed: running pure Python"; }
 	touch $(COMPILED)
 endef
 
@@ -38,7 +39,7 @@ compile: $(STAMP)
 
 # Back to the pure Python reference (until a compiled source changes or `make compile`).
 pure: $(STAMP)
-	rm -f webhook/*.so *__mypyc*.so
+	$(REMOVE_COMPILED)
 	touch $(COMPILED)
 
 certs/tls.crt: | $(COMPILED)
@@ -75,4 +76,5 @@ manifests: $(STAMP)
 	$(PY) -m webhook manifests
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis webhook/*.so *__mypyc*.so
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis
+	$(REMOVE_COMPILED)
