@@ -255,13 +255,6 @@ def _decide_call(review: dict[str, Any], policy: Policy) -> Callable[[], object]
     return call
 
 
-def _best_per_call(call: Callable[[], object], seconds: float) -> float:
-    timer = timeit.Timer(call)
-    number, _ = timer.autorange()
-    per = max(1, int(number * seconds / 0.2))
-    return min(timer.repeat(repeat=5, number=per)) / per
-
-
 def _interleaved_best(calls: dict[Any, Callable[[], object]], seconds: float, rounds: int = 5) -> dict[Any, float]:
     """Seconds per call of each ``calls`` entry: the best of ``rounds`` rounds, each running every entry once."""
     timers = {key: timeit.Timer(call) for key, call in calls.items()}
@@ -284,7 +277,7 @@ def time_decide_new_namespaces(policy: Policy, seconds: float) -> float:
         namespace = NamespaceFacts(f"inference-new-{next(counter)}")
         return decide(operation="CREATE", pod=pod, namespace=namespace, nodes=nodes, policy=policy)
 
-    return _best_per_call(call, seconds)
+    return _interleaved_best({0: call}, seconds)[0]
 
 
 def machine() -> dict[str, Any]:
