@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -528,3 +529,28 @@ def namespaces(draw: st.DrawFn) -> NamespaceFacts:
 
 node_facts: st.SearchStrategy[NodeFacts] = st.sampled_from([NodeFacts(frozenset(RESERVED_NODE_NAMES)), NodeFacts(None)])
 policy_names: st.SearchStrategy[str] = st.sampled_from(POLICY_NAMES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arbitrary JSON (for envelopes and pods broken in one place)
+# ---------------------------------------------------------------------------------------------
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False), st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=20,
+)
+
+
+def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in a JSON document, the document itself (``()``) first."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from json_paths(item, (*prefix, index))

@@ -24,16 +24,14 @@ from typing import Any
 
 import pytest
 import strategies as S
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from test_engine import as_pod, facts, load_cases
 
 from webhook import engine
-from webhook.decision import NamespaceFacts, NodeFacts
-from webhook.policy import Policy, default_policy, load_policy
+from webhook.policy import Policy
 
 ROOT = Path(__file__).parent.parent
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def compiled_modules() -> list[str]:
@@ -114,36 +112,14 @@ def assert_same(
     return compiled
 
 
-def engine_cases() -> list[Any]:
-    cases = []
-    for path in sorted((FIXTURES / "engine").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if doc:
-                cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}"))
-    return cases
-
-
-@pytest.mark.parametrize("case", engine_cases())
+@pytest.mark.parametrize("case", load_cases())
 def test_same_decision_on_every_engine_fixture(pure: ModuleType, case: dict[str, Any]) -> None:
-    name = case.get("policy", "default")
-    policy = default_policy() if name == "default" else load_policy(FIXTURES / "policies" / f"{name}.yaml")
-    ns = case["namespace"]
-    reserved = case.get("reservedNodes")
-
-    def as_pod(body: Any) -> Any:
-        if body is None or case.get("raw") is True:
-            return body
-        return {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(body)}
-
+    inputs = facts(case)
+    pod = as_pod(case["pod"]) if case.get("raw") is not True else case["pod"]
     result = assert_same(
-        pure,
-        as_pod(case["pod"]),
-        as_pod(case.get("oldPod")),
-        case.get("operation", "CREATE"),
-        NamespaceFacts(ns["name"], ns.get("labels")),
-        NodeFacts(None if reserved is None else frozenset(reserved)),
-        policy,
-    )
+        pure, pod, as_pod(case.get("oldPod")), inputs["operation"], inputs["namespace"], inputs["nodes"],
+        inputs["policy"],
+    )  # fmt: skip
     assert result[0] is (case["expect"]["outcome"] != "denied")
 
 
@@ -163,34 +139,15 @@ def test_same_decision_on_generated_pods(
     )
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a JSON document (object members and list items)."""
-    out = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            out.extend(paths(item, (*prefix, key)))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            out.extend(paths(item, (*prefix, index)))
-    return out
-
-
 @st.composite
 def corrupted_pods(draw: st.DrawFn) -> Any:
     """A valid GPU pod with one field (anywhere) replaced by arbitrary JSON."""
     pod = draw(S.pods(gpu=True))
-    path = draw(st.sampled_from(paths(pod)))
+    path = draw(st.sampled_from([p for p in S.json_paths(pod) if p]))
     parent = pod
     for token in path[:-1]:
         parent = parent[token]
-    parent[path[-1]] = draw(json_values)
+    parent[path[-1]] = draw(S.json_values)
     return pod
 
 

@@ -45,17 +45,20 @@ def as_pod(body: dict[str, Any] | None) -> dict[str, Any] | None:
     return pod
 
 
-def run(case: dict[str, Any], pod: Any, old: Any = None) -> Decision:
+def facts(case: dict[str, Any]) -> dict[str, Any]:
+    """Everything ``decide`` gets from a case but the pods: operation, namespace, nodes, policy."""
     ns = case["namespace"]
     reserved = case.get("reservedNodes")
-    return decide(
-        operation=case.get("operation", "CREATE"),
-        pod=pod,
-        old_pod=old,
-        namespace=NamespaceFacts(ns["name"], ns.get("labels")),
-        nodes=NodeFacts(None if reserved is None else frozenset(reserved)),
-        policy=policy_for(case),
-    )
+    return {
+        "operation": case.get("operation", "CREATE"),
+        "namespace": NamespaceFacts(ns["name"], ns.get("labels")),
+        "nodes": NodeFacts(None if reserved is None else frozenset(reserved)),
+        "policy": policy_for(case),
+    }
+
+
+def run(case: dict[str, Any], pod: Any, old: Any = None) -> Decision:
+    return decide(pod=pod, old_pod=old, **facts(case))
 
 
 def resolve(document: Any, pointer: str) -> Any:

@@ -58,14 +58,6 @@ def examples(share: float) -> Any:
 POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
 POD_RESOURCE = {"group": "", "version": "v1", "resource": "pods"}
 uids = st.one_of(st.uuids().map(str), st.text(min_size=1, max_size=40))
-json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False), st.text(max_size=20)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
-    max_leaves=20,
-)
 
 
 @st.composite
@@ -104,22 +96,12 @@ def valid_envelopes(draw: st.DrawFn) -> dict[str, Any]:
     return copy.deepcopy(review)  # no sharing with the module's constants or between object and oldObject
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _paths(item, (*prefix, index))
-
-
 @st.composite
 def broken_envelopes(draw: st.DrawFn) -> dict[str, Any] | Any:
     """A valid envelope with one to three places replaced by arbitrary JSON, or deleted."""
     review: Any = copy.deepcopy(draw(valid_envelopes()))  # drawn values are never mutated
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(review) if p]
+        paths = [p for p in S.json_paths(review) if p]
         if not paths:
             break
         path = draw(st.sampled_from(paths))
@@ -129,14 +111,14 @@ def broken_envelopes(draw: st.DrawFn) -> dict[str, Any] | Any:
         if isinstance(parent, dict) and draw(st.booleans()):
             del parent[path[-1]]
         else:
-            parent[path[-1]] = draw(json_values)
+            parent[path[-1]] = draw(S.json_values)
     return review
 
 
 raw_bodies = st.one_of(
     st.binary(max_size=200),
     st.text(max_size=200).map(str.encode),
-    json_values.map(lambda value: json.dumps(value).encode()),
+    S.json_values.map(lambda value: json.dumps(value).encode()),
     valid_envelopes().flatmap(
         lambda review: st.integers(0, len(json.dumps(review))).map(lambda cut: json.dumps(review).encode()[:cut])
     ),
