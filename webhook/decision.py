@@ -16,7 +16,8 @@ from webhook.policy import Mode
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 Outcome = Literal["allowed", "patched", "denied"]
 
-_NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
+# No audit annotations: shared and read-only (records keep the mappings they are given, never copy them).
+NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
 
 
 class NamespaceFacts:
@@ -80,7 +81,7 @@ class Decision:
         workload_class: str | None = None,
         patch: tuple[dict[str, Any], ...] = (),
         warnings: tuple[str, ...] = (),
-        audit_annotations: Mapping[str, str] = _NO_ANNOTATIONS,
+        audit_annotations: Mapping[str, str] = NO_ANNOTATIONS,
         violations: tuple[Violation, ...] = (),
         code: int = 200,
     ) -> None:

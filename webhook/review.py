@@ -24,12 +24,12 @@ import binascii
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
 
 from webhook import pods
+from webhook.decision import NO_ANNOTATIONS
 
 SUPPORTED_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REVIEW_KIND = "AdmissionReview"
@@ -40,10 +40,6 @@ _AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 # HTTP status reasons the apiserver uses in metav1.Status.reason.
 _STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 422: "Invalid", 500: "InternalError"}
-
-
-# Responses keep the mappings they are given (the engine's own, never changed afterwards): no copies.
-_NONE: Mapping[str, str] = MappingProxyType({})
 
 
 class ReviewError(ValueError):
@@ -113,7 +109,7 @@ class AdmissionResponse:
         reason: str = "",
         patch: tuple[Mapping[str, Any], ...] = (),
         warnings: tuple[str, ...] = (),
-        audit_annotations: Mapping[str, str] = _NONE,
+        audit_annotations: Mapping[str, str] = NO_ANNOTATIONS,
     ) -> None:
         self.allowed: Final = allowed
         self.code: Final = code
@@ -191,7 +187,9 @@ def parse_review(data: Any) -> AdmissionRequest:
 
 
 def allowed(*, warnings: Sequence[str] = (), audit_annotations: Mapping[str, str] | None = None) -> AdmissionResponse:
-    return AdmissionResponse(allowed=True, warnings=tuple(warnings), audit_annotations=audit_annotations or _NONE)
+    return AdmissionResponse(
+        allowed=True, warnings=tuple(warnings), audit_annotations=audit_annotations or NO_ANNOTATIONS
+    )
 
 
 def patched(
@@ -201,7 +199,10 @@ def patched(
     audit_annotations: Mapping[str, str] | None = None,
 ) -> AdmissionResponse:
     return AdmissionResponse(
-        allowed=True, patch=tuple(patch), warnings=tuple(warnings), audit_annotations=audit_annotations or _NONE
+        allowed=True,
+        patch=tuple(patch),
+        warnings=tuple(warnings),
+        audit_annotations=audit_annotations or NO_ANNOTATIONS,
     )
 
 
@@ -218,7 +219,7 @@ def denied(
         message=message,
         reason=_STATUS_REASONS.get(code, ""),
         warnings=tuple(warnings),
-        audit_annotations=audit_annotations or _NONE,
+        audit_annotations=audit_annotations or NO_ANNOTATIONS,
     )
 
 
