@@ -49,6 +49,7 @@ log = logging.getLogger("webhook.app")
 # controller-runtime's limit: the apiserver sends at most two objects (object, oldObject) of at most
 # 3 MiB each (etcd's default request limit is 1.5 MiB, the apiserver's 3 MiB), plus 1 MiB of envelope.
 MAX_BODY_BYTES = 7 * 1024 * 1024
+_NO_CLUSTER = NoCluster()  # stateless: one for every review
 
 
 @dataclass
@@ -67,7 +68,7 @@ class WebhookService:
 
     @property
     def facts(self) -> ClusterFacts:
-        return self.cluster if self.cluster is not None else NoCluster()
+        return self.cluster if self.cluster is not None else _NO_CLUSTER
 
     async def start(self) -> None:
         self._stop = asyncio.Event()
