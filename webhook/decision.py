@@ -18,6 +18,7 @@ Outcome = Literal["allowed", "patched", "denied"]
 
 # No audit annotations: shared and read-only (records keep the mappings they are given, never copy them).
 NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
+NO_DEVICE_CLASSES: Mapping[str, frozenset[str]] = MappingProxyType({})
 
 
 class NamespaceFacts:
@@ -43,6 +44,32 @@ class NodeFacts:
 
     def __repr__(self) -> str:
         return f"NodeFacts(reserved_node_names={self.reserved_node_names!r})"
+
+
+class ClaimFacts:
+    """The Dynamic Resource Allocation objects of a pod's namespace: for each ResourceClaim and
+    ResourceClaimTemplate name, the device classes its requests ask for (``webhook.claims``).
+
+    A name that is in neither mapping cannot be resolved (not in the cache yet, no cluster, not in the
+    dry run's input): the engine then counts the claim as a GPU request and says so in a warning.
+    """
+
+    __slots__ = ("claims", "templates")
+
+    def __init__(
+        self,
+        claims: Mapping[str, frozenset[str]] = NO_DEVICE_CLASSES,
+        templates: Mapping[str, frozenset[str]] = NO_DEVICE_CLASSES,
+    ) -> None:
+        self.claims: Final = claims
+        self.templates: Final = templates
+
+    def __repr__(self) -> str:
+        return f"ClaimFacts(claims={self.claims!r}, templates={self.templates!r})"
+
+
+# No claim known: every claim a pod references is unresolvable (and counts as a GPU request).
+NO_CLAIMS: Final = ClaimFacts()
 
 
 class Violation:

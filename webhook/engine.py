@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any, Final, cast, get_args
 
 from webhook import patch, pods, scheduling
-from webhook.decision import Decision, NamespaceFacts, NodeFacts, Violation
+from webhook.decision import NO_CLAIMS, ClaimFacts, Decision, NamespaceFacts, NodeFacts, Violation
 from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass
 
 CLASS_ANNOTATION = "rocm-isolation.io/class"
@@ -54,8 +54,12 @@ def decide(
     namespace: NamespaceFacts,
     nodes: NodeFacts,
     policy: Policy,
+    claims: ClaimFacts = NO_CLAIMS,
 ) -> Decision:
-    """Decide what to do with one pod. Pure; never raises for any input."""
+    """Decide what to do with one pod. Pure; never raises for any input.
+
+    ``claims`` resolves the pod's Dynamic Resource Allocation claims (default: none resolvable, so a
+    pod that references a claim counts as a GPU pod)."""
     spec = policy.spec
     mode, mode_warnings = _mode(spec, namespace)
     if operation not in ("CREATE", "UPDATE"):
