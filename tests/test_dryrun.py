@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from webhook.dryrun import prefixed
+from webhook.manifest_yaml import load_go
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "dryrun"
@@ -152,8 +153,10 @@ def test_unknown_kinds_and_non_gpu_pods_pass_through_as_they_are() -> None:
     assert result.returncode == 0, result.stderr
     out = load_all(result.stdout)
     assert out == source
-    # Read the way kubectl reads it, the unquoted timestamp and "yes" are still the same strings.
-    plain = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    # Nothing changed, so the output is the input byte for byte (comments, the block scalar, quoting).
+    assert result.stdout == (FIXTURES / "passthrough.yaml").read_text()
+    # Read the way kubectl reads it (go-yaml v2), the unquoted timestamp and "yes" are the same strings.
+    plain = [doc for doc in load_go(result.stdout) if doc]
     assert plain[0]["metadata"]["annotations"]["built"] == "2024-05-01T10:00:00Z"
     assert plain[0]["data"]["enabled"] == "yes"
     notes = stderr_lines(result, "passed through")

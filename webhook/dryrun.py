@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jsonpatch
-import yaml
 
-from webhook import patch, pods
+from webhook import manifest_yaml, patch, pods
 from webhook.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.engine import RULE_MALFORMED, decide
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
@@ -99,6 +98,7 @@ class Location:
 class Document:
     where: Location
     body: dict[str, Any]
+    source: manifest_yaml.Source | None = None  # the text it came in, to print it unchanged
 
 
 @dataclass(frozen=True)
@@ -221,21 +221,11 @@ def main(args: argparse.Namespace) -> int:
     if args.output == "patch":
         sys.stdout.write(json.dumps([patch_entry(o) for o in outcomes], indent=2) + "\n")
     else:
-        sys.stdout.write(dump_manifests(output for output, _ in results))
+        sys.stdout.write(dump_manifests(documents, (output for output, _ in results)))
     return EXIT_ADMITTED if all(o.allowed for o in outcomes) else EXIT_DENIED
 
 
 # --- input ----------------------------------------------------------------------------------
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML as Kubernetes reads it: an unquoted timestamp stays a string (as in sigs.k8s.io/yaml)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
 
 
 def read_text(name: str) -> str:
@@ -252,43 +242,17 @@ def _file_label(name: str) -> str:
 
 
 def parse_documents(name: str, text: str) -> list[Document]:
-    """The objects of a YAML or JSON stream; null documents (e.g. after a trailing ---) are skipped."""
+    """The objects of a YAML or JSON stream, read as kubectl reads them; null documents are skipped."""
     label = _file_label(name)
-    json_error: json.JSONDecodeError | None = None
-    if text.lstrip().startswith(("{", "[")):
-        try:
-            return _objects(label, [json.loads(text)])
-        except json.JSONDecodeError as err:
-            json_error = err  # maybe YAML flow style; if YAML fails too, the JSON error is the better one
-    bodies: list[Any] = []
     try:
-        bodies.extend(yaml.load_all(text, Loader=_Loader))
-    except yaml.YAMLError as err:
-        if json_error is not None:
-            raise InputError(
-                f"{label}: document 1: not valid JSON: {json_error.msg} "
-                f"(line {json_error.lineno}, column {json_error.colno})"
-            ) from None
-        raise InputError(f"{label}: document {len(bodies) + 1}: not valid YAML: {_yaml_problem(err)}") from None
-    return _objects(label, bodies)
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    if not isinstance(err, yaml.MarkedYAMLError):
-        return str(err)
-    problem = err.problem or err.context or "syntax error"
-    mark = err.problem_mark or err.context_mark
-    return problem if mark is None else f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-
-
-def _objects(label: str, bodies: Sequence[Any]) -> list[Document]:
+        loaded = manifest_yaml.load(text)
+    except manifest_yaml.ReadError as err:
+        raise InputError(f"{label}: {err}") from None
     documents = []
-    for number, body in enumerate(bodies, start=1):
-        if body is None:
-            continue
-        where = Location(label, number)
-        _check_object(body, where)
-        documents.append(Document(where, body))
+    for found in loaded:
+        where = Location(label, found.number)
+        _check_object(found.body, where)
+        documents.append(Document(where, found.body, found.source))
     return documents
 
 
@@ -533,20 +497,6 @@ def patch_entry(outcome: Outcome) -> dict[str, Any]:
     return entry
 
 
-class _Dumper(yaml.SafeDumper):
-    """Plain YAML: objects shared in memory are written out in full, never as anchors and aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def dump_manifests(bodies: Iterable[Any]) -> str:
-    return yaml.dump_all(
-        list(bodies),
-        Dumper=_Dumper,
-        sort_keys=False,
-        explicit_start=True,
-        allow_unicode=True,
-        default_flow_style=False,
-        width=2**16,
-    )
+def dump_manifests(documents: Iterable[Document], outputs: Iterable[Any]) -> str:
+    """The printed stream: a document left as it was is its input text; a changed one keeps its comments."""
+    return manifest_yaml.dump((doc.source, doc.body, output) for doc, output in zip(documents, outputs, strict=True))
