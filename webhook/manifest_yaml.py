@@ -71,6 +71,7 @@ _INT64_MAX = 2**63 - 1
 _SYNTAX, _RANGE = "syntax", "range"
 
 
+@lru_cache(maxsize=8192)
 def go_scalar(text: str) -> tuple[str, Any]:
     """The tag and value go-yaml v2 gives an unquoted scalar decoded into ``interface{}``.
 
@@ -195,7 +196,7 @@ def _go_underscores_ok(text: str) -> bool:
 # --- reading ----------------------------------------------------------------------------------
 
 
-class _GoResolver(VersionedResolver):  # type: ignore[misc]
+class _GoResolver(VersionedResolver):
     """Plain scalars resolved as go-yaml v2 resolves them; quoted and block scalars are strings."""
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
@@ -241,11 +242,11 @@ def _binary(text: str) -> str:
         raise ValueError(str(err)) from None
 
 
-class _GoConstructor(SafeConstructor):  # type: ignore[misc]
+class _GoConstructor(SafeConstructor):
     """Plain Python objects, as go-yaml v2 decodes into interface{}; duplicate keys are errors."""
 
 
-class _GoRoundTripConstructor(RoundTripConstructor):  # type: ignore[misc]
+class _GoRoundTripConstructor(RoundTripConstructor):
     """Round-trip objects (comments, quoting kept) whose scalar values are go-yaml v2's."""
 
 
@@ -265,7 +266,7 @@ class _Span:
     explicit_end: bool
 
 
-class _SpanComposer(Composer):  # type: ignore[misc]
+class _SpanComposer(Composer):
     """Composes each document and notes where it starts and ends, to print it unchanged later."""
 
     def compose_document(self) -> Any:
@@ -402,7 +403,7 @@ def load_go(text: str) -> list[Any]:
 _PYYAML_RESOLVER = pyyaml.resolver.Resolver()
 
 
-class _QuotingResolver(VersionedResolver):  # type: ignore[misc]
+class _QuotingResolver(VersionedResolver):
     """A plain scalar means its type only when go-yaml v2, PyYAML and ruamel.yaml (1.1, 1.2) agree."""
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
@@ -420,19 +421,42 @@ def plain_tag(text: str) -> str:
     """The tag every resolver gives ``text`` written unquoted, or AMBIGUOUS when they differ."""
     tags = {
         go_scalar(text)[0],
-        _PYYAML_RESOLVER.resolve(pyyaml.ScalarNode, text, (True, False)),
+        str(_PYYAML_RESOLVER.resolve(pyyaml.ScalarNode, text, (True, False))),  # type: ignore[no-untyped-call]
         str(_RUAMEL_11.resolve(ScalarNode, text, (True, False))),
         str(_RUAMEL_12.resolve(ScalarNode, text, (True, False))),
     }
     return tags.pop() if len(tags) == 1 else AMBIGUOUS
 
 
-class _Representer(RoundTripRepresenter):  # type: ignore[misc]
+class _Representer(RoundTripRepresenter):
     """Anchors only where the input had them: objects shared in memory are written out in full."""
 
     def ignore_aliases(self, data: Any) -> bool:
         anchor = getattr(data, "anchor", None)
         return not (anchor is not None and getattr(anchor, "value", None) is not None)
+
+    def represent_str(self, data: str) -> Any:
+        # In single quotes the emitter writes NEL, LS and PS raw, and readers fold them to spaces.
+        if _LINE_SEPARATORS.search(data):
+            return self.represent_scalar(STR, data, style='"')
+        return super().represent_str(data)
+
+    def represent_float(self, data: float) -> Any:
+        # ruamel writes 1e-05 without a dot, which YAML 1.1 reads as a string: write 1.0e-05.
+        if math.isnan(data):
+            text = ".nan"
+        elif math.isinf(data):
+            text = ".inf" if data > 0 else "-.inf"
+        else:
+            text = repr(data).lower()
+            if "." not in text and "e" in text:
+                text = text.replace("e", ".0e", 1)
+        return self.represent_scalar(FLOAT, text)
+
+
+_LINE_SEPARATORS = re.compile("[\x85\u2028\u2029]")
+_Representer.add_representer(str, _Representer.represent_str)
+_Representer.add_representer(float, _Representer.represent_float)
 
 
 def _writer(mapping: int = 2, sequence: int = 2, offset: int = 0) -> YAML:
