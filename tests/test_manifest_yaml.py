@@ -201,6 +201,29 @@ def test_unreadable_input_names_the_document_and_the_place(text: str, message: s
         load(text)
 
 
+def test_empty_documents_and_comments_stay_with_their_neighbours() -> None:
+    text = "# head\n---\n---\na: 1  # one\n# tail\n---\n# only a comment\n---\nb: 2\n...\n# after the end\n"
+
+    found = load(text)
+
+    assert [(doc.number, doc.body) for doc in found] == [(2, {"a": 1}), (4, {"b": 2})]
+    assert dump((doc.source, doc.body, doc.body) for doc in found) == text
+    changed = dump((doc.source, doc.body, {**doc.body, "c": "y"}) for doc in found)
+    assert changed == (
+        "# head\n---\n---\na: 1  # one\n# tail\nc: 'y'\n---\n# only a comment\n---\nb: 2\nc: 'y'\n...\n# after the end\n"
+    )
+    assert_all_read(changed, [{"a": 1, "c": "y"}, {"b": 2, "c": "y"}])
+
+
+def test_a_byte_order_mark_is_dropped_and_directives_get_a_document_end() -> None:
+    first, second = load("\ufeffa: 1\n"), load("%YAML 1.1\n---\nb: 2\n")
+
+    out = dump((doc.source, doc.body, doc.body) for doc in [*first, *second])
+
+    assert out == "a: 1\n...\n%YAML 1.1\n---\nb: 2\n"
+    assert_all_read(out, [{"a": 1}, {"b": 2}])
+
+
 # --- writing: every reader gets the strings back ----------------------------------------------
 
 

@@ -63,8 +63,8 @@ namespace labels (they decide the class, the mode and the Pod Security level), f
   3. unknown: the policy's defaultClass applies and each object gets a warning.
 
 output (stdout):
-  manifests  the objects in input order, mutated, as multi-document YAML (also for JSON input);
-             a denied object is printed unchanged so the stream stays aligned with the input.
+  manifests  the objects in input order, mutated, as multi-document YAML; an object left unchanged
+             (or denied) is printed as the text it came in, so the stream stays aligned with the input.
   patch      a JSON array, one entry per object: file, document, item (List items only), apiVersion,
              kind, namespace, name, allowed, rule, message, warnings, podPath (where the pod sits
              in the object) and patch: RFC 6902 operations relative to that object (the document,

@@ -261,6 +261,7 @@ class _Span:
 
     start: int  # the document's first token: its '---', or its content when implicit
     content: int  # just after '---' (== start when implicit)
+    content_end: int  # where its '...' is, if explicit, else == end
     end: int  # after its '...' when explicit, else where the next token (a '---') begins
     explicit_start: bool
     explicit_end: bool
@@ -279,6 +280,7 @@ class _SpanComposer(Composer):
             _Span(
                 start=start.start_mark.index,
                 content=start.end_mark.index,
+                content_end=end.start_mark.index,
                 end=end.end_mark.index,
                 explicit_start=bool(start.explicit),
                 explicit_end=bool(end.explicit),
@@ -309,7 +311,7 @@ class Source:
 
     text: str
     content: int  # where the document's content starts in ``text`` (after its '---')
-    end: int  # where it ends; after it come empty documents, if any
+    end: int  # where its content ends; after it come its '...', if any, and empty documents
     explicit_start: bool  # ``text`` starts a document with '---' before any content
     open_end: bool  # ``text`` ends in an empty document opened with '---': what follows goes in it
     directives: bool  # '%YAML' or '%TAG' before its '---'
@@ -361,7 +363,8 @@ def _sources(text: str, bodies: list[Any], spans: list[_Span]) -> list[Loaded]:
             continue
         explicit = (spans[0] if not loaded else span).explicit_start
         directives = re.search(r"(?m)^%", text[start : span.start]) is not None
-        source = Source(text[start : span.end], span.content - start, span.end - start, explicit, False, directives)
+        content, end = span.content - start, span.content_end - start
+        source = Source(text[start : span.end], content, end, explicit, False, directives)
         loaded.append(Loaded(number, body, source))
         start = span.end
     if loaded and start < len(text):  # comments after an explicit end ('...')
