@@ -21,9 +21,12 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
+from ruamel.yaml.nodes import ScalarNode
+from ruamel.yaml.resolver import VersionedResolver
+from ruamel.yaml.tag import Tag
 
 from webhook import dryrun
 from webhook.manifest_yaml import (
@@ -452,7 +455,23 @@ _QuotedDumper.add_representer(
 )
 
 
+class _GoOnlyResolver(VersionedResolver):
+    """Plain wherever go-yaml v2 reads a string: what a user who checks only with kubectl may write."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is ScalarNode and implicit[0]:
+            return Tag(suffix=go_scalar(value)[0])
+        return super().resolve(kind, value, (False, implicit[1]) if kind is ScalarNode else implicit)
+
+
 def written(documents: list[dict[str, Any]], style: str) -> str:
+    if style == "go-plain":
+        writer = YAML(typ="rt", pure=True)
+        writer.Resolver = _GoOnlyResolver
+        writer.width = 2**16
+        stream = io.StringIO()
+        writer.dump_all(documents, stream)
+        return stream.getvalue()
     if style == "json":
         return json.dumps(documents[0], indent=2, ensure_ascii=False)
     if style == "quoted":
@@ -464,12 +483,21 @@ def written(documents: list[dict[str, Any]], style: str) -> str:
 @given(
     strings=st.lists(tricky_strings, min_size=1, max_size=5),
     labels=st.dictionaries(st.sampled_from(["tier", "team", "y", "on", "1:20"]), tricky_strings, max_size=3),
-    style=st.sampled_from(["quoted", "plain", "json"]),
+    style=st.sampled_from(["quoted", "plain", "go-plain", "json"]),
 )
 def test_generated_manifests_come_back_with_the_same_types_and_values(
     strings: list[str], labels: dict[str, str], style: str
 ) -> None:
+    """Generated strings in a Job's command, args, env, labels and annotations, the input written as a
+    generator writes it (every string double-quoted), as this module writes (plain where every reader
+    agrees), as a user checking only with kubectl might (plain wherever go-yaml v2 reads a string), or
+    as JSON: every reader gets the patched input back from the output, types and values."""
     documents = manifests(strings, labels)
+    if style == "go-plain":
+        # Only the Job: the ConfigMap would be printed as written, and PyYAML may not read that
+        # (a plain '=' is its "value" tag); and ruamel's emitter folds raw NEL/LS/PS in single quotes.
+        documents = documents[:1]
+        assume(not any(re.search("[\x85\u2028\u2029]", value) for value in [*strings, *labels.values()]))
     text = written(documents, style)
     files = {"gen.json" if style == "json" else "gen.yaml": text}
     read = (lambda text: [json.loads(text)]) if style == "json" else read_go
@@ -484,5 +512,5 @@ def test_generated_manifests_come_back_with_the_same_types_and_values(
     container = read_go(out)[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == strings
     assert [env["value"] for env in container["env"]][: len(strings)] == strings
-    if style != "json":  # the ConfigMap is passed through: its text as it came
+    if style in ("quoted", "plain"):  # the ConfigMap is passed through: its text as it came
         assert out.endswith(text[text.rindex("\n---\n") + 1 :])

@@ -530,11 +530,10 @@ def _reads_as(text: str, expected: Any) -> bool:
 def _round_trip(content: str, after: Any) -> str | None:
     """The document re-read with comments and styles, changed into ``after``, written back; None if that fails."""
     try:
-        tree = _reader(round_trip=True).load(content)
-    except (YAMLError, ConstructorError):
+        tree = _sync(_reader(round_trip=True).load(content), after)
+        text = _dumped(_writer(*_guess_indent(content)), tree)
+    except (YAMLError, ConstructorError):  # e.g. a %TAG handle declared before the '---'
         return None
-    tree = _sync(tree, after)
-    text = _dumped(_writer(*_guess_indent(content)), tree)
     return text if _reads_as(text, after) else None
 
 
