@@ -28,7 +28,7 @@ from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.resolver import VersionedResolver
 from ruamel.yaml.tag import Tag
 
-from webhook import dryrun
+from webhook import dryrun, manifest_yaml
 from webhook.manifest_yaml import (
     BOOL,
     FLOAT,
@@ -70,6 +70,16 @@ tricky_strings = st.one_of(
     st.from_regex(r"[-+]?(0[xXoObB])?[0-9a-fA-F_.:eE+-]{0,8}", fullmatch=True),
     st.text(max_size=12),
 )
+
+
+@pytest.fixture(params=["libyaml", "ruamel"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways ``load`` reads: libyaml (PyYAML's C extension, go-yaml's ancestor) and ruamel.yaml (without it)."""
+    if request.param == "ruamel":
+        monkeypatch.setattr(manifest_yaml, "_GoLibyamlLoader", None)
+    elif manifest_yaml._GoLibyamlLoader is None:
+        pytest.skip("PyYAML has no libyaml here")
+    return str(request.param)
 
 
 # --- the readers ------------------------------------------------------------------------------
@@ -179,7 +189,7 @@ def test_go_scalar_follows_go_yaml_v2(text: str, tag: str, value: Any) -> None:
     assert typed(found) == typed(value)
 
 
-def test_input_is_read_as_kubectl_reads_it() -> None:
+def test_input_is_read_as_kubectl_reads_it(parser: str) -> None:
     text = "a: y\nb: 0o17\nc: 1_000\nd: 1:20\ne: 2024-05-01\nf: 'y'\ng: !!str 12\nh: |\n  x\nyes: on\n"
 
     (body,) = [found.body for found in load(text)]
@@ -199,12 +209,12 @@ def test_input_is_read_as_kubectl_reads_it() -> None:
         ('{"a": [1}', r"document 1: not valid JSON: .*\(line 1, column 9\)"),
     ],
 )
-def test_unreadable_input_names_the_document_and_the_place(text: str, message: str) -> None:
+def test_unreadable_input_names_the_document_and_the_place(text: str, message: str, parser: str) -> None:
     with pytest.raises(ReadError, match=message):
         load(text)
 
 
-def test_empty_documents_and_comments_stay_with_their_neighbours() -> None:
+def test_empty_documents_and_comments_stay_with_their_neighbours(parser: str) -> None:
     text = "# head\n---\n---\na: 1  # one\n# tail\n---\n# only a comment\n---\nb: 2\n...\n# after the end\n"
 
     found = load(text)
@@ -218,13 +228,27 @@ def test_empty_documents_and_comments_stay_with_their_neighbours() -> None:
     assert_all_read(changed, [{"a": 1, "c": "y"}, {"b": 2, "c": "y"}])
 
 
-def test_a_byte_order_mark_is_dropped_and_directives_get_a_document_end() -> None:
+def test_a_byte_order_mark_is_dropped_and_directives_get_a_document_end(parser: str) -> None:
     first, second = load("\ufeffa: 1\n"), load("%YAML 1.1\n---\nb: 2\n")
 
     out = dump((doc.source, doc.body, doc.body) for doc in [*first, *second])
 
     assert out == "a: 1\n...\n%YAML 1.1\n---\nb: 2\n"
     assert_all_read(out, [{"a": 1}, {"b": 2}])
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in FIXTURES.glob("*.yaml") if path.name != "bad.yaml"))
+def test_libyaml_and_ruamel_cut_the_documents_alike(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if manifest_yaml._GoLibyamlLoader is None:
+        pytest.skip("PyYAML has no libyaml here")
+    text = fixture_text(name) + "\n# é 日本 😀\n---\n%YAML 1.1\n---\nx: 'ü'\n...\n"
+
+    with_libyaml = load(text)
+    monkeypatch.setattr(manifest_yaml, "_GoLibyamlLoader", None)
+    with_ruamel = load(text)
+
+    assert [(doc.number, doc.source) for doc in with_libyaml] == [(doc.number, doc.source) for doc in with_ruamel]
+    assert typed([doc.body for doc in with_libyaml]) == typed([doc.body for doc in with_ruamel])
 
 
 # --- writing: every reader gets the strings back ----------------------------------------------

@@ -210,26 +210,26 @@ def _tag(name: str) -> Tag:
     return Tag(suffix=name)
 
 
-def _construct_go(constructor: Any, node: Any) -> Any:
+def _go_value(text: str, wanted: str) -> Any:
     """A scalar tagged (or resolved) bool, int, float, null, timestamp or binary, as go-yaml v2 decodes it."""
-    text = constructor.construct_scalar(node)
-    wanted = node.tag
     if wanted == TIMESTAMP:
-        return str(text)  # decoded into interface{}, a timestamp stays a string
+        return text  # decoded into interface{}, a timestamp stays a string
     if wanted == BINARY:
-        try:
-            return _binary(str(text))
-        except ValueError as err:
-            raise ConstructorError(None, None, f"cannot decode !!binary: {err}", node.start_mark) from None
-    tag, value = go_scalar(str(text))
+        return _binary(text)
+    tag, value = go_scalar(text)
     if tag == wanted:
         return value
     if wanted == FLOAT and tag == INT:
         return float(value)
     short = {NULL: "!!null", BOOL: "!!bool", INT: "!!int", FLOAT: "!!float", STR: "!!str", MERGE: "!!merge"}
-    raise ConstructorError(
-        None, None, f"cannot decode {short.get(tag, tag)} `{text}` as a {short.get(wanted, wanted)}", node.start_mark
-    )
+    raise ValueError(f"cannot decode {short.get(tag, tag)} `{text}` as a {short.get(wanted, wanted)}")
+
+
+def _construct_go(constructor: Any, node: Any) -> Any:
+    try:
+        return _go_value(str(constructor.construct_scalar(node)), str(node.tag))
+    except ValueError as err:
+        raise ConstructorError(None, None, str(err), node.start_mark) from None
 
 
 def _binary(text: str) -> str:
@@ -239,7 +239,7 @@ def _binary(text: str) -> str:
     try:
         return base64.b64decode("".join(text.split()), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError) as err:
-        raise ValueError(str(err)) from None
+        raise ValueError(f"cannot decode !!binary: {err}") from None
 
 
 class _GoConstructor(SafeConstructor):
@@ -259,7 +259,7 @@ for _constructor in (_GoConstructor, _GoRoundTripConstructor):
 class _Span:
     """Where a document's events lie in the text (character offsets)."""
 
-    start: int  # the document's first token: its '---', or its content when implicit
+    start: int  # the document's first token: a directive or its '---', or its content when implicit
     content: int  # just after '---' (== start when implicit)
     content_end: int  # where its '...' is, if explicit, else == end
     end: int  # after its '...' when explicit, else where the next token (a '---') begins
@@ -337,17 +337,51 @@ def load(text: str) -> list[Loaded]:
         else:
             source = Source(text, 0, len(text), explicit_start=False, open_end=False, directives=False, json=True)
             return [] if body is None else [Loaded(1, body, source)]
-    reader = _reader()
     bodies: list[Any] = []
     try:
+        if _GoLibyamlLoader is not None:
+            bodies.extend(pyyaml.load_all(text, Loader=_GoLibyamlLoader))
+            spans = _libyaml_spans(text, len(bodies))
+            if spans is not None:
+                return _sources(text, bodies, spans)
+            bodies.clear()
+        reader = _reader()
         bodies.extend(reader.load_all(text))
-    except (YAMLError, ConstructorError) as err:
+    except (YAMLError, ConstructorError, pyyaml.YAMLError) as err:
         if json_error is not None:
             raise ReadError(
                 f"document 1: not valid JSON: {json_error.msg} (line {json_error.lineno}, column {json_error.colno})"
             ) from None
         raise ReadError(f"document {len(bodies) + 1}: not valid YAML: {_problem(err)}") from None
     return _sources(text, bodies, reader.composer.__dict__.get("spans", []))
+
+
+def _libyaml_spans(text: str, count: int) -> list[_Span] | None:
+    """The documents' spans from libyaml's events; None unless its marks are character offsets into ``text``."""
+    spans: list[_Span] = []
+    start: Any = None
+    for event in pyyaml.parse(text, Loader=pyyaml.CSafeLoader):
+        if isinstance(event, pyyaml.DocumentStartEvent):
+            start = event
+        elif isinstance(event, pyyaml.DocumentEndEvent) and start is not None:
+            finish: Any = event
+            span = _Span(
+                start=start.start_mark.index,
+                content=start.end_mark.index,
+                content_end=finish.start_mark.index,
+                end=finish.end_mark.index,
+                explicit_start=bool(start.explicit),
+                explicit_end=bool(finish.explicit),
+            )
+            if (span.explicit_start and text[span.content - 3 : span.content] != "---") or (
+                span.explicit_end and text[span.content_end : span.end] != "..."
+            ):
+                return None
+            spans.append(span)
+    ends = [0, *(value for span in spans for value in (span.start, span.content, span.content_end, span.end))]
+    if len(spans) != count or ends != sorted(ends) or ends[-1] > len(text):
+        return None
+    return spans
 
 
 def _sources(text: str, bodies: list[Any], spans: list[_Span]) -> list[Loaded]:
@@ -362,7 +396,7 @@ def _sources(text: str, bodies: list[Any], spans: list[_Span]) -> list[Loaded]:
                 start = span.end
             continue
         explicit = (spans[0] if not loaded else span).explicit_start
-        directives = re.search(r"(?m)^%", text[start : span.start]) is not None
+        directives = re.search(r"(?m)^%", text[start : span.content]) is not None
         content, end = span.content - start, span.content_end - start
         source = Source(text[start : span.end], content, end, explicit, False, directives)
         loaded.append(Loaded(number, body, source))
@@ -389,7 +423,7 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _problem(err: Exception) -> str:
-    if not isinstance(err, MarkedYAMLError):
+    if not isinstance(err, (MarkedYAMLError, pyyaml.MarkedYAMLError)):
         return str(err).strip()
     problem = err.problem or err.context or "syntax error"
     mark = err.problem_mark or err.context_mark
@@ -397,8 +431,54 @@ def _problem(err: Exception) -> str:
 
 
 def load_go(text: str) -> list[Any]:
-    """Every document of a YAML stream, read with go-yaml v2's rules (null documents included)."""
+    """Every document of a YAML stream, read with go-yaml v2's rules (null documents included).
+
+    With libyaml (PyYAML's C extension) when it is there: go-yaml v2 is a port of libyaml, so its
+    scanner and parser are the closest to kubectl's; else with the same reader as ``load``.
+    """
+    if _GoLibyamlLoader is not None:
+        return list(pyyaml.load_all(text, Loader=_GoLibyamlLoader))
     return list(_reader().load_all(text))
+
+
+def _go_libyaml_loader() -> Any:
+    base = getattr(pyyaml, "CSafeLoader", None)
+    if base is None:
+        return None
+
+    class GoLibyamlLoader(base):  # type: ignore[misc, valid-type]
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            if kind is pyyaml.ScalarNode and implicit[0]:
+                return go_scalar(value)[0]
+            return super().resolve(kind, value, (False, implicit[1]) if kind is pyyaml.ScalarNode else implicit)
+
+    def construct(loader: Any, node: Any) -> Any:
+        try:
+            return _go_value(str(loader.construct_scalar(node)), str(node.tag))
+        except ValueError as err:
+            raise pyyaml.constructor.ConstructorError(None, None, str(err), node.start_mark) from None
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        # PyYAML keeps the last of duplicate keys; kubectl's apiserver rejects them: so does the dry run.
+        seen: list[Any] = []
+        for key_node, _ in node.value:
+            if key_node.tag == MERGE:
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            if any(same(key, other) for other in seen):
+                raise pyyaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f'found duplicate key "{key}"', key_node.start_mark
+                )
+            seen.append(key)
+        return pyyaml.constructor.SafeConstructor.construct_mapping(loader, node, deep)
+
+    GoLibyamlLoader.construct_mapping = construct_mapping
+    for name in (NULL, BOOL, INT, FLOAT, TIMESTAMP, BINARY):
+        GoLibyamlLoader.add_constructor(name, construct)
+    return GoLibyamlLoader
+
+
+_GoLibyamlLoader = _go_libyaml_loader()
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -522,7 +602,7 @@ def _document_text(source: Source | None, before: Any, after: Any) -> tuple[str,
 def _reads_as(text: str, expected: Any) -> bool:
     try:
         documents = [doc for doc in load_go(text) if doc is not None]
-    except (YAMLError, ConstructorError):
+    except (YAMLError, ConstructorError, pyyaml.YAMLError):
         return False
     return len(documents) == 1 and same(documents[0], expected)
 
