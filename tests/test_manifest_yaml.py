@@ -421,7 +421,25 @@ def test_a_list_with_a_changed_item_keeps_the_other_items_comments() -> None:
     assert_all_read(out, patched_input({"list.yaml": text}))
 
 
-def test_anchors_shared_with_a_changed_place_are_written_out() -> None:
+def test_an_alias_is_a_copy_and_one_shared_with_a_changed_place_is_written_out(parser: str) -> None:
+    text = (
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p  # keep\nspec:\n  containers:\n"
+        '    - name: a\n      env: &env\n        - name: X\n          value: "1"\n    - name: b\n      env: *env\n'
+    )
+    (found,) = load(text)
+    after = jsonpatch.apply_patch(
+        found.body, [{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "Y"}}]
+    )
+
+    out = dump([(found.source, found.body, after)])
+
+    # As kubectl reads it, each alias is a copy: the patch changes container a only.
+    assert [len(container["env"]) for container in after["spec"]["containers"]] == [2, 1]
+    assert_all_read(out, [after])
+    assert "&" not in out and "*" not in out  # the anchored list could not stay shared: written afresh
+
+
+def test_a_pod_with_anchors_and_aliases_goes_through_the_dry_run() -> None:
     text = (
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p  # keep\nspec:\n  containers:\n"
         "    - name: a\n      image: rocm/pytorch\n      resources: &gpu\n        limits:\n          amd.com/gpu: 1\n"

@@ -399,12 +399,22 @@ def _sources(text: str, bodies: list[Any], spans: list[_Span]) -> list[Loaded]:
         directives = re.search(r"(?m)^%", text[start : span.content]) is not None
         content, end = span.content - start, span.content_end - start
         source = Source(text[start : span.end], content, end, explicit, False, directives)
-        loaded.append(Loaded(number, body, source))
+        loaded.append(Loaded(number, _unshared(body), source))
         start = span.end
     if loaded and start < len(text):  # comments after an explicit end ('...')
         last = loaded[-1]
         loaded[-1] = Loaded(last.number, last.body, _with_tail(last.source, text[start:], last.source.open_end))
     return loaded
+
+
+def _unshared(value: Any) -> Any:
+    """Each alias its own copy, as kubectl's YAML-to-JSON conversion makes it: a patch to one place
+    must not show up in another (jsonpatch's deepcopy would keep the sharing)."""
+    if isinstance(value, dict):
+        return {key: _unshared(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unshared(item) for item in value]
+    return value
 
 
 def _with_tail(source: Source, tail: str, open_end: bool) -> Source:
