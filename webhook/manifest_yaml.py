@@ -2,16 +2,17 @@
 
 kubectl turns YAML into JSON with sigs.k8s.io/yaml, which decodes with its fork of go-yaml v2
 (``goyaml.v2``, YAML 1.1 rules: ``y``, ``on``, ``0x1F``, ``1_000``, ``1e-5``, ``.inf`` … are not
-strings). ``go_scalar`` is that resolver, and the input is read with it, so the dry run decides on
-the objects the apiserver would receive.
+strings). ``go_scalar`` is that resolver. The input is parsed by libyaml (PyYAML's C extension;
+go-yaml v2 is a port of it) or, without it, by ruamel.yaml, and resolved by ``go_scalar``, so the dry
+run decides on the objects the apiserver would receive; each alias becomes its own copy, as in JSON.
 
 Output: a document the dry run did not change is printed as the very text it came in (comments,
 block scalars, quoting, key order, its own ``---``). A changed document is loaded again with
 ruamel.yaml's round-trip loader, brought in line with the changed object, and written with its
 comments and styles; any string that go-yaml v2, PyYAML (YAML 1.1) or ruamel.yaml (YAML 1.1 and 1.2)
-would read as something else is quoted. The written text is read back with ``go_scalar``'s rules and
-must equal the changed object; where it does not (anchors shared between a changed and an unchanged
-place), the document is written afresh from the object, without comments.
+would read as something else is quoted. The written text is read back with go-yaml v2's rules and
+must equal the changed object; where it does not (an anchored node shared with a place that did not
+change), the document is written afresh from the object, without comments.
 """
 
 from __future__ import annotations
