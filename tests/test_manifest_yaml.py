@@ -214,6 +214,19 @@ def test_unreadable_input_names_the_document_and_the_place(text: str, message: s
         load(text)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 5000 + "]" * 5000,
+        "a: " + "[" * 900 + "]" * 900,
+        "a:\n" + "".join(" " * n + "- b:\n" for n in range(0, 400, 2)),
+    ],
+)
+def test_absurdly_deep_input_is_an_error_not_a_crash(text: str, parser: str) -> None:
+    with pytest.raises(ReadError, match=r"document 1: nested deeper than 150 levels"):
+        load(text)
+
+
 def test_empty_documents_and_comments_stay_with_their_neighbours(parser: str) -> None:
     text = "# head\n---\n---\na: 1  # one\n# tail\n---\n# only a comment\n---\nb: 2\n...\n# after the end\n"
 

@@ -326,25 +326,46 @@ class Loaded:
     source: Source
 
 
+# Deeper objects are refused: printing one takes a few Python frames per level (no manifest nests
+# half as deep; a CRD's openAPIV3Schema rarely passes 60).
+MAX_DEPTH = 150
+
+
 def load(text: str) -> list[Loaded]:
     """The documents of a YAML or JSON stream as kubectl reads them; null documents are skipped."""
-    text = text.removeprefix("\ufeff")
+    return _load(text.removeprefix("\ufeff"))
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if children and depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _load(text: str) -> list[Loaded]:
     json_error: json.JSONDecodeError | None = None
     if text.lstrip().startswith(("{", "[")):
         try:
             body = json.loads(text, object_pairs_hook=_json_object)
         except json.JSONDecodeError as err:
             json_error = err  # maybe YAML flow style; if YAML fails too, the JSON error is the better one
+        except RecursionError:
+            raise ReadError(f"document 1: nested deeper than {MAX_DEPTH} levels") from None
         else:
             source = Source(text, 0, len(text), explicit_start=False, open_end=False, directives=False, json=True)
-            return [] if body is None else [Loaded(1, body, source)]
+            return [] if body is None else [Loaded(1, _shallow([body])[0], source)]
     bodies: list[Any] = []
     try:
         if _GoLibyamlLoader is not None:
             bodies.extend(pyyaml.load_all(text, Loader=_GoLibyamlLoader))
             spans = _libyaml_spans(text, len(bodies))
             if spans is not None:
-                return _sources(text, bodies, spans)
+                return _sources(text, _shallow(bodies), spans)
             bodies.clear()
         reader = _reader()
         bodies.extend(reader.load_all(text))
@@ -354,7 +375,16 @@ def load(text: str) -> list[Loaded]:
                 f"document 1: not valid JSON: {json_error.msg} (line {json_error.lineno}, column {json_error.colno})"
             ) from None
         raise ReadError(f"document {len(bodies) + 1}: not valid YAML: {_problem(err)}") from None
-    return _sources(text, bodies, reader.composer.__dict__.get("spans", []))
+    except RecursionError:
+        raise ReadError(f"document {len(bodies) + 1}: nested deeper than {MAX_DEPTH} levels") from None
+    return _sources(text, _shallow(bodies), reader.composer.__dict__.get("spans", []))
+
+
+def _shallow(bodies: list[Any]) -> list[Any]:
+    for number, body in enumerate(bodies, start=1):
+        if _too_deep(body):
+            raise ReadError(f"document {number}: nested deeper than {MAX_DEPTH} levels")
+    return bodies
 
 
 def _libyaml_spans(text: str, count: int) -> list[_Span] | None:
