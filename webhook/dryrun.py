@@ -13,15 +13,15 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import jsonpatch
 import yaml
 
-from webhook import patch, pods
-from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook import claims, patch, pods, workloads
+from webhook.decision import NO_CLAIMS, ClaimFacts, Decision, NamespaceFacts, NodeFacts
 from webhook.engine import RULE_MALFORMED, decide
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
 
@@ -32,17 +32,7 @@ EXIT_UNREADABLE = 2
 RULE_PASSED = "passed-through"
 RULE_PATCH_FAILED = "patch-not-applicable"
 
-# kind -> (API groups it is recognised in, where its pod template sits)
-WORKLOADS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "Pod": (frozenset({""}), ()),
-    "Deployment": (frozenset({"apps", "extensions"}), ("spec", "template")),
-    "StatefulSet": (frozenset({"apps"}), ("spec", "template")),
-    "DaemonSet": (frozenset({"apps", "extensions"}), ("spec", "template")),
-    "ReplicaSet": (frozenset({"apps", "extensions"}), ("spec", "template")),
-    "ReplicationController": (frozenset({""}), ("spec", "template")),
-    "Job": (frozenset({"batch"}), ("spec", "template")),
-    "CronJob": (frozenset({"batch"}), ("spec", "jobTemplate", "spec", "template")),
-}
+LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
 REVIEW_PATH = ("request", "object")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
@@ -110,11 +100,21 @@ class Facts:
     default_namespace: str
     given_labels: Mapping[str, str] | None
     namespace_documents: Mapping[str, Mapping[str, str]]
+    claim_documents: Mapping[str, ClaimFacts] = field(default_factory=dict)
 
     def namespace(self, name: str) -> NamespaceFacts:
         if self.given_labels is not None:
             return NamespaceFacts(name, self.given_labels)
         return NamespaceFacts(name, self.namespace_documents.get(name))
+
+    def claims_in(self, namespace: str) -> ClaimFacts:
+        return self.claim_documents.get(namespace, NO_CLAIMS)
+
+    @property
+    def spread_label_keys(self) -> frozenset[str]:
+        """Label keys the engine keeps out of a spread's matchLabels: a controller label with one of
+        these keys may be given to the engine with a placeholder value (it never reaches the output)."""
+        return spread_label_keys(self.policy)
 
 
 Verdict = Literal["mutated", "unchanged", "denied", "passed through"]
@@ -135,6 +135,8 @@ class Outcome:
     pod_path: str | None = None
     patch: tuple[dict[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
+    templates: tuple[TemplateOutcome, ...] = ()  # one per template of a workload CRD (named templates)
+    uncovered: tuple[str, ...] = ()  # GPU requests in an object the table does not cover
 
     @property
     def allowed(self) -> bool:
@@ -188,6 +190,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the mutated manifests (YAML) or the JSON patches (default: %(default)s)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="do not print the policy's warnings")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when an object the dry run cannot check (an unknown kind) requests a GPU",
+    )
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -207,6 +214,7 @@ def main(args: argparse.Namespace) -> int:
             default_namespace=args.namespace,
             given_labels=dict(args.namespace_labels) if args.namespace_labels else None,
             namespace_documents=namespace_labels(documents),
+            claim_documents=claim_documents(documents, args.namespace),
         )
         results = [process_document(doc, facts) for doc in documents]
     except (DryRunError, PolicyError) as err:
@@ -216,13 +224,41 @@ def main(args: argparse.Namespace) -> int:
         for warning in policy.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     outcomes = [outcome for _, found in results for outcome in found]
+    unlabelled = unlabelled_namespaces(outcomes)
+    if unlabelled:
+        print(
+            f"warning: namespace labels not given for {', '.join(unlabelled)} (no --namespace-label, no Namespace "
+            "document): the class comes from the namespace rules by name or the policy's defaultClass; label "
+            "rules, the mode label and Pod Security labels were not checked",
+            file=sys.stderr,
+        )
     for outcome in outcomes:
         print("\n".join(report_lines(outcome)), file=sys.stderr)
     if args.output == "patch":
         sys.stdout.write(json.dumps([patch_entry(o) for o in outcomes], indent=2) + "\n")
     else:
         sys.stdout.write(dump_manifests(output for output, _ in results))
-    return EXIT_ADMITTED if all(o.allowed for o in outcomes) else EXIT_DENIED
+    if not all(o.allowed for o in outcomes):
+        return EXIT_DENIED
+    if args.strict and any(o.uncovered for o in outcomes):
+        return EXIT_DENIED
+    return EXIT_ADMITTED
+
+
+def unlabelled_namespaces(outcomes: Sequence[Outcome]) -> list[str]:
+    """Namespaces whose labels were unknown, in order of first use (said once per run, not per object)."""
+    found: dict[str, None] = {}
+    for outcome in outcomes:
+        for warnings in (outcome.warnings, *(t.warnings for t in outcome.templates)):
+            for warning in warnings:
+                if LABELS_UNKNOWN in warning and warning.startswith("namespace "):
+                    found[warning.removeprefix("namespace ").partition(LABELS_UNKNOWN)[0]] = None
+    return list(found)
+
+
+def _shown(warnings: Iterable[str]) -> list[str]:
+    # The engine's per-review "labels unknown" warning is said once per run by main().
+    return [w for w in warnings if LABELS_UNKNOWN not in w]
 
 
 # --- input ----------------------------------------------------------------------------------
@@ -327,6 +363,41 @@ def _items(doc: Document) -> Iterator[Document]:
         yield Document(where, item)
 
 
+def spread_label_keys(policy: Policy) -> frozenset[str]:
+    """The label keys the engine keeps out of a spread's matchLabels (policy spec.spreadSelector);
+    none when the engine knows no such keys, so that no placeholder can reach a selector."""
+    selector = getattr(policy.spec, "spread_selector", None)
+    if selector is None:
+        return frozenset()
+    excluded = getattr(selector, "excluded_label_keys", ())
+    match = getattr(selector, "match_label_keys", ())
+    return frozenset(excluded) | frozenset(match)
+
+
+def claim_documents(documents: Iterable[Document], default_namespace: str) -> dict[str, ClaimFacts]:
+    """The device classes of the ResourceClaim and ResourceClaimTemplate documents, by namespace."""
+    found: dict[str, tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]] = {}
+    for doc in documents:
+        for item in _items(doc):
+            body = item.body
+            if not claims.is_claim_kind(body["apiVersion"], body["kind"]):
+                continue
+            metadata = _metadata(body)
+            name = metadata.get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{item.where}: {body['kind']}: metadata.name is missing")
+            try:
+                classes = claims.device_classes(body)
+            except claims.MalformedClaim as err:
+                raise InputError(f"{item.where}: {body['kind']} {name}: {err}") from None
+            namespace = metadata.get("namespace") or default_namespace
+            if not isinstance(namespace, str):
+                raise InputError(f"{item.where}: {body['kind']} {name}: metadata.namespace must be a string")
+            by_claim, by_template = found.setdefault(namespace, ({}, {}))
+            (by_template if body["kind"] == claims.TEMPLATE_KIND else by_claim)[name] = classes
+    return {namespace: ClaimFacts(claims=c, templates=t) for namespace, (c, t) in found.items()}
+
+
 def namespace_labels(documents: Iterable[Document]) -> dict[str, Mapping[str, str]]:
     """Labels of the ``kind: Namespace`` documents in the input, by namespace name."""
     found: dict[str, Mapping[str, str]] = {}
@@ -362,23 +433,40 @@ def process_object(doc: Document, facts: Facts) -> Outcome:
     kind, group = body["kind"], _group(body["apiVersion"])
     if kind == "AdmissionReview" and group == "admission.k8s.io":
         return _review(doc, facts)
-    workload = WORKLOADS.get(kind)
-    if workload is None or group not in workload[0]:
-        return _passed(doc, _pass_reason(body, facts))
-    _, template_path = workload
+    found = workloads.workload(body["apiVersion"], kind)
+    if found is None:
+        return _passed(doc, _pass_reason(body, facts), _uncovered(body, facts))
     namespace = str(_metadata(body).get("namespace") or facts.default_namespace)
     try:
-        pod = _pod_of(body, template_path)
+        templates = workloads.templates(body, found)
     except pods.MalformedPod as err:
-        return _malformed(doc, namespace, template_path, err)
-    decision = decide(
-        operation="CREATE",
-        pod=pod,
-        namespace=facts.namespace(namespace),
-        nodes=facts.nodes,
-        policy=facts.policy,
-    )
-    return _apply(doc, namespace, pods.pod_name(body), template_path, decision)
+        return _malformed(doc, namespace, err)
+    if not templates:
+        patterns = ", ".join(rule.pattern for rule in found.templates)
+        return _passed(doc, f"no pod template found (looked at {patterns})", ())
+    label_keys = facts.spread_label_keys
+    results = []
+    for template in templates:
+        try:
+            pod = workloads.predicted_pod(body, template, label_keys)
+        except pods.MalformedPod as err:
+            return _malformed(doc, namespace, err, template)
+        decision = decide(
+            operation="CREATE",
+            pod=pod,
+            namespace=facts.namespace(namespace),
+            nodes=facts.nodes,
+            policy=facts.policy,
+            claims=facts.claims_in(namespace),
+        )
+        results.append((template, pod, decision))
+    return _apply_templates(doc, namespace, pods.pod_name(body), results)
+
+
+def _uncovered(body: Mapping[str, Any], facts: Facts) -> tuple[str, ...]:
+    if claims.is_claim_kind(body["apiVersion"], body["kind"]) or body["kind"] == "Namespace":
+        return ()
+    return tuple(workloads.uncovered_gpu_paths(body, facts.policy.is_gpu_resource))
 
 
 def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
@@ -386,15 +474,9 @@ def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
         if facts.given_labels is None:
             return "its labels are used for the objects in it"
         return "its labels are not used (--namespace-label given)"
+    if claims.is_claim_kind(body["apiVersion"], body["kind"]):
+        return "used to resolve the resource claims of the pods in its namespace"
     return f"{body['apiVersion']} {body['kind']} is not a pod or a known workload with a pod template"
-
-
-def _pod_of(body: Mapping[str, Any], template_path: tuple[str, ...]) -> Any:
-    """The pod the workload's controller would create: the template's metadata and spec, as they are."""
-    if not template_path:
-        return body
-    template = pods.mapping(patch.resolve(body, template_path), ".".join(template_path))
-    return {"apiVersion": "v1", "kind": "Pod", **{k: template[k] for k in ("metadata", "spec") if k in template}}
 
 
 def _review(doc: Document, facts: Facts) -> Outcome:
@@ -454,6 +536,114 @@ def _apply(doc: Document, namespace: str, name: str, pod_path: tuple[str, ...], 
     )
 
 
+@dataclass(frozen=True)
+class TemplateOutcome:
+    """The decision on one pod template of a workload (CRDs have several)."""
+
+    name: str | None
+    pod_path: str
+    allowed: bool
+    rule: str
+    message: str
+    warnings: tuple[str, ...]
+    patch: tuple[dict[str, Any], ...]
+
+
+def template_operations(
+    template: workloads.Template, pod: Mapping[str, Any], operations: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The engine's operations on the predicted pod, as operations on the object."""
+    out: list[dict[str, Any]] = []
+    if not template.path:
+        return [dict(op) for op in operations]
+    if (
+        template.rule.shape == workloads.TEMPLATE
+        and not isinstance(template.node.get("metadata"), Mapping)
+        and "metadata" in pod
+        and any(op["path"].startswith("/metadata/") for op in operations)
+    ):
+        # The engine saw the metadata that carries the controller's labels; the real template has none.
+        out.append(patch.add(patch.pointer(*template.path, "metadata"), {}))
+    for operation in operations:
+        path = workloads.operation_path(template, operation["path"])
+        if path is None:
+            continue
+        moved = {**operation, "path": path}
+        if "from" in operation:
+            source = workloads.operation_path(template, operation["from"])
+            if source is None:
+                continue
+            moved["from"] = source
+        out.append(moved)
+    return out
+
+
+def _template_outcome(template: workloads.Template, pod: Mapping[str, Any], decision: Decision) -> TemplateOutcome:
+    operations: list[dict[str, Any]] = []
+    message = decision.message
+    if decision.allowed:
+        operations = template_operations(template, pod, decision.patch)
+        if template.rule.shape == workloads.OVERRIDE and decision.patch:
+            message = (
+                f"{message} (checked, not mutated: the fields the webhook adds have no place in an override; "
+                "the webhook adds them to the pods in the cluster)"
+            )
+    return TemplateOutcome(
+        name=template.name,
+        pod_path=patch.pointer(*template.path),
+        allowed=decision.allowed,
+        rule=decision.rule,
+        message=message,
+        warnings=decision.warnings,
+        patch=tuple(operations),
+    )
+
+
+def _apply_templates(
+    doc: Document,
+    namespace: str,
+    name: str,
+    results: Sequence[tuple[workloads.Template, Mapping[str, Any], Decision]],
+) -> Outcome:
+    """One outcome for the object: denied when any template is, else every template's patch applied."""
+    done = tuple(_template_outcome(template, pod, decision) for template, pod, decision in results)
+    named = any(t.name is not None for t in done)
+    denied = [t for t in done if not t.allowed]
+    first = denied[0] if denied else done[0]
+    common: dict[str, Any] = {
+        "where": doc.where,
+        "body": doc.body,
+        "namespace": namespace,
+        "name": name,
+        "pod_path": None if named else first.pod_path,
+        "warnings": () if named else first.warnings,
+        "templates": done if named else (),
+    }
+    message = "; ".join(f"{t.name}: {t.message}" for t in (denied or done)) if named else first.message
+    if denied:
+        return Outcome(**common, output=doc.body, verdict="denied", rule=first.rule, message=message)
+    operations = [op for t in done for op in t.patch]
+    try:
+        output = jsonpatch.apply_patch(doc.body, operations)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+        # The apiserver fails the request when a webhook's patch does not apply.
+        return Outcome(
+            **common,
+            output=doc.body,
+            verdict="denied",
+            rule=RULE_PATCH_FAILED,
+            message=f"the webhook's patch does not apply to this object ({str(err)[:200]}); please report this as a bug",
+        )
+    return Outcome(
+        **common,
+        output=output,
+        verdict="mutated" if operations else "unchanged",
+        rule=first.rule,
+        message=message,
+        patch=tuple(operations),
+    )
+
+
 def prefixed(
     operations: Sequence[Mapping[str, Any]], body: Mapping[str, Any], pod_path: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -472,8 +662,13 @@ def prefixed(
     return out
 
 
-def _passed(doc: Document, why: str) -> Outcome:
+def _passed(doc: Document, why: str, uncovered: tuple[str, ...] = ()) -> Outcome:
     namespace = _metadata(doc.body).get("namespace")
+    warnings = tuple(
+        f"a GPU request at {where}, but the dry run does not know where this kind keeps its pod templates: "
+        "its pods are only checked in the cluster (--strict makes this an error)"
+        for where in uncovered
+    )
     return Outcome(
         where=doc.where,
         body=doc.body,
@@ -483,10 +678,15 @@ def _passed(doc: Document, why: str) -> Outcome:
         verdict="passed through",
         rule=RULE_PASSED,
         message=why,
+        warnings=warnings,
+        uncovered=uncovered,
     )
 
 
-def _malformed(doc: Document, namespace: str, pod_path: tuple[str, ...], err: pods.MalformedPod) -> Outcome:
+def _malformed(
+    doc: Document, namespace: str, err: pods.MalformedPod, template: workloads.Template | None = None
+) -> Outcome:
+    pod_path = template.path if template is not None and template.path else ()
     return Outcome(
         where=doc.where,
         body=doc.body,
@@ -496,22 +696,44 @@ def _malformed(doc: Document, namespace: str, pod_path: tuple[str, ...], err: po
         verdict="denied",
         rule=RULE_MALFORMED,
         message=f"the pod template cannot be checked: {err}",
-        pod_path=patch.pointer(*pod_path),
+        pod_path=patch.pointer(*pod_path) if pod_path else None,
     )
 
 
 # --- output ---------------------------------------------------------------------------------
 
 
-def report_lines(outcome: Outcome) -> list[str]:
+def _who(outcome: Outcome) -> str:
     kind, namespace, name = outcome.body["kind"], outcome.namespace, outcome.name
-    who = f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+def report_lines(outcome: Outcome) -> list[str]:
+    who = _who(outcome)
+    if outcome.templates:
+        lines = []
+        for template in outcome.templates:
+            if not template.allowed:
+                what = f"denied [{template.rule}] (fields are relative to {_dotted(template.pod_path)}): {template.message}"
+            elif not outcome.allowed:
+                what = f"admitted, not printed (the object is denied): {template.message}"
+            else:
+                what = f"{'mutated' if template.patch else 'unchanged'}: {template.message}"
+            lines.append(f"{outcome.where}: {who} {template.name}: {what}")
+            lines.extend(f"  warning: {w}" for w in _shown(template.warnings))
+        if not outcome.allowed and outcome.rule == RULE_PATCH_FAILED:
+            lines.append(f"{outcome.where}: {who}: denied [{outcome.rule}]: {outcome.message}")
+        return lines
     if outcome.verdict == "denied":
-        where = f" (fields are relative to {outcome.pod_path[1:].replace('/', '.')})" if outcome.pod_path else ""
+        where = f" (fields are relative to {_dotted(outcome.pod_path)})" if outcome.pod_path else ""
         what = f"denied [{outcome.rule}]{where}: {outcome.message}"
     else:
         what = f"{outcome.verdict}: {outcome.message}"
-    return [f"{outcome.where}: {who}: {what}", *(f"  warning: {w}" for w in outcome.warnings)]
+    return [f"{outcome.where}: {who}: {what}", *(f"  warning: {w}" for w in _shown(outcome.warnings))]
+
+
+def _dotted(pointer: str) -> str:
+    return pointer[1:].replace("/", ".")
 
 
 def patch_entry(outcome: Outcome) -> dict[str, Any]:
@@ -530,6 +752,20 @@ def patch_entry(outcome: Outcome) -> dict[str, Any]:
         podPath=outcome.pod_path,
         patch=list(outcome.patch),
     )
+    if outcome.templates:
+        entry["templates"] = [
+            {
+                "name": t.name,
+                "podPath": t.pod_path,
+                "allowed": t.allowed,
+                "rule": t.rule,
+                "message": t.message,
+                "warnings": list(t.warnings),
+            }
+            for t in outcome.templates
+        ]
+    if outcome.uncovered:
+        entry["gpuRequests"] = list(outcome.uncovered)
     return entry
 
 
