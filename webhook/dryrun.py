@@ -32,6 +32,7 @@ EXIT_UNREADABLE = 2
 RULE_PASSED = "passed-through"
 RULE_PATCH_FAILED = "patch-not-applicable"
 
+CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
 LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
 REVIEW_PATH = ("request", "object")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -542,6 +543,7 @@ class TemplateOutcome:
 
     name: str | None
     pod_path: str
+    fields: str  # where the fields a message names are: "relative to spec.x.template", "the pod made from ..."
     allowed: bool
     rule: str
     message: str
@@ -585,12 +587,17 @@ def _template_outcome(template: workloads.Template, pod: Mapping[str, Any], deci
         operations = template_operations(template, pod, decision.patch)
         if template.rule.shape == workloads.OVERRIDE and decision.patch:
             message = (
-                f"{message} (checked, not mutated: the fields the webhook adds have no place in an override; "
-                "the webhook adds them to the pods in the cluster)"
+                f"checked, class {decision.workload_class}: not mutated (an override has no place for what the "
+                "webhook adds; it adds it to the pods in the cluster)"
             )
+    if template.rule.shape == workloads.INLINE:
+        where = f"the pod made from {template.dotted}"
+    else:
+        where = f"relative to {template.dotted}" if template.path else ""
     return TemplateOutcome(
         name=template.name,
         pod_path=patch.pointer(*template.path),
+        fields=where,
         allowed=decision.allowed,
         rule=decision.rule,
         message=message,
@@ -705,6 +712,9 @@ def _malformed(
 
 def _who(outcome: Outcome) -> str:
     kind, namespace, name = outcome.body["kind"], outcome.namespace, outcome.name
+    group = _group(outcome.body["apiVersion"])
+    if outcome.templates and (group, kind) not in CORE_KINDS and ("batch", kind) in CORE_KINDS:
+        kind = f"{kind}.{group}"  # kubectl's spelling, where the kind alone names a core kind (Volcano's Job)
     return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
 
 
@@ -714,7 +724,7 @@ def report_lines(outcome: Outcome) -> list[str]:
         lines = []
         for template in outcome.templates:
             if not template.allowed:
-                what = f"denied [{template.rule}] (fields are relative to {_dotted(template.pod_path)}): {template.message}"
+                what = f"denied [{template.rule}] (fields are {template.fields}): {template.message}"
             elif not outcome.allowed:
                 what = f"admitted, not printed (the object is denied): {template.message}"
             else:

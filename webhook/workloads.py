@@ -238,10 +238,13 @@ def _ray(cluster_known: bool, node_type: str) -> LabelRule:
 
 
 def _kserve(component: str) -> LabelRule:
-    """KServe (raw deployment): the component's Deployment labels its pods with the service and component."""
+    """KServe (raw deployment, pkg/controller/v1beta1/inferenceservice/components): the component's
+    Deployment labels its pods with the InferenceService's own labels, its name and the component."""
 
     def rule(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+        own = patch.resolve(body, ("metadata", "labels"))
         return {
+            **(own if isinstance(own, Mapping) else {}),
             **DEPLOYMENT_LABELS,
             "serving.kserve.io/inferenceservice": _name(body),
             "component": component,
