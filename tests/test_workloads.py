@@ -396,7 +396,7 @@ def test_inline_operation_paths_land_on_the_component_fields() -> None:
 
 
 def test_placeholder_controller_labels_only_for_keys_the_policy_keeps_out_of_match_labels() -> None:
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {"name": "llm"},
