@@ -428,3 +428,44 @@ def test_controller_labels_with_known_values_are_predicted() -> None:
         "training.kubeflow.org/replica-type": "worker",
     }
     assert default_policy() is not None
+
+
+# --- Dynamic Resource Allocation documents --------------------------------------------------------
+
+DRA = Path(__file__).resolve().parent / "fixtures" / "dryrun"
+
+
+def test_claim_documents_are_printed_unchanged_with_a_note() -> None:
+    source = load_all((DRA / "dra-claims.yaml").read_text())
+    result = mutate("-f", str(DRA / "dra-claims.yaml"))
+
+    assert result.returncode == 0, result.stderr
+    assert load_all(result.stdout) == source
+    notes = stderr_lines(result, "passed through: used to resolve the resource claims of the pods in its namespace")
+    assert len(notes) == 3
+    assert "ResourceClaim/ml-training/shared-gpu" in notes[2]
+    for doc in source:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("spec:\n  spec:\n    devices:\n      requests: gpu\n", "spec.spec.devices.requests must be a list"),
+        (
+            "spec:\n  spec:\n    devices:\n      requests:\n        - name: gpu\n          exactly:\n"
+            "            deviceClassName: 7\n",
+            "spec.spec.devices.requests[0].exactly.deviceClassName must be a string",
+        ),
+    ],
+)
+def test_a_malformed_claim_document_is_an_input_error(body: str, problem: str) -> None:
+    manifest = (
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers: []\n---\n"
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata:\n  name: mi300x\n" + body
+    )
+    result = mutate("-f", "-", stdin=manifest)
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert f"error: <stdin>: document 2: ResourceClaimTemplate mi300x: {problem}" in result.stderr
