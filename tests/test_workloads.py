@@ -469,3 +469,124 @@ def test_a_malformed_claim_document_is_an_input_error(body: str, problem: str) -
     assert result.returncode == 2
     assert result.stdout == ""
     assert f"error: <stdin>: document 2: ResourceClaimTemplate mi300x: {problem}" in result.stderr
+
+
+# --- controller labels: the spread each template gets is the one its pods get ----------------------
+
+INFERENCE = ("--namespace-label", f"{CLASS}=inference")
+
+
+def spread_of(template: dict[str, Any]) -> dict[str, Any]:
+    (constraint,) = template["spec"]["topologySpreadConstraints"]
+    result: dict[str, Any] = constraint
+    return result
+
+
+def test_each_core_controller_template_gets_the_spread_its_pods_will_get() -> None:
+    fixture = str(DRA / "controllers.yaml")
+    result = mutate("-f", fixture, *INFERENCE)
+    patches = mutate("-f", fixture, *INFERENCE, "-o", "patch")
+
+    assert result.returncode == 0, result.stderr
+    by_kind = {doc["kind"]: doc for doc in load_all(result.stdout)}
+    sts = spread_of(by_kind["StatefulSet"]["spec"]["template"])
+    # Per-pod identity (pod-name, pod-index) never enters the selector; the revision goes to matchLabelKeys.
+    assert sts["labelSelector"] == {"matchLabels": {"app": "llm"}}
+    assert sts["matchLabelKeys"] == ["controller-revision-hash"]
+    deployment = spread_of(by_kind["Deployment"]["spec"]["template"])
+    assert deployment["labelSelector"] == {"matchLabels": {"app": "embedder"}}
+    assert deployment["matchLabelKeys"] == ["pod-template-hash"]
+    job_keys = {"batch.kubernetes.io/controller-uid", "controller-uid", "batch.kubernetes.io/job-name", "job-name"}
+    indexed = spread_of(by_kind["Job"]["spec"]["template"])
+    assert indexed["labelSelector"] == {"matchLabels": {"app": "batch-infer"}}  # no job-completion-index
+    assert set(indexed["matchLabelKeys"]) == job_keys
+    # The CronJob's template has no labels: the Job controller's labels still select its siblings.
+    cron_template = by_kind["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]
+    cron = spread_of(cron_template)
+    assert cron["labelSelector"] == {}
+    assert set(cron["matchLabelKeys"]) == job_keys
+    assert cron_template["metadata"] == {"annotations": {CLASS: "inference", "rocm-isolation.io/mutations": ANY_LIST}}
+    daemon = spread_of(by_kind["DaemonSet"]["spec"]["template"])
+    assert set(daemon["matchLabelKeys"]) == {"controller-revision-hash", "pod-template-generation"}
+    legacy = spread_of(by_kind["ReplicaSet"]["spec"]["template"])
+    assert legacy == {**legacy, "labelSelector": {"matchLabels": {"app": "legacy"}}} and "matchLabelKeys" not in legacy
+    assert "no labels to select its peers" not in result.stderr
+    # The predicted labels exist only in the pod given to the engine: never in the output.
+    assert workloads.PLACEHOLDER not in result.stdout + patches.stdout
+    for doc in by_kind.values():
+        assert "controller-revision-hash" not in json.dumps(doc.get("spec", {}).get("template", {}).get("metadata", {}))
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+class _AnyList:
+    """Equal to any comma-separated list of mutations (its content is the engine's business)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and "topology-spread" in other.split(",")
+
+
+ANY_LIST: Any = _AnyList()
+
+
+def test_crd_templates_get_their_controllers_labels_in_the_spread() -> None:
+    lws = load_all(mutate("-f", crd("leaderworkerset.yaml")).stdout)[1]
+    leader = spread_of(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])
+    worker = spread_of(lws["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    # LWS pods are StatefulSet pods: the name label selects the set's pods, the revision hash is a key.
+    assert leader["labelSelector"] == {"matchLabels": {"role": "leader", "leaderworkerset.sigs.k8s.io/name": "vllm"}}
+    assert worker["labelSelector"] == {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": "vllm"}}
+    assert worker["matchLabelKeys"] == ["controller-revision-hash"]
+    ray = {doc["metadata"]["name"]: doc for doc in load_all(mutate("-f", crd("ray.yaml")).stdout)}
+    group = spread_of(ray["llm-serve"]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"])
+    assert group["labelSelector"]["matchLabels"] == {
+        "app": "llm-serve",
+        "ray.io/node-type": "worker",
+        "ray.io/group": "gpu",
+        "ray.io/is-ray-node": "yes",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+
+
+# --- DRA end to end: claims resolved from the input -------------------------------------------------
+
+
+def test_a_dra_training_deployment_on_the_reserved_pool_is_denied() -> None:
+    result = mutate("-f", str(DRA / "dra-claims.yaml"), "-f", str(DRA / "dra-reserved.yaml"))
+
+    assert result.returncode == 1
+    (denial,) = stderr_lines(result, "denied [")
+    assert "Deployment/ml-training/dra-sneaky: denied [deny-node-selector]" in denial
+    assert "could not be resolved" not in result.stderr and "unresolv" not in result.stderr
+
+
+def test_dra_claims_in_the_input_resolve_and_missing_ones_warn() -> None:
+    with_claims = mutate("-f", str(DRA / "dra-claims.yaml"), "-f", str(DRA / "dra-workloads.yaml"))
+    without = mutate("-f", str(DRA / "dra-workloads.yaml"))
+
+    assert with_claims.returncode == 0, with_claims.stderr
+    resolved = {doc["metadata"]["name"]: doc for doc in load_all(with_claims.stdout)}
+    guessed = {doc["metadata"]["name"]: doc for doc in load_all(without.stdout)}
+    trainer = resolved["dra-trainer"]["spec"]["template"]
+    assert trainer["metadata"]["annotations"][CLASS] == "training"
+    assert NOT_IN in required_terms(trainer["spec"])[0]["matchExpressions"]
+    # A DRA GPU pod in a CRD template is a GPU pod too.
+    worker = resolved["dra-finetune"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert worker["metadata"]["annotations"][CLASS] == "training"
+    # The claim with a non-GPU device class is not in scope: left alone, its nodeSelector on the pool and all.
+    assert (
+        resolved["nic-only"]["spec"]["template"]
+        == load_all((DRA / "dra-workloads.yaml").read_text())[2]["spec"]["template"]
+    )
+    assert "Deployment/ml-training/nic-only: unchanged" in with_claims.stderr
+    assert not [line for line in with_claims.stderr.splitlines() if line.startswith("  warning:")]
+    # Without the claim documents every claim is unresolvable: a GPU request, with a warning (fail toward
+    # isolation): the GPU pods are mutated the same way, and the NIC-only pod on the reserved pool is denied.
+    assert without.returncode == 1
+    assert guessed["dra-trainer"]["spec"]["template"]["spec"] == trainer["spec"]
+    assert "Deployment/ml-training/nic-only: denied [deny-node-selector]" in without.stderr
+    warned = [line for line in without.stderr.splitlines() if "could not be resolved" in line]
+    assert len(warned) == 3, without.stderr
+    assert "ResourceClaimTemplate mi300x could not be resolved (not in the input: add its document" in warned[0]
+    assert "ResourceClaim shared-gpu could not be resolved" in warned[1]
+    assert all("counted as a GPU request" in line for line in warned)

@@ -33,6 +33,8 @@ RULE_PASSED = "passed-through"
 RULE_PATCH_FAILED = "patch-not-applicable"
 
 CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
+CLAIM_UNKNOWN = "could not be resolved (not known to the webhook yet)"
+CLAIM_NOT_IN_INPUT = "could not be resolved (not in the input: add its document to the manifests checked)"
 LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
 REVIEW_PATH = ("request", "object")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -258,8 +260,13 @@ def unlabelled_namespaces(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def _shown(warnings: Iterable[str]) -> list[str]:
-    # The engine's per-review "labels unknown" warning is said once per run by main().
-    return [w for w in warnings if LABELS_UNKNOWN not in w]
+    # The engine's per-review "labels unknown" warning is said once per run by main(); offline, a claim
+    # the engine does not know is one the input does not contain.
+    return [_offline(w) for w in warnings if LABELS_UNKNOWN not in w]
+
+
+def _offline(warning: str) -> str:
+    return warning.replace(CLAIM_UNKNOWN, CLAIM_NOT_IN_INPUT)
 
 
 # --- input ----------------------------------------------------------------------------------
@@ -562,10 +569,9 @@ def template_operations(
         template.rule.shape == workloads.TEMPLATE
         and not isinstance(template.node.get("metadata"), Mapping)
         and "metadata" in pod
-        and any(op["path"].startswith("/metadata/") for op in operations)
     ):
         # The engine saw the metadata that carries the controller's labels; the real template has none.
-        out.append(patch.add(patch.pointer(*template.path, "metadata"), {}))
+        operations = _created_metadata(operations, patch.pointer(*template.path, "metadata"), out)
     for operation in operations:
         path = workloads.operation_path(template, operation["path"])
         if path is None:
@@ -578,6 +584,25 @@ def template_operations(
             moved["from"] = source
         out.append(moved)
     return out
+
+
+def _created_metadata(
+    operations: Sequence[Mapping[str, Any]], pointer: str, out: list[dict[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The operations on ``/metadata/...`` folded into one that creates the template's metadata (appended
+    to ``out``); the other operations are returned."""
+    inside = [op for op in operations if op["path"].startswith("/metadata/")]
+    rest = [op for op in operations if not op["path"].startswith("/metadata/")]
+    if not inside:
+        return rest
+    relative = [{**op, "path": op["path"].removeprefix("/metadata")} for op in inside]
+    try:
+        metadata = jsonpatch.apply_patch({}, relative)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+        out.append(patch.add(pointer, {}))
+        return list(operations)
+    out.append(patch.add(pointer, metadata))
+    return rest
 
 
 def _template_outcome(template: workloads.Template, pod: Mapping[str, Any], decision: Decision) -> TemplateOutcome:
@@ -758,7 +783,7 @@ def patch_entry(outcome: Outcome) -> dict[str, Any]:
         allowed=outcome.allowed,
         rule=outcome.rule,
         message=outcome.message,
-        warnings=list(outcome.warnings),
+        warnings=[_offline(w) for w in outcome.warnings],
         podPath=outcome.pod_path,
         patch=list(outcome.patch),
     )
@@ -770,7 +795,7 @@ def patch_entry(outcome: Outcome) -> dict[str, Any]:
                 "allowed": t.allowed,
                 "rule": t.rule,
                 "message": t.message,
-                "warnings": list(t.warnings),
+                "warnings": [_offline(w) for w in t.warnings],
             }
             for t in outcome.templates
         ]

@@ -205,14 +205,11 @@ def _lws(role: str) -> LabelRule:
     """LeaderWorkerSet pods are StatefulSet pods (leader and per-group worker StatefulSets)."""
 
     def rule(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
-        labels = {
+        return {
             **STATEFULSET_LABELS,
             "leaderworkerset.sigs.k8s.io/name": _name(body),
-            "leaderworkerset.sigs.k8s.io/worker-index": PLACEHOLDER,
+            "leaderworkerset.sigs.k8s.io/worker-index": "0" if role == "leader" else PLACEHOLDER,
         }
-        if role == "leader":
-            labels["leaderworkerset.sigs.k8s.io/worker-index"] = "0"
-        return labels
 
     return rule
 
