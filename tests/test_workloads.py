@@ -381,6 +381,36 @@ def test_a_crd_without_any_template_is_passed_through_with_a_note() -> None:
 
     assert result.returncode == 0
     assert "RayCluster/empty: passed through: no pod template found" in result.stderr
+    assert "warning" not in result.stderr
+
+
+def test_a_gpu_request_where_a_known_kind_has_no_template_is_warned_about() -> None:
+    # workerGroupSpecs must be a list: as a map, no template is found, and the GPU is not silently passed.
+    manifest = (
+        "apiVersion: ray.io/v1\nkind: RayCluster\nmetadata:\n  name: odd\nspec:\n  workerGroupSpecs:\n"
+        "    gpu:\n      template:\n        spec:\n          containers:\n            - name: w\n"
+        "              image: rocm/ray\n              resources:\n                limits:\n"
+        "                  amd.com/gpu: 1\n"
+    )
+    relaxed = mutate("-f", "-", stdin=manifest)
+    strict = mutate("-f", "-", "--strict", stdin=manifest)
+
+    assert relaxed.returncode == 0 and strict.returncode == 1
+    assert "a GPU request at spec.workerGroupSpecs.gpu.template.spec.containers[0].resources.limits[amd.com/gpu]" in (
+        relaxed.stderr
+    )
+
+
+def test_a_trainjob_without_overrides_is_its_runtimes_business() -> None:
+    manifest = (
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: plain\nspec:\n"
+        "  runtimeRef:\n    name: torch-distributed\n  trainer:\n    resourcesPerNode:\n      limits:\n"
+        "        amd.com/gpu: 8\n"
+    )
+    result = mutate("-f", "-", "--strict", stdin=manifest)
+
+    assert result.returncode == 0, result.stderr
+    assert "TrainJob/plain: passed through: nothing shapes its pods here" in result.stderr
 
 
 def test_inline_operation_paths_land_on_the_component_fields() -> None:

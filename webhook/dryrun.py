@@ -451,7 +451,10 @@ def process_object(doc: Document, facts: Facts) -> Outcome:
         return _malformed(doc, namespace, err)
     if not templates:
         patterns = ", ".join(rule.pattern for rule in found.templates)
-        return _passed(doc, f"no pod template found (looked at {patterns})", ())
+        if all(rule.shape == workloads.OVERRIDE for rule in found.templates):
+            # A TrainJob without overrides: its pods are the runtime's, checked where the runtime is.
+            return _passed(doc, f"nothing shapes its pods here (looked at {patterns}); they are its runtime's", ())
+        return _passed(doc, f"no pod template found (looked at {patterns})", _uncovered(body, facts))
     label_keys = facts.spread_label_keys
     results = []
     for template in templates:
@@ -697,7 +700,7 @@ def prefixed(
 def _passed(doc: Document, why: str, uncovered: tuple[str, ...] = ()) -> Outcome:
     namespace = _metadata(doc.body).get("namespace")
     warnings = tuple(
-        f"a GPU request at {where}, but the dry run does not know where this kind keeps its pod templates: "
+        f"a GPU request at {where}, outside any pod template the dry run knows for this kind: "
         "its pods are only checked in the cluster (--strict makes this an error)"
         for where in uncovered
     )
