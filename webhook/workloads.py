@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from webhook import patch, pods
@@ -73,15 +73,14 @@ class Workload:
     reference: str = ""  # the API reference the paths were read from (docs/workloads.md)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Template:
-    """One pod template found in an object: where it is, its name, and the pod the engine decides on."""
+    """One pod template found in an object: the rule that found it, where it is, what the wildcards matched."""
 
     rule: TemplateRule
     path: Path
     matched: tuple[str, ...]
     node: Mapping[str, Any]
-    pod: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str | None:
@@ -91,10 +90,14 @@ class Template:
 
     @property
     def dotted(self) -> str:
-        out = ""
-        for token in self.path:
-            out += f"[{token}]" if isinstance(token, int) else (f".{token}" if out else token)
-        return out
+        return _dotted(self.path)
+
+
+def _dotted(path: Path) -> str:
+    out = ""
+    for token in path:
+        out += f"[{token}]" if isinstance(token, int) else (f".{token}" if out else token)
+    return out
 
 
 # --- controller labels ------------------------------------------------------------------------
@@ -468,9 +471,7 @@ def templates(body: Mapping[str, Any], found: Workload) -> list[Template]:
     out = []
     for rule in found.templates:
         for path, matched, node in _walk(body, rule.tokens, (), ()):
-            template = Template(rule, path, matched, {})
-            template.node = pods.mapping(node, template.dotted or "the object")
-            out.append(template)
+            out.append(Template(rule, path, matched, pods.mapping(node, _dotted(path) or "the object")))
     return out
 
 
