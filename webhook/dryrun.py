@@ -1,10 +1,12 @@
 """``mutate``: the webhook's decision run offline on manifests, the pod author's and CI's dry run.
 
-Every pod, pod template (Deployment, StatefulSet, DaemonSet, ReplicaSet, ReplicationController,
-Job, CronJob) and AdmissionReview in the input goes through the same ``decide`` as ``serve``,
-as a CREATE (or the review's own operation). The engine's patch is relative to the pod; here it is
-prefixed with where the pod sits in the object (``/spec/template``, ``/request/object``) and
-applied to the object itself, so the manifests printed are by construction what the patch gives.
+Every pod, every pod template of a known workload (core controllers and the ML CRDs of
+``workloads.TABLE``) and every AdmissionReview in the input goes through the same ``decide`` as
+``serve``, as a CREATE (or the review's own operation), with the labels the template's controller
+will add and the DRA claims of the input's ResourceClaim(Template) documents. The engine's patch
+is relative to the pod; here it is moved to where the pod sits in the object (``/spec/template``,
+``/request/object``, a KServe component's fields) and applied to the object itself, so the
+manifests printed are by construction what the patch gives.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ EPILOG = """\
 input:
   Multi-document YAML or JSON (a file, or - for stdin; -f may be repeated): Pods; the pod
   templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers, Jobs
-  and CronJobs (checked as a CREATE of the pod the controller would make); AdmissionReviews
-  (admission.k8s.io/v1: request.object is checked with request.operation, request.namespace and
-  request.oldObject); and the items of a List. Other kinds are passed through unchanged, with a
-  note on stderr. Empty documents (e.g. after a trailing ---) are skipped.
+  and CronJobs, and of the ML workload CRDs (Kubeflow PyTorchJob, TFJob, MPIJob, PaddleJob,
+  XGBoostJob, JAXJob; Trainer TrainJob, TrainingRuntime, ClusterTrainingRuntime; JobSet;
+  LeaderWorkerSet; RayCluster, RayJob, RayService; KServe InferenceService; Volcano Job): each
+  checked as a CREATE of the pod the controller would make, with the labels it would add;
+  AdmissionReviews (admission.k8s.io/v1: request.object is checked with request.operation,
+  request.namespace and request.oldObject); and the items of a List. Other kinds are passed
+  through unchanged, with a note on stderr (and a warning when they request a GPU). Empty
+  documents (e.g. after a trailing ---) are skipped.
 
 namespace of an object:
   metadata.namespace (for a review: request.namespace), else --namespace (default: default).
@@ -54,18 +60,25 @@ namespace of an object:
 namespace labels (they decide the class, the mode and the Pod Security level), first that applies:
   1. --namespace-label KEY=VALUE: the labels of every object's namespace;
   2. the labels of a `kind: Namespace` document of the same name in the input;
-  3. unknown: the policy's defaultClass applies and each object gets a warning.
+  3. unknown: the policy's defaultClass applies, and stderr says so once per run.
+
+DRA claims: ResourceClaim and ResourceClaimTemplate documents (resource.k8s.io v1, v1beta2,
+  v1beta1) in the input resolve the claims of the pods in their namespace; a claim not in the
+  input counts as a GPU request, with a warning.
 
 output (stdout):
   manifests  the objects in input order, mutated, as multi-document YAML (also for JSON input);
              a denied object is printed unchanged so the stream stays aligned with the input.
   patch      a JSON array, one entry per object: file, document, item (List items only), apiVersion,
              kind, namespace, name, allowed, rule, message, warnings, podPath (where the pod sits
-             in the object) and patch: RFC 6902 operations relative to that object (the document,
-             or items[item] of a List); applying them gives the object of the manifests output.
+             in the object; null for CRDs, whose entry lists its templates in "templates") and
+             patch: RFC 6902 operations relative to that object (the document, or items[item] of a
+             List); applying them gives the object of the manifests output.
 
-stderr: one line per object (what was done, or why it is denied) and its warnings.
-exit status: 0 all admitted, 1 any denied, 2 unreadable input or policy.
+stderr: one line per object (per pod template for CRDs: what was done, or why it is denied) and
+  its warnings.
+exit status: 0 all admitted, 1 any denied (or, with --strict, a GPU request the dry run cannot
+  check), 2 unreadable input or policy.
 """
 
 
