@@ -655,15 +655,19 @@ def test_training_pod_with_a_gpu_claim_never_reaches_a_reserved_node(
     drawn: tuple[dict[str, Any], bool], namespace: NamespaceFacts, nodes: NodeFacts
 ) -> None:
     pod, reaches_gpu = drawn
-    policy = S.policy_named("default")
-    decision = decide(
-        operation="CREATE",
-        pod=pod,
-        namespace=namespace,
-        nodes=nodes,
-        policy=policy,
-        claims=ClaimFacts(templates=DRA_TEMPLATES),
-    )
+
+    def run_with_claims(body: dict[str, Any]) -> Decision:
+        claims = ClaimFacts(templates=DRA_TEMPLATES)
+        return decide(
+            operation="CREATE",
+            pod=body,
+            namespace=namespace,
+            nodes=nodes,
+            policy=S.policy_named("default"),
+            claims=claims,
+        )
+
+    decision = run_with_claims(pod)
     event(f"gpu={reaches_gpu} {decision.outcome} {decision.rule}")
     if not reaches_gpu:
         assert decision.rule == "not-gpu-pod" and decision.patch == ()
@@ -676,12 +680,4 @@ def test_training_pod_with_a_gpu_claim_never_reaches_a_reserved_node(
         # The container that uses the claim is a GPU container: it gets the class's environment.
         if decision.mode != "audit":
             assert {"name": "HSA_QUEUE_PRIORITY", "value": "low"} in patched["spec"]["containers"][0]["env"]
-    again = decide(
-        operation="CREATE",
-        pod=patched,
-        namespace=namespace,
-        nodes=nodes,
-        policy=policy,
-        claims=ClaimFacts(templates=DRA_TEMPLATES),
-    )
-    assert again.patch == ()
+    assert run_with_claims(patched).patch == ()
