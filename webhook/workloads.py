@@ -167,10 +167,9 @@ def _mpijob(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str
         "training.kubeflow.org/operator-name": "mpi-operator",
         "training.kubeflow.org/job-role": role,
     }
+    labels["training.kubeflow.org/replica-index"] = PLACEHOLDER
     if role == "launcher":
         labels.update(JOB_LABELS)
-    else:
-        labels["training.kubeflow.org/replica-index"] = PLACEHOLDER
     return labels
 
 
@@ -254,8 +253,11 @@ def _kserve(component: str) -> LabelRule:
 
 
 def _volcano(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+    """Volcano's job controller labels every pod with the job's name and namespace. Newer releases add
+    ``volcano.sh/task-spec`` and ``volcano.sh/queue-name``, older ones only annotate them: a label the pods
+    may lack would make the selector match none of them, so only the two every release sets are predicted."""
     namespace = patch.resolve(body, ("metadata", "namespace"))
-    labels = {"volcano.sh/job-name": _name(body), "volcano.sh/task-spec": matched[0]}
+    labels = {"volcano.sh/job-name": _name(body)}
     if isinstance(namespace, str) and namespace:
         labels["volcano.sh/job-namespace"] = namespace
     return labels
