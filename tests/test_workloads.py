@@ -19,6 +19,9 @@ import crd_models
 import jsonpatch
 import kubernetes_validate
 import pytest
+import strategies as S
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kubeflow_trainer_api.models import (
     JobsetV1alpha2JobSet,
     TrainerV1alpha1ClusterTrainingRuntime,
@@ -28,7 +31,8 @@ from kubeflow_trainer_api.models import (
 from pydantic import BaseModel
 from test_dryrun import CLASS, POOL, load_all, mutate, stderr_lines
 
-from webhook import workloads
+from webhook import dryrun, workloads
+from webhook.decision import NodeFacts
 from webhook.policy import default_policy
 
 CRDS = Path(__file__).resolve().parent / "fixtures" / "dryrun" / "crds"
@@ -668,3 +672,43 @@ def test_dra_claims_in_the_input_resolve_and_missing_ones_warn() -> None:
     assert "ResourceClaimTemplate mi300x could not be resolved (not in the input: add its document" in warned[0]
     assert "ResourceClaim shared-gpu could not be resolved" in warned[1]
     assert all("counted as a GPU request" in line for line in warned)
+
+
+# --- broken CRDs: a clear verdict, never a crash ------------------------------------------------------
+
+CRD_OBJECTS = [
+    doc for name in ALL_FIXTURES for doc in load_all((CRDS / name).read_text()) if doc["kind"] != "Namespace"
+]
+
+
+def _facts() -> dryrun.Facts:
+    return dryrun.Facts(
+        policy=default_policy(),
+        nodes=NodeFacts(None),
+        default_namespace="default",
+        given_labels=None,
+        namespace_documents={},
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_crd_broken_anywhere_gets_a_verdict_and_a_patch_that_applies(data: st.DataObject) -> None:
+    body = copy.deepcopy(data.draw(st.sampled_from(CRD_OBJECTS)))
+    places = [p for p in S.json_paths(body) if len(p) > 1 or (p and p[0] not in ("apiVersion", "kind"))]
+    place = data.draw(st.sampled_from(places))
+    parent = body
+    for token in place[:-1]:
+        parent = parent[token]
+    parent[place[-1]] = data.draw(S.json_values)
+    original = copy.deepcopy(body)
+
+    output, (outcome,) = dryrun.process_document(dryrun.Document(dryrun.Location("<fuzz>", 1), body), _facts())
+
+    assert body == original  # the input is never modified
+    if outcome.allowed:
+        assert output == jsonpatch.apply_patch(body, list(outcome.patch))
+    else:
+        assert output == body and outcome.patch == ()
+        assert outcome.message
+    json.dumps(output)
