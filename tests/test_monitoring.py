@@ -16,6 +16,8 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import free_port, launch_server, make_pki, wait_for
 from prometheus_client.metrics import MetricWrapperBase
 
 from webhook import certs, dashboard, metrics, render
@@ -401,3 +404,115 @@ def test_the_dashboard_queries_are_valid_promql(promtool: str) -> None:
         [promtool, "check", "rules", "/dev/stdin"], input=yaml.safe_dump(rules), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- a real Prometheus scraping the real webhook ---------------------------------------------------
+
+
+def prometheus_config(monitor: dict[str, Any], *, port: int, ca_file: Path, rules: Path) -> dict[str, Any]:
+    """The scrape job the Prometheus Operator generates from the ServiceMonitor's endpoint (scheme, path,
+    tlsConfig with the CA read from the secret's ca.crt), pointed at the loopback server instead of the
+    Service's endpoints; a second job verifies against a name the certificate lacks (must fail)."""
+    [endpoint] = monitor["spec"]["endpoints"]
+    tls = endpoint["tlsConfig"]
+
+    def job(name: str, server_name: str) -> dict[str, Any]:
+        return {
+            "job_name": name,
+            "scheme": endpoint["scheme"],
+            "metrics_path": endpoint["path"],
+            "scrape_interval": "1s",
+            "scrape_timeout": "1s",
+            "tls_config": {"ca_file": str(ca_file), "server_name": server_name},
+            "static_configs": [
+                {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": render.NAMESPACE, "pod": "webhook-a"}}
+            ],
+        }
+
+    return {
+        "global": {"evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [job(monitor["metadata"]["name"], tls["serverName"]), job("wrong-name", "wrong.example")],
+    }
+
+
+def prometheus_query(port: int, query: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        body = json.loads(reply.read())
+    assert body["status"] == "success", body
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def test_a_real_prometheus_scrapes_the_webhook_as_the_servicemonitor_says(tmp_path: Path) -> None:
+    """The Debian prometheus package that brings promtool also brings the server: it scrapes a real
+    `serve` over HTTPS with the ServiceMonitor's TLS settings and the CA a secret's ca.crt holds, loads
+    the PrometheusRule, and evaluates every rule without error."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus not found: `make promtool` installs it (apt-get install prometheus)")
+    pki = make_pki(tmp_path / "certs")
+    server = launch_server(tmp_path, cert_dir=pki.dir, ca_file=pki.ca_file)
+    monitor = find(monitoring_objects(), "ServiceMonitor")
+    web = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(prometheus_config(monitor, port=server.port, ca_file=pki.ca_file, rules=rule_file(tmp_path))),
+        encoding="utf-8",
+    )
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def up(job: str) -> float | None:
+            result = prometheus_query(web, f'up{{job="{job}"}}')
+            return float(result[0]["value"][1]) if result else None
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/-/ready", timeout=2) as reply:
+                    return bool(reply.status == 200)
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=60, what="prometheus ready")
+        wait_for(lambda: up("rocm-isolation-webhook") == 1.0, timeout=60, what="the webhook scraped (up == 1)")
+        wait_for(lambda: up("wrong-name") == 0.0, timeout=60, what="the wrong server name refused (up == 0)")
+        # The series the alerts read are there from the first scrape, the first internal error's counter included.
+        [errors] = prometheus_query(web, 'rocm_isolation_errors_total{kind="internal"}')
+        assert errors["metric"]["namespace"] == render.NAMESPACE and errors["value"][1] == "0"
+        [expiry] = prometheus_query(web, "rocm_isolation_certificate_expiry_timestamp_seconds")
+        assert float(expiry["value"][1]) == pki.serving.cert.not_valid_after_utc.timestamp()
+        assert prometheus_query(web, "rocm_isolation_admission_review_duration_seconds_bucket")
+
+        def evaluated() -> list[dict[str, Any]]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/rules", timeout=5) as reply:
+                groups = json.loads(reply.read())["data"]["groups"]
+            return [rule for group in groups for rule in group["rules"]]
+
+        wait_for(lambda: all(r["health"] != "unknown" for r in evaluated()), timeout=60, what="rules evaluated")
+        rules = evaluated()
+        assert len(rules) == len(alerts())
+        assert [(r["name"], r["health"]) for r in rules if r["health"] != "ok"] == []
+        # Reachable and healthy: the webhook's own alerts go quiet (Down was pending before the first scrape).
+        quiet = {"RocmIsolationWebhookDown", "RocmIsolationWebhookErrors", "RocmIsolationCertificateExpiring"}
+        wait_for(
+            lambda: all(r["state"] == "inactive" for r in evaluated() if r["name"] in quiet),
+            timeout=60,
+            what=f"{quiet} inactive",
+        )
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
+        server.stop()
