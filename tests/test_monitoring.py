@@ -4,8 +4,10 @@ PrometheusRule for the Prometheus Operator and a Grafana dashboard ConfigMap.
 The two monitoring.coreos.com objects validate against tests/fixtures/schemas/monitoring.coreos.com-v1.yaml
 (written from the operator's CRDs); the alert rules pass ``promtool check rules`` and the unit tests of
 tests/fixtures/monitoring/alerts-test.yaml under ``promtool test rules`` (Debian's prometheus package,
-installed by ``make promtool``; the tests are skipped, with the reason, where it is missing); every metric
-an alert or a panel reads is one the webhook exports or one of the background audit's gauges.
+installed by ``make promtool``; the tests are skipped, with the reason, where it is missing); a real
+Prometheus from the same package scrapes a real ``serve`` with the ServiceMonitor's TLS settings and
+evaluates the rules; every metric an alert or a panel reads is one the webhook exports or one of the
+background audit's gauges; real kustomize builds the overlay combined with a certificate overlay.
 """
 
 from __future__ import annotations
