@@ -188,6 +188,12 @@ def test_run_with_a_restricted_security_context(resources: list[dict[str, Any]])
 def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
     role = find(resources, "ClusterRole", render.APP_NAME)
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["get", "list", "watch"]},
+        # DRA: whether a claim a pod names requests a GPU device class.
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     assert not [r for r in resources if r["kind"] in ("Role", "RoleBinding")]
