@@ -73,7 +73,7 @@ promtool:
 	    echo "NOTE: promtool missing: run \`sudo apt-get install prometheus\` (the alert rule tests are skipped)"; \
 	fi
 
-test: lint typecheck unit
+test: promtool lint typecheck unit
 
 bench: $(COMPILED)
 	$(PY) -m pytest tests/bench --benchmark-only -q
