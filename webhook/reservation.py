@@ -101,6 +101,10 @@ class PoolNode:
     def tainted(self, reservation: Reservation) -> bool:
         return any(reservation.is_our_taint(t) for t in self.taints)
 
+    def marked(self, reservation: Reservation) -> bool:
+        """Carries our label key or a taint with our key: what ``release`` removes."""
+        return reservation.label[0] in self.labels or any(reservation.has_our_key(t) for t in self.taints)
+
     def reserved(self, reservation: Reservation) -> bool:
         """Labelled, and tainted when the policy has a taint: nothing left to do."""
         return self.labelled(reservation) and (reservation.taint is None or self.tainted(reservation))
@@ -115,7 +119,7 @@ class PoolPod:
     node: str
     owner: str  # "Kind/name" of the controller, "" for a bare pod
     gpus: int
-    class_name: str
+    class_name: str  # "" when the policy does not apply to it (excluded namespace)
     inference: bool  # its class is placed on reserved nodes
     daemonset: bool = False
     mirror: bool = False
@@ -123,6 +127,8 @@ class PoolPod:
     @property
     def skip_reason(self) -> str | None:
         """Why ``--evict`` leaves the pod alone, as ``kubectl drain`` does, or None."""
+        if not self.class_name:
+            return "outside the policy's scope (excluded namespace)"
         if self.mirror:
             return "mirror pod (static, managed by the kubelet)"
         if self.daemonset:
