@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "certs": ("webhook.certs", "generate a CA and a serving certificate for the webhook Service"),
     "manifests": ("webhook.render", "render the deployable Kubernetes manifests"),
+    "pool": ("webhook.pool", "plan, apply, release or show the reserved node pool (label and taint the nodes)"),
 }
 
 

@@ -61,6 +61,7 @@ EXIT_BAD = 2
 
 ACTIONS = ("plan", "apply", "release", "status")
 CONFLICT_RETRIES = 5
+EVICTION_BACKOFF = (1.0, 16.0)  # seconds: the first wait after a refusal, and the longest
 MIRROR_ANNOTATION = engine.MIRROR_ANNOTATION
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 
@@ -405,6 +406,8 @@ def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, ou
             staying,
             evictor(api, dry_run=dry_run),
             timeout=args.timeout,
+            backoff_initial=EVICTION_BACKOFF[0],
+            backoff_max=EVICTION_BACKOFF[1],
             on_result=(lambda r: out.line(_eviction_line(r))) if table else None,
         )
     elif table and any(n.staying for n in plan.nodes):
