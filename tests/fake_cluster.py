@@ -19,13 +19,25 @@ unchanged:
   resource whose API version is not served answers 404 "the server could not find the requested
   resource";
 - ``POST`` (create; 409 ``AlreadyExists``) and ``PUT`` (update; 409 ``Conflict`` when
-  ``metadata.resourceVersion`` is not the stored one), each bumping the global resourceVersion.
+  ``metadata.resourceVersion`` is not the stored one), each bumping the global resourceVersion;
+- ``PATCH`` with ``application/merge-patch+json`` (RFC 7386; the other patch types answer 415
+  with the apiserver's message): a ``metadata.resourceVersion`` in the patch is a precondition
+  (409 ``Conflict``), the result is validated (the Kubernetes 1.37 schema, strict, and duplicate
+  node taints, 422 ``Invalid``), ``dryRun=All`` validates without persisting (any other value: 400);
+- ``POST pods/NAME/eviction`` (policy/v1 ``Eviction``), as ``pkg/registry/core/pod/storage/
+  eviction.go`` does it: a pod that is not running (Pending, Succeeded, Failed) is deleted without
+  looking at budgets; otherwise the PodDisruptionBudgets of its namespace whose selector matches it
+  decide: more than one answers 500, one with ``status.disruptionsAllowed`` 0 answers 429 with the
+  apiserver's Status ("Cannot evict pod as it would violate the pod's disruption budget.", cause
+  ``DisruptionBudget``), else the budget is decremented and the pod deleted (201, a ``Status``
+  Success). ``allow_evictions_after`` scripts a budget that refuses N times and then allows (its
+  controller saw a replacement become ready), ``edit_before_next_patch`` a concurrent edit.
 
 Every request is recorded (method, path, query, body). Faults for tests: ``forbid``, ``throttle``
 (429 with ``Retry-After``), ``drop_after`` (connections cut, as when the apiserver goes away).
 
-To add a verb (PATCH, the eviction subresource): write ``_patch``/``_evict`` next to ``_replace``
-and route them in ``_dispatch``; ``_stored``/``_store`` read and write objects.
+To add a verb: write it next to ``_replace`` and route it in ``_dispatch``; ``_stored``/``_store``
+read and write objects.
 
 Objects are kept serialized (``orjson``) with the few fields selectors need, so that the scale
 benchmark's 150,000 pods fit in memory; ``add`` takes objects exactly as the apiserver returns them.
@@ -102,6 +114,8 @@ class Request:
     path: str
     query: dict[str, str]
     body: Any = None
+    content_type: str = ""
+    status: int = 0  # the answer's HTTP status (0: no answer, the connection was cut)
 
 
 @dataclass
@@ -235,6 +249,8 @@ class FakeCluster:
         self._expire_after: int | None = None
         self._served_pages = 0
         self._uids = itertools.count(1)
+        self._before_patch: dict[str, Any] = {}  # node name -> a concurrent edit to make first
+        self._budget_refusals: dict[tuple[str, str], int] = {}  # (namespace, pdb) -> refusals left
         cluster = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -321,6 +337,16 @@ class FakeCluster:
             self.compacted_rv = self.rv
             self._snapshots.clear()
 
+    def edit_before_next_patch(self, name: str, edit: Any) -> None:
+        """The next PATCH of node ``name`` first sees someone else's edit (``edit(obj)``, stored with
+        a new resourceVersion), as when another client writes between our read and our patch."""
+        self._before_patch[name] = edit
+
+    def allow_evictions_after(self, namespace: str, pdb: str, *, refusals: int) -> None:
+        """The budget ``pdb`` (stored with ``disruptionsAllowed: 0``) refuses ``refusals`` evictions,
+        then its controller raises ``disruptionsAllowed`` to 1 (a replacement pod became ready)."""
+        self._budget_refusals[(namespace, pdb)] = refusals
+
     def requests_to(self, path: str, method: str = "GET") -> list[Request]:
         with self.lock:
             return [r for r in self.requests if r.path == path and r.method == method]
@@ -384,8 +410,9 @@ class FakeCluster:
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
         body = orjson.loads(raw) if raw else None
+        request = Request(method, unquote(url.path), query, body, str(handler.headers.get("Content-Type") or ""))
         with self.lock:
-            self.requests.append(Request(method, unquote(url.path), query, body))
+            self.requests.append(request)
             drop = self._drop_after is not None and self._served_pages >= self._drop_after
             throttled = self._throttle > 0
             if throttled:
@@ -405,9 +432,10 @@ class FakeCluster:
             )
             return
         try:
-            code, payload = self._dispatch(method, url.path, query, body)
+            code, payload = self._dispatch(method, url.path, query, body, request.content_type)
         except BadRequest as err:
             code, payload = 400, self._status_body(400, "BadRequest", str(err))
+        request.status = code
         self._send(handler, code, payload)
 
     def _route(self, path: str) -> Route | None:
@@ -430,10 +458,16 @@ class FakeCluster:
         subresource = rest[2] if len(rest) >= 3 else None
         return Route(resource, version, namespace, name, subresource)
 
-    def _dispatch(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
+    def _dispatch(
+        self, method: str, path: str, query: dict[str, str], body: Any, content_type: str = ""
+    ) -> tuple[int, Any]:
         route = self._route(path)
         if route is None:
             return 404, self._status_body(404, "NotFound", "the server could not find the requested resource")
+        if route.resource.plural == "pods" and route.subresource == "eviction" and method == "POST":
+            if ("pods/eviction", "create") in self._forbidden:
+                return 403, self._forbidden_body(route, "create")
+            return self._evict(route, query, body)
         verb = {
             ("GET", False): "list",
             ("GET", True): "get",
@@ -454,6 +488,8 @@ class FakeCluster:
             return self._create(route, body)
         if verb == "update":
             return self._replace(route, body)
+        if verb == "patch":
+            return self._patch(route, query, body, content_type)
         return 405, self._status_body(405, "MethodNotAllowed", f"{verb} is not implemented by the fake API")
 
     def _get(self, route: Route) -> tuple[int, Any]:
@@ -578,6 +614,160 @@ class FakeCluster:
             stored = self._store(route.resource, body)
         return 200, self._type_meta(route) + stored.body[1:]
 
+    @staticmethod
+    def _dry_run(query: Mapping[str, str]) -> bool:
+        value = query.get("dryRun")
+        if value is None:
+            return False
+        if value != "All":
+            raise BadRequest(f'Invalid dryRun: "{value}": supported values: "All"')
+        return True
+
+    def _conflict(self, route: Route) -> dict[str, Any]:
+        return self._status_body(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {route.resource.qualified} "{route.name}": the object has been '
+            "modified; please apply your changes to the latest version and try again",
+            self._details(route, str(route.name)),
+        )
+
+    def _patch(self, route: Route, query: Mapping[str, str], body: Any, content_type: str) -> tuple[int, Any]:
+        if content_type.split(";")[0].strip() != "application/merge-patch+json":
+            return 415, self._status_body(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, "
+                "application/strategic-merge-patch+json",
+            )
+        if not isinstance(body, dict):
+            raise BadRequest("the request body is not an object")
+        dry_run = self._dry_run(query)
+        key = f"{route.namespace}/{route.name}" if route.resource.namespaced else str(route.name)
+        with self.lock:
+            edit = self._before_patch.pop(str(route.name), None) if route.resource.plural == "nodes" else None
+            current = self.store[(route.resource.group, route.resource.plural)].get(key)
+            if current is None:
+                return 404, self._not_found(route)
+            if edit is not None:
+                edited = current.object
+                edit(edited)
+                current = self._store(route.resource, edited)
+            stored_object = current.object
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and str(wanted) != str(stored_object["metadata"]["resourceVersion"]):
+                return 409, self._conflict(route)
+            merged = merge_patch(stored_object, body)
+            problem = self._invalid(route, merged)
+            if problem is not None:
+                return 422, problem
+            if dry_run:
+                return 200, self._type_meta(route) + orjson.dumps(merged)[1:]
+            merged["metadata"]["uid"] = stored_object["metadata"].get("uid")
+            stored = self._store(route.resource, merged)
+        return 200, self._type_meta(route) + stored.body[1:]
+
+    def _invalid(self, route: Route, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The 422 Status for an object the apiserver would not store, or None."""
+        import kubernetes_validate
+
+        resource = route.resource
+        api_version = f"{resource.group}/{route.version}" if resource.group else route.version
+        causes: list[dict[str, str]] = []
+        try:
+            kubernetes_validate.validate(
+                {"apiVersion": api_version, "kind": resource.kind, **obj}, "1.37.0", strict=True
+            )
+        except kubernetes_validate.ValidationError as err:
+            causes.append({"reason": "FieldValueInvalid", "message": str(err).splitlines()[0], "field": ""})
+        if resource.plural == "nodes":
+            seen: set[tuple[str, str]] = set()
+            for index, taint in enumerate((obj.get("spec") or {}).get("taints") or []):
+                pair = (str(taint.get("key")), str(taint.get("effect")))
+                if pair in seen:
+                    causes.append(
+                        {
+                            "reason": "FieldValueDuplicate",
+                            "message": f'Duplicate value: "{pair[0]}:{pair[1]}"',
+                            "field": f"spec.taints[{index}]",
+                        }
+                    )
+                seen.add(pair)
+        if not causes:
+            return None
+        message = f'{resource.kind} "{route.name}" is invalid: ' + ", ".join(
+            f"{c['field']}: {c['message']}" if c["field"] else c["message"] for c in causes
+        )
+        return self._status_body(422, "Invalid", message, {**self._details(route, str(route.name)), "causes": causes})
+
+    def _evict(self, route: Route, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            raise BadRequest("the request body is not an Eviction")
+        if (body.get("metadata") or {}).get("name") != route.name:
+            raise BadRequest("name in URL does not match name in Eviction object")
+        dry_run = self._dry_run(query) or (body.get("deleteOptions") or {}).get("dryRun") == ["All"]
+        key = f"{route.namespace}/{route.name}"
+        with self.lock:
+            stored = self.store[("", "pods")].get(key)
+            if stored is None:
+                return 404, self._not_found(route)
+            target = stored.object
+            phase = (target.get("status") or {}).get("phase")
+            budgets = []
+            if phase not in ("Pending", "Succeeded", "Failed"):  # canIgnorePDB
+                for pdb_stored in self.store[("policy", "poddisruptionbudgets")].values():
+                    pdb = pdb_stored.object
+                    if pdb["metadata"].get("namespace") == route.namespace and _selects(
+                        (pdb.get("spec") or {}).get("selector"), (target.get("metadata") or {}).get("labels") or {}
+                    ):
+                        budgets.append(pdb)
+            if len(budgets) > 1:
+                return 500, {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does "
+                    "not support.",
+                    "code": 500,
+                }
+            if budgets:
+                pdb = budgets[0]
+                name, status = pdb["metadata"]["name"], pdb.setdefault("status", {})
+                left = self._budget_refusals.get((str(route.namespace), name))
+                if left is not None and left <= 0 and status.get("disruptionsAllowed", 0) == 0:
+                    status["disruptionsAllowed"] = 1  # the budget's controller caught up
+                    self._budget_refusals.pop((str(route.namespace), name))
+                if status.get("disruptionsAllowed", 0) <= 0:
+                    if left is not None:
+                        self._budget_refusals[(str(route.namespace), name)] = left - 1
+                    return 429, self._status_body(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        {
+                            "causes": [
+                                {
+                                    "reason": "DisruptionBudget",
+                                    "message": f"The disruption budget {name} needs {status.get('desiredHealthy', 0)} "
+                                    f"healthy pods and has {status.get('currentHealthy', 0)} currently",
+                                }
+                            ]
+                        },
+                    )
+                if not dry_run:
+                    status["disruptionsAllowed"] -= 1
+                    status.setdefault("disruptedPods", {})[str(route.name)] = "2026-12-01T09:00:00Z"
+                    self._store(
+                        self.resources[("policy", "poddisruptionbudgets")],
+                        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", **pdb},
+                    )
+            if not dry_run:
+                del self.store[("", "pods")][key]
+                self.rv += 1
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
     # -- Status objects -------------------------------------------------------------------------
 
     @staticmethod
@@ -650,3 +840,35 @@ class FakeCluster:
             handler.wfile.write(data)
         except OSError:  # the client went away
             pass
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, ``null`` removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _selects(selector: Any, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector; nil or empty selects nothing here (as the eviction code reads PDBs)."""
+    if not isinstance(selector, dict) or not (selector.get("matchLabels") or selector.get("matchExpressions")):
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True

@@ -131,11 +131,16 @@ def test_plan_chooses_by_selector_and_count_and_changes_nothing(
     assert code == 0
     # gpu-a is reserved already; then the fewest non-inference GPUs: gpu-e 0 (its pod finished), gpu-d 1
     lines = out.splitlines()
-    assert lines[0] == "Reserved pool: label rocm-isolation.io/pool=inference, taint rocm-isolation.io/reserved=inference:NoSchedule"
+    assert (
+        lines[0]
+        == "Reserved pool: label rocm-isolation.io/pool=inference, taint rocm-isolation.io/reserved=inference:NoSchedule"
+    )
     assert lines[2].split() == ["NODE", "GPUS", "LABEL", "TAINT", "WHY"]
     assert lines[3].split()[:5] == ["gpu-a", "8", "keep", "keep", "already"]
     assert lines[4].split("   ")[0] == "gpu-e" and "0 GPUs requested by non-inference pods" in lines[4]
-    assert lines[5].startswith("gpu-d") and lines[5].endswith("1 GPU requested by non-inference pods (fewer than gpu-c: 4)")
+    assert lines[5].startswith("gpu-d") and lines[5].endswith(
+        "1 GPU requested by non-inference pods (fewer than gpu-b: 4)"
+    )
     assert "gpu-c   8      4 GPUs requested by non-inference pods" in out  # not chosen, with why
     assert "Left for training: 2 nodes, 16 GPUs allocatable, 8 requested by non-inference pods (8 free)." in out
     assert writes(cluster) == []
@@ -153,7 +158,7 @@ def test_plan_json_lists_the_pods_the_taint_leaves(
     assert [(p["name"], p["owner"], p["gpus"], p["evictable"]) for p in gpu_c["podsStaying"]] == [
         ("gpu-agent-c", "DaemonSet/gpu-agent", 1, False),
         ("gpu-burnin-gpu-c", "Node/gpu-c", 1, False),
-        ("train-c", None, 2, True),
+        ("train-c", "ReplicaSet/trainer-7d9c8b6f5", 2, True),
     ]
     assert doc["reserved"]["after"] == {"nodes": 2, "gpusAllocatable": 16, "gpusRequested": 4, "gpusFree": 12}
     assert doc["displacedGpus"] == 2
@@ -363,7 +368,10 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
     ]
     code, out, _ = run(cluster, tmp_path, capsys, "status")
     assert code == 0
-    assert "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pods / 4 GPUs, training 1 pods / 2 GPUs)" in out
+    assert (
+        "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pods / 4 GPUs, training 1 pods / 2 GPUs)"
+        in out
+    )
     assert writes(cluster) == []
 
 
@@ -381,9 +389,12 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
         (
             ("apply", "--selector", "amd.com/gpu.device-id=74a1", "--count", "6"),
             "error: --count 6: --selector amd.com/gpu.device-id=74a1 has only 5 candidate node(s) with allocatable "
-            "GPUs; nothing was changed",
+            "GPUs (1 more without allocatable GPUs); nothing was changed",
         ),
-        (("apply", "--selector", "nonsense"), "error: --selector 'nonsense': 'nonsense' is not KEY=VALUE; nothing was changed"),
+        (
+            ("apply", "--selector", "nonsense"),
+            "error: --selector 'nonsense': 'nonsense' is not KEY=VALUE; nothing was changed",
+        ),
         (("release", "--nodes", "gpu-zz"), "error: node not found: gpu-zz; nothing was changed"),
         (("apply",), "error: say which nodes: --nodes NAME[,...], or --selector KEY=VALUE with --count N or --gpus N"),
         (("plan", "--nodes", "gpu-a", "--evict"), "error: --evict is only for pool apply"),

@@ -42,6 +42,7 @@ MAX_RETRIES: Final = 3
 MAX_RETRY_WAIT: Final = 10.0
 
 JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
 
 
 class ApiError(Exception):
@@ -301,6 +302,21 @@ class KubeApi:
             raise ApiError(f"PUT {path}: the answer is not a JSON object", method="PUT", path=path)
         return document
 
+    def patch(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of the object at ``path``; the object after it.
+
+        A ``metadata.resourceVersion`` in the patch is a precondition: 409 ``Conflict`` when the
+        object changed since. ``dry_run`` sends ``dryRun=All``: validated and admitted, not persisted."""
+        document = self.request("PATCH", path, query=_dry_run(dry_run), body=body, content_type=MERGE_PATCH)
+        if not isinstance(document, dict):
+            raise ApiError(f"PATCH {path}: the answer is not a JSON object", method="PATCH", path=path)
+        return document
+
+    def post(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> Any:
+        """POST ``body`` to ``path`` (a collection or a subresource such as ``pods/NAME/eviction``);
+        the decoded answer (an eviction answers a ``Status``)."""
+        return self.request("POST", path, query=_dry_run(dry_run), body=body)
+
     # -- transport ------------------------------------------------------------------------------
 
     def request(
@@ -361,6 +377,10 @@ class KubeApi:
                 method=method,
                 path=path,
             ) from None
+
+
+def _dry_run(dry_run: bool) -> dict[str, str] | None:
+    return {"dryRun": "All"} if dry_run else None
 
 
 def _own_retries(api_client: Any) -> None:

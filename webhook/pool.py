@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook import engine
-from webhook.eviction import EvictionResult, eviction_body, evict_pods
+from webhook.eviction import EvictionResult, evict_pods, eviction_body
 from webhook.inventory import NodeInfo, Snapshot, node_info, pod_info
 from webhook.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
@@ -393,9 +393,7 @@ def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, ou
         out.line()
     written: list[Written] = []
     for node_plan in plan.nodes:
-        result = write_node(
-            api, node_plan.node, lambda n: reserve_patch(n, plan.reservation), policy, dry_run=dry_run
-        )
+        result = write_node(api, node_plan.node, lambda n: reserve_patch(n, plan.reservation), policy, dry_run=dry_run)
         written.append(result)
         if table:
             out.line(_written_line(result, _reserve_verb(result.patch or {}), dry_run))
@@ -509,7 +507,9 @@ def node_state(node: PoolNode, reservation: Reservation) -> str:
     if labelled and tainted:
         return "no allocatable GPUs" if node.gpus == 0 else "ok"
     if labelled:
-        return f"label without taint: pods without the webhook's placement can land here (pool apply --nodes {node.name})"
+        return (
+            f"label without taint: pods without the webhook's placement can land here (pool apply --nodes {node.name})"
+        )
     return f"taint without label: inference placement cannot select it (pool apply or release --nodes {node.name})"
 
 
@@ -595,4 +595,3 @@ def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace,
         for line in columns(rows):
             out.line(line)
     return EXIT_OK
-
