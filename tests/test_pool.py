@@ -369,8 +369,7 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
     code, out, _ = run(cluster, tmp_path, capsys, "status")
     assert code == 0
     assert (
-        "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pods / 4 GPUs, training 1 pods / 2 GPUs)"
-        in out
+        "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pod / 4 GPUs, training 1 pod / 2 GPUs)" in out
     )
     assert writes(cluster) == []
 

@@ -302,3 +302,20 @@ def test_patches_apply_as_json_patch_equivalents() -> None:
         ]
     )
     assert merged == ops.apply(doc)
+
+
+def test_unhealthy_and_cordoned_nodes_are_taken_last() -> None:
+    nodes, pods = cluster()
+    nodes = [
+        PoolNode(n.name, n.labels, n.taints, n.resource_version, n.gpus, unhealthy=n.name == "mi300-c")
+        if n.name != "mi300-d"
+        else PoolNode(n.name, n.labels, n.taints, n.resource_version, n.gpus, unschedulable=True)
+        for n in nodes
+    ]
+    selection = choose_nodes(nodes, pods, RES, selector={"amd.com/gpu.device-id": "74a1"}, count=3)
+    # mi300-c (0 busy, unhealthy) and mi300-d (2 busy, cordoned) come after mi300-a (8 busy)
+    assert chosen(selection) == ["mi300-b", "mi300-a", "mi300-c"]
+    assert selection.chosen[1].reason == "8 GPUs requested by non-inference pods (mi300-d is cordoned)"
+    assert selection.chosen[2].reason == "0 GPUs requested by non-inference pods; tainted amd-gpu-unhealthy, taken last"
+    plan = build_plan(selection, nodes, pods, RES)
+    assert "mi300-c is tainted amd-gpu-unhealthy: its GPUs fail the AMD GPU operator's checks" in plan.notes

@@ -49,6 +49,7 @@ from webhook.reservation import (
     parse_selector,
     plan_json,
     plan_lines,
+    plural,
     release_patch,
     reserve_patch,
     room_after_release,
@@ -216,7 +217,9 @@ class Output:
 
 
 def pool_node(info: NodeInfo) -> PoolNode:
-    return PoolNode(info.name, info.labels, info.taints, info.resource_version, info.gpus, info.unschedulable)
+    return PoolNode(
+        info.name, info.labels, info.taints, info.resource_version, info.gpus, info.unschedulable, info.unhealthy
+    )
 
 
 @dataclass(frozen=True)
@@ -581,11 +584,13 @@ def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace,
     else:
         out.line("No node carries the reserved label or taint (pool plan shows how to set the pool up).")
     for title, cap, pods in (("Reserved", reserved_cap, on_reserved), ("Shared", shared_cap, on_shared)):
-        classes = ", ".join(f"{name} {v['pods']} pods / {v['gpus']} GPUs" for name, v in _by_class(pods).items())
+        classes = ", ".join(
+            f"{name} {plural(v['pods'], 'pod')} / {plural(v['gpus'], 'GPU')}" for name, v in _by_class(pods).items()
+        )
         out.line()
         out.line(
-            f"{title}: {cap.nodes} nodes, {cap.gpus_allocatable} GPUs allocatable, {cap.gpus_requested} requested"
-            + (f" ({classes})" if classes else "")
+            f"{title}: {plural(cap.nodes, 'node')}, {plural(cap.gpus_allocatable, 'GPU')} allocatable, "
+            f"{cap.gpus_requested} requested" + (f" ({classes})" if classes else "")
         )
     if strays:
         out.line()

@@ -93,6 +93,7 @@ class PoolNode:
     resource_version: str
     gpus: int  # allocatable GPUs (amd.com/gpu and partition resources)
     unschedulable: bool = False
+    unhealthy: bool = False  # tainted amd-gpu-unhealthy by the AMD GPU operator
 
     def labelled(self, reservation: Reservation) -> bool:
         key, value = reservation.label
@@ -184,8 +185,12 @@ def non_inference_gpus(pods: Iterable[PoolPod]) -> dict[str, int]:
     return out
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _gpus(n: int) -> str:
-    return f"{n} GPU{'' if n == 1 else 's'}"
+    return plural(n, "GPU")
 
 
 def choose_nodes(
@@ -202,8 +207,9 @@ def choose_nodes(
 
     Candidates are the nodes matching ``selector`` (all nodes without one) that have allocatable
     GPUs. The order is deterministic: nodes already reserved first (choosing them again changes
-    nothing, which keeps ``apply`` idempotent), then the fewest GPUs requested by non-inference
-    pods (the fewest pods the taint leaves stranded), then the name.
+    nothing, which keeps ``apply`` idempotent), then healthy before cordoned or
+    ``amd-gpu-unhealthy`` nodes, then the fewest GPUs requested by non-inference pods (the fewest
+    pods the taint leaves stranded), then the name.
     """
     by_name = {node.name: node for node in nodes}
     if names is not None:
@@ -223,7 +229,9 @@ def choose_nodes(
     if not candidates:
         raise SelectionError(f"{where}: {len(matching)} matching node(s), none with allocatable GPUs")
     busy = non_inference_gpus(pods)
-    candidates.sort(key=lambda n: (not n.reserved(reservation), busy.get(n.name, 0), n.name))
+    candidates.sort(
+        key=lambda n: (not n.reserved(reservation), n.unhealthy or n.unschedulable, busy.get(n.name, 0), n.name)
+    )
     without_gpus = len(matching) - len(candidates)
     also = f" ({without_gpus} more without allocatable GPUs)" if without_gpus else ""
     if gpus is not None:
@@ -252,7 +260,11 @@ def choose_nodes(
             return "already reserved"
         used = busy.get(node.name, 0)
         text = f"{_gpus(used)} requested by non-inference pods"
-        if picked and first_passed is not None and not first_passed.reserved(reservation):
+        if node.unhealthy or node.unschedulable:
+            text += "; " + ("tainted amd-gpu-unhealthy" if node.unhealthy else "cordoned") + ", taken last"
+        elif picked and first_passed is not None and (first_passed.unhealthy or first_passed.unschedulable):
+            text += f" ({first_passed.name} is {'unhealthy' if first_passed.unhealthy else 'cordoned'})"
+        elif picked and first_passed is not None and not first_passed.reserved(reservation):
             other = busy.get(first_passed.name, 0)
             if other == used:
                 text += f"; tied with {first_passed.name}, chosen by name"
@@ -418,6 +430,8 @@ def build_plan(
         )
         if node.gpus == 0:
             notes.append(f"{node.name} has no allocatable GPUs: it adds nothing to the pool")
+        if node.unhealthy:
+            notes.append(f"{node.name} is tainted amd-gpu-unhealthy: its GPUs fail the AMD GPU operator's checks")
         if node.unschedulable:
             notes.append(f"{node.name} is cordoned (spec.unschedulable): inference pods cannot land there either")
     before = [n for n in nodes if n.labelled(reservation)]
@@ -521,7 +535,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 
 def _nodes(n: int) -> str:
-    return f"{n} node{'' if n == 1 else 's'}"
+    return plural(n, "node")
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -569,7 +583,10 @@ def plan_lines(plan: Plan) -> list[str]:
         f"({max(training.gpus_allocatable - training.gpus_requested, 0)} free).",
     ]
     if plan.displaced_gpus:
-        lines.append(f"Evicted, the pods above need {_gpus(plan.displaced_gpus)} on those nodes.")
+        lines.append(
+            f"The evictable pods above request {_gpus(plan.displaced_gpus)}: once evicted, they need that room "
+            "on the shared nodes."
+        )
     lines += [f"note: {note}" for note in plan.notes]
     if not plan.changes:
         lines.append("Nothing to change: every node is already reserved.")
