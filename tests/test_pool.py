@@ -351,7 +351,8 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
     cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     half = copy.deepcopy(node("gpu-f", labels={POOL_LABEL: "inference"}))
-    cluster.add(half, pod("stray", "ml-training", node="gpu-a", gpus={"amd.com/gpu": "2"}))
+    other = node("gpu-g", labels={POOL_LABEL: "batch"})
+    cluster.add(half, other, pod("stray", "ml-training", node="gpu-a", gpus={"amd.com/gpu": "2"}))
     code, out, _ = run(cluster, tmp_path, capsys, "status", "-o", "json")
     assert code == 0
     doc = json.loads(out)
@@ -359,7 +360,11 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
         ("gpu-a", True, True, 6),
         ("gpu-c", False, False, 4),
         ("gpu-f", True, False, 0),
+        ("gpu-g", False, False, 0),
     ]
+    assert doc["nodes"][3]["state"] == (
+        "label rocm-isolation.io/pool=batch is not the policy's: pool apply or release --nodes gpu-g"
+    )
     assert doc["nodes"][1]["state"].startswith("taint rocm-isolation.io/reserved=batch:NoSchedule is not the policy's")
     assert doc["nodes"][2]["state"].startswith("label without taint")
     assert doc["reserved"]["podsByClass"] == {"inference": {"pods": 1, "gpus": 4}, "training": {"pods": 1, "gpus": 2}}
@@ -442,3 +447,21 @@ def test_without_an_operator_kubeconfig_it_refuses(
     code = cli.main(["pool", "status"])
     assert code == 2
     assert "pool needs an operator's kubeconfig" in capsys.readouterr().err
+
+
+def test_the_webhook_service_account_gets_none_of_what_pool_does() -> None:
+    """pool patches nodes and evicts pods with a person's credentials; the rendered RBAC stays read-only."""
+    from webhook import render
+
+    rules = [
+        rule
+        for resource in render.render()
+        if resource["kind"] in ("ClusterRole", "Role")
+        for rule in resource.get("rules", [])
+    ]
+    assert rules
+    for rule in rules:
+        resources = set(rule.get("resources", []))
+        if resources & {"nodes", "pods", "pods/eviction", "*"}:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+        assert "pods/eviction" not in resources

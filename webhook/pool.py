@@ -505,6 +505,9 @@ def node_state(node: PoolNode, reservation: Reservation) -> str:
     other = [t for t in node.taints if reservation.has_our_key(t) and not reservation.is_our_taint(t)]
     if other:
         return f"taint {taint_text(other[0])} is not the policy's: pool apply --nodes {node.name} replaces it"
+    key, _ = reservation.label
+    if not labelled and key in node.labels:
+        return f"label {key}={node.labels[key]} is not the policy's: pool apply or release --nodes {node.name}"
     if reservation.taint is None:
         return "ok" if labelled else "not reserved"
     if labelled and tainted:
