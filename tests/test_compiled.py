@@ -80,12 +80,15 @@ def test_every_compiled_module_is_the_compiled_one() -> None:
         assert not path.endswith(".py"), f"{name} is not compiled ({path}): run `make compile`"
 
 
-def outcome(module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy) -> Any:
+def outcome(
+    module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy, claims: Any = None
+) -> Any:
     """What ``decide`` returns, as plain data (the compiled and pure records are different classes)."""
     try:
         decision = module.decide(
-            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy
-        )
+            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy,
+            **({} if claims is None else {"claims": claims}),
+        )  # fmt: skip
     except Exception as err:  # decide() never raises: if one does, both must raise alike
         return ("raised", type(err).__name__, str(err))
     return (
@@ -103,12 +106,19 @@ def outcome(module: Any, pod: Any, old: Any, operation: str, namespace: Any, nod
 
 
 def assert_same(
-    pure: ModuleType, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy
+    pure: ModuleType,
+    pod: Any,
+    old: Any,
+    operation: str,
+    namespace: Any,
+    nodes: Any,
+    policy: Policy,
+    claims: Any = None,
 ) -> Any:
     before = copy.deepcopy((pod, old))
-    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy)
+    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy, claims)
     assert (pod, old) == before, "decide must not modify its input"
-    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy)
+    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy, claims)
     return compiled
 
 
@@ -118,7 +128,7 @@ def test_same_decision_on_every_engine_fixture(pure: ModuleType, case: dict[str,
     pod = as_pod(case["pod"]) if case.get("raw") is not True else case["pod"]
     result = assert_same(
         pure, pod, as_pod(case.get("oldPod")), inputs["operation"], inputs["namespace"], inputs["nodes"],
-        inputs["policy"],
+        inputs["policy"], inputs["claims"],
     )  # fmt: skip
     assert result[0] is (case["expect"]["outcome"] != "denied")
 
