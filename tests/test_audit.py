@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod
+from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
 
 from webhook import audit, cli
@@ -299,3 +299,26 @@ def test_cli_exits_2_without_any_cluster(
 def test_inference_toleration_fixture_matches_the_policy() -> None:
     taint = POLICY.spec.reserved_nodes.taint
     assert taint is not None and INFERENCE_TOLERATION["key"] == taint.key
+
+
+def test_dra_pods_are_judged_with_the_namespace_claims() -> None:
+    """A pod reaches GPUs through a ResourceClaimTemplate of gpu.amd.com: a GPU pod, judged; a pod
+    whose only claim is a NIC is not one."""
+    fake = FakeCluster().start()
+    try:
+        fake.add(node("r1", reserved=True), node("s1"), namespace("ml"))
+        fake.add(resource_claim("gpu-tpl", "ml", template=True), resource_claim("nic", "ml", "nic.example.com"))
+        gpu_claim = [{"name": "gpu", "resourceClaimTemplateName": "gpu-tpl"}]
+        nic_claim = [{"name": "nic", "resourceClaimName": "nic"}]
+        fake.add(
+            pod("dra-gpu", "ml", node=None, gpus={}, tolerations=[TOLERATE_ALL], resource_claims=gpu_claim),
+            pod("dra-nic", "ml", node=None, gpus={}, tolerations=[TOLERATE_ALL], resource_claims=nic_claim),
+        )
+        report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
+        assert keyed(report) == {("pod-can-reach-reserved-nodes", "ml/dra-gpu")}
+        assert report.pods_checked == 1
+        assert report.to_json()["capacity"]["shared"]["pendingPods"] == {
+            "training": {"pods": 1, "oldestWaitSeconds": 3600}
+        }
+    finally:
+        fake.stop()

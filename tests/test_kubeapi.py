@@ -48,9 +48,10 @@ def test_paths() -> None:
     )
 
 
-def test_list_pages_with_limit_and_continue_and_sends_the_token(fake: FakeCluster) -> None:
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_list_pages_with_limit_and_continue_and_sends_the_token(fake: FakeCluster, prefetch: int) -> None:
     fake.add(*(node(f"n{i:03d}") for i in range(23)))
-    api = api_for(fake, page_size=10)
+    api = api_for(fake, page_size=10, prefetch=prefetch)
     pages = list(api.pages("/api/v1/nodes"))
     assert [len(p) for p in pages] == [10, 10, 3]
     names = [item["metadata"]["name"] for page in pages for item in page]
@@ -114,13 +115,16 @@ def test_an_unsupported_field_selector_is_a_bad_request(fake: FakeCluster) -> No
     assert "not a known field selector" in caught.value.message
 
 
-def test_expired_continue_raises_without_on_restart_like_client_go_each_list_item(fake: FakeCluster) -> None:
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_expired_continue_raises_without_on_restart_like_client_go_each_list_item(
+    fake: FakeCluster, prefetch: int
+) -> None:
     fake.add(*(node(f"n{i}") for i in range(5)))
-    api = api_for(fake, page_size=2)
+    api = api_for(fake, page_size=2, prefetch=prefetch)
+    fake.expire_after(1)
     items = api.list("/api/v1/nodes")
     next(items)
     next(items)
-    fake.expire_continue_tokens()
     with pytest.raises(Expired) as caught:
         next(items)
     assert caught.value.status == 410 and caught.value.reason == "Expired"
@@ -128,9 +132,10 @@ def test_expired_continue_raises_without_on_restart_like_client_go_each_list_ite
     assert caught.value.continue_token  # the inconsistent token the apiserver offers (not used)
 
 
-def test_expired_continue_restarts_the_list_with_on_restart(fake: FakeCluster) -> None:
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_expired_continue_restarts_the_list_with_on_restart(fake: FakeCluster, prefetch: int) -> None:
     fake.add(*(node(f"n{i}") for i in range(5)))
-    api = api_for(fake, page_size=2)
+    api = api_for(fake, page_size=2, prefetch=prefetch)
     seen: list[str] = []
     restarts = []
 
@@ -138,10 +143,9 @@ def test_expired_continue_restarts_the_list_with_on_restart(fake: FakeCluster) -
         restarts.append(len(seen))
         seen.clear()
 
+    fake.expire_after(1)  # the first page's continue token expires
     for item in api.list("/api/v1/nodes", on_restart=restart):
         seen.append(item["metadata"]["name"])
-        if len(seen) == 2 and not restarts:
-            fake.expire_continue_tokens()
     assert restarts == [2]
     assert seen == ["n0", "n1", "n2", "n3", "n4"]  # no duplicates, nothing missing
     queries = [r.query for r in fake.requests_to("/api/v1/nodes")]
@@ -200,9 +204,10 @@ def test_throttled_reads_are_retried_after_retry_after(fake: FakeCluster) -> Non
     assert len(waits) == 2 + 3  # max_retries
 
 
-def test_unreachable_mid_list(fake: FakeCluster) -> None:
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_unreachable_mid_list(fake: FakeCluster, prefetch: int) -> None:
     fake.add(*(node(f"n{i}") for i in range(6)))
-    api = api_for(fake, page_size=2)
+    api = api_for(fake, page_size=2, prefetch=prefetch)
     fake.drop_after(1)
     items = api.list("/api/v1/nodes")
     assert next(items)["metadata"]["name"] == "n0"
@@ -231,3 +236,15 @@ def test_connect_from_a_kubeconfig(fake: FakeCluster, tmp_path: Path) -> None:
     assert fake.requests[-1].method == "GET"
     with pytest.raises(Unreachable, match="cannot load the kubeconfig"):
         KubeApi.connect(str(tmp_path / "missing"))
+
+
+def test_a_prefetching_list_closed_early_stops_its_thread(fake: FakeCluster) -> None:
+    import threading
+
+    fake.add(*(node(f"n{i:02d}") for i in range(40)))
+    api = api_for(fake, page_size=2, prefetch=2)
+    items = api.list("/api/v1/nodes")
+    assert next(items)["metadata"]["name"] == "n00"
+    items.close()
+    assert not any(t.name == "kubeapi-pager" and t.is_alive() for t in threading.enumerate())
+    assert len(fake.requests_to("/api/v1/nodes")) < 20  # it did not read the whole list

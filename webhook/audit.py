@@ -18,9 +18,11 @@ Exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -41,6 +43,8 @@ EXIT_ERROR: Final = 2
 POLICY_NAME: Final = "rocm-isolation"  # the "policy" of PolicyReport results
 SOURCE: Final = "rocm-isolation-webhook"
 UNCLASSIFIED: Final = "unclassified"  # GPU pods of excluded namespaces: no class
+# Pages decoded ahead while the previous one is judged (bounded: each holds ~500 pods).
+PREFETCH_PAGES: Final = 2
 
 
 @dataclass(frozen=True)
@@ -289,16 +293,20 @@ class PodAudit:
         return NamespaceFacts(name=name, labels=labels)
 
     def add(self, pod: dict[str, Any]) -> None:
-        info = pod_info(pod, self.policy)
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace", ""))
         decision = engine.decide(
             operation="CREATE",
             pod=pod,
-            namespace=self.namespace(info.namespace),
+            namespace=self.namespace(namespace),
             nodes=self.nodes,
             policy=self.policy,
-            claims=self.snapshot.claim_facts(info.namespace),
+            claims=self.snapshot.claim_facts(namespace),
         )
-        in_scope = decision.rule not in (engine.RULE_NOT_GPU, engine.RULE_EXCLUDED)
+        if decision.rule == engine.RULE_NOT_GPU:
+            return  # most pods of a cluster: nothing more to read
+        in_scope = decision.rule != engine.RULE_EXCLUDED
+        info = pod_info(pod, self.policy)
         if not in_scope and not info.gpus:
             return
         self.report.pods_checked += 1
@@ -312,7 +320,7 @@ class PodAudit:
             placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
             pool = "reserved" if placement == "reserved" else "shared"
             self.report.capacity[pool].pending.setdefault(class_name, Pending()).add(info.created)
-        if in_scope and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if in_scope and not metadata.get("deletionTimestamp"):
             self.report.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
 
     def judge(
@@ -370,9 +378,24 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     for name, labels in snapshot.namespaces.items():
         report.findings.extend(judge_namespace(name, labels, policy))
     pods = PodAudit(snapshot, report)
-    for pod in Snapshot.pods(api, on_restart=pods.restart):
-        pods.add(pod)
+    with _collector_paused():
+        for pod in Snapshot.pods(api, on_restart=pods.restart):
+            pods.add(pod)
     return report
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cycle collector while pods stream through. A page of JSON holds no reference cycle
+    (reference counting frees it), yet its ~100,000 new containers trigger collections that walk
+    them for nothing: with the collector on, decoding a page takes up to twice as long."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -535,7 +558,7 @@ def main(args: argparse.Namespace) -> int:
         print("audit: --page-size must be at least 1", file=sys.stderr)
         return EXIT_ERROR
     try:
-        api = KubeApi.connect(args.kubeconfig, page_size=args.page_size)
+        api = KubeApi.connect(args.kubeconfig, page_size=args.page_size, prefetch=PREFETCH_PAGES)
         try:
             report = run_audit(api, policy)
         finally:

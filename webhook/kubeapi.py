@@ -29,6 +29,8 @@ retried here.
 from __future__ import annotations
 
 import builtins
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
@@ -193,12 +195,14 @@ class KubeApi:
         timeout: tuple[float, float] = DEFAULT_TIMEOUT,
         max_retries: int = MAX_RETRIES,
         sleep: Callable[[float], None] = time.sleep,
+        prefetch: int = 0,
     ) -> None:
         self.api_client = api_client
         self.page_size = page_size
         self.timeout = timeout
         self.max_retries = max_retries
         self._sleep = sleep
+        self.prefetch = prefetch
         _own_retries(api_client)
 
     @classmethod
@@ -257,12 +261,27 @@ class KubeApi:
         limit: int | None = None,
         on_restart: Callable[[], None] | None = None,
     ) -> Iterator[builtins.list[dict[str, Any]]]:
-        """The items of a collection, one list per page."""
+        """The items of a collection, one list per page.
+
+        With ``prefetch`` pages (set on the client), a thread fetches and decodes the next pages
+        while the caller works on the current one, as client-go's ``EachListItem`` buffers pages
+        (``PageBufferSize``, 10 there): the apiserver's time then overlaps the caller's."""
         query: dict[str, str] = {"limit": str(limit or self.page_size)}
         if label_selector:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
+        fetched = self._fetch(path, query, restartable=on_restart is not None)
+        if self.prefetch > 0:
+            fetched = _buffered(fetched, self.prefetch)
+        for page in fetched:
+            if page is _RESTART:
+                assert on_restart is not None
+                on_restart()
+                continue
+            yield page
+
+    def _fetch(self, path: str, query: dict[str, str], *, restartable: bool) -> Iterator[builtins.list[dict[str, Any]]]:
         continue_token = ""
         while True:
             page_query = dict(query)
@@ -271,9 +290,9 @@ class KubeApi:
             try:
                 document = self.request("GET", path, query=page_query)
             except Expired:
-                if not continue_token or on_restart is None:
+                if not continue_token or not restartable:
                     raise
-                on_restart()
+                yield _RESTART
                 continue_token = ""
                 continue
             if not isinstance(document, dict):
@@ -381,6 +400,50 @@ class KubeApi:
 
 def _dry_run(dry_run: bool) -> dict[str, str] | None:
     return {"dryRun": "All"} if dry_run else None
+
+
+# A page that means "the list starts over" (its continue token expired).
+_RESTART: Final[builtins.list[dict[str, Any]]] = []
+_DONE: Final = object()
+
+
+def _buffered(pages: Iterator[builtins.list[dict[str, Any]]], size: int) -> Iterator[builtins.list[dict[str, Any]]]:
+    """``pages`` read ahead by a thread, at most ``size`` pages held; its errors are raised here.
+    Closing the iterator early stops the thread at its next page."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=size)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for page in pages:
+                if not put(page):
+                    return
+            put(_DONE)
+        except BaseException as err:  # handed to the consumer, raised there
+            put(err)
+
+    thread = threading.Thread(target=run, name="kubeapi-pager", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _own_retries(api_client: Any) -> None:
