@@ -436,7 +436,9 @@ def test_an_unreachable_api_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     code = cli.main(["pool", "plan", "--nodes", "gpu-a", "--kubeconfig", str(kubeconfig)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith(f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port}")
+    # the last line: urllib3 logs its connection retries, and another test may have left a log
+    # handler on a stream that pytest has closed since (a "--- Logging error ---" block before it)
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port}")
 
 
 def test_without_an_operator_kubeconfig_it_refuses(
