@@ -249,7 +249,7 @@ class FakeCluster:
         self._expire_after: int | None = None
         self._served_pages = 0
         self._uids = itertools.count(1)
-        self._before_patch: dict[str, Any] = {}  # node name -> a concurrent edit to make first
+        self._before_patch: dict[str, tuple[Any, int]] = {}  # node name -> (a concurrent edit, how often)
         self._budget_refusals: dict[tuple[str, str], int] = {}  # (namespace, pdb) -> refusals left
         cluster = self
 
@@ -337,10 +337,11 @@ class FakeCluster:
             self.compacted_rv = self.rv
             self._snapshots.clear()
 
-    def edit_before_next_patch(self, name: str, edit: Any) -> None:
-        """The next PATCH of node ``name`` first sees someone else's edit (``edit(obj)``, stored with
-        a new resourceVersion), as when another client writes between our read and our patch."""
-        self._before_patch[name] = edit
+    def edit_before_next_patch(self, name: str, edit: Any, *, times: int = 1) -> None:
+        """The next ``times`` PATCHes of node ``name`` first see someone else's edit (``edit(obj)``,
+        stored with a new resourceVersion), as when another client writes between our read and our
+        patch."""
+        self._before_patch[name] = (edit, times)
 
     def allow_evictions_after(self, namespace: str, pdb: str, *, refusals: int) -> None:
         """The budget ``pdb`` (stored with ``disruptionsAllowed: 0``) refuses ``refusals`` evictions,
@@ -646,7 +647,11 @@ class FakeCluster:
         dry_run = self._dry_run(query)
         key = f"{route.namespace}/{route.name}" if route.resource.namespaced else str(route.name)
         with self.lock:
-            edit = self._before_patch.pop(str(route.name), None) if route.resource.plural == "nodes" else None
+            edit = None
+            if route.resource.plural == "nodes" and str(route.name) in self._before_patch:
+                edit, times = self._before_patch.pop(str(route.name))
+                if times > 1:
+                    self._before_patch[str(route.name)] = (edit, times - 1)
             current = self.store[(route.resource.group, route.resource.plural)].get(key)
             if current is None:
                 return 404, self._not_found(route)

@@ -241,6 +241,35 @@ def test_a_concurrent_edit_is_reread_and_kept(
     assert "node/gpu-d labeled and tainted" in out
 
 
+def test_a_node_that_keeps_changing_is_left_alone_and_reported(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def relabel(obj: dict[str, Any]) -> None:  # a controller rewriting the node all the time
+        obj["metadata"]["labels"]["example.com/heartbeat"] = str(obj["metadata"]["resourceVersion"])
+
+    cluster.edit_before_next_patch("gpu-d", relabel, times=pool.CONFLICT_RETRIES)
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-d", "-o", "json")
+    assert code == 1
+    assert [r.status for r in writes(cluster)] == [409] * pool.CONFLICT_RETRIES
+    assert json.loads(out)["nodes"][0]["result"] == "conflict"
+    assert POOL_LABEL not in stored_node(cluster, "gpu-d")["metadata"]["labels"]
+
+
+def test_a_pod_gone_before_its_eviction_is_fine(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the pod finishes and is deleted between the read and the eviction (404: what was wanted)
+    cluster.edit_before_next_patch("gpu-b", lambda _: cluster.delete_object("pods", "train-b", "ml-training"))
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-b", "--evict", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["nodes"] == [{"name": "gpu-b", "result": "patched", "patch": writes(cluster)[-2].body}]
+    assert doc["evictions"] == [
+        {"namespace": "ml-training", "name": "train-b", "outcome": "gone", "message": "already gone", "attempts": 1}
+    ]
+    assert writes(cluster)[-1].status == 404
+
+
 def test_server_dry_run_sends_dry_run_all_and_persists_nothing(
     cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
