@@ -1,6 +1,7 @@
 """The background audit of ``serve`` and its Lease election, against the stateful fake API
 (tests/fake_cluster.py: a real HTTP server keeping the Lease, answering 409 on a stale
-resourceVersion like kube-apiserver, which cannot run here)."""
+resourceVersion like kube-apiserver, which cannot run here). The audits run as the real child
+process (``python -m webhook audit -o json``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fake_cluster import FakeCluster
 
 from webhook import serve
 from webhook.audit import RULES, run_audit
-from webhook.auditloop import LEASE_NAME, BackgroundAudit, publish
+from webhook.auditloop import LEASE_NAME, BackgroundAudit, audit_command, publish
 from webhook.kubeapi import KubeApi
 from webhook.lease import LeaderElector
 from webhook.metrics import Metrics
@@ -46,7 +47,7 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_publish_exports_the_fixed_metric_names(fake: FakeCluster) -> None:
     report = run_audit(KubeApi(fake.api_client()), POLICY, now=datetime(2026, 12, 1, 8, 30, tzinfo=UTC))
     metrics = Metrics()
-    publish(report, metrics)
+    publish(report.to_json(), metrics)
     assert sample(metrics, "rocm_isolation_audit_findings", rule="pod-on-reserved-node") == 1
     assert sample(metrics, "rocm_isolation_audit_findings", rule="node-label-without-taint") == 0
     assert {rule for rule in RULES if sample(metrics, "rocm_isolation_audit_findings", rule=rule) is not None} == set(
@@ -63,7 +64,7 @@ def test_publish_exports_the_fixed_metric_names(fake: FakeCluster) -> None:
     )
     # Classes that no longer have pods disappear from the next publication.
     fake.delete_object("pods", "waiting", "serve")
-    publish(run_audit(KubeApi(fake.api_client()), POLICY), metrics)
+    publish(run_audit(KubeApi(fake.api_client()), POLICY).to_json(), metrics)
     assert sample(metrics, "rocm_isolation_pool_pending_pods", pool="reserved", **{"class": "inference"}) is None
 
 
@@ -122,23 +123,29 @@ def test_a_stale_write_is_a_conflict_and_not_leadership(fake: FakeCluster) -> No
     assert lease is not None and lease["spec"]["holderIdentity"] == "pod-a_1"
 
 
-def background(fake: FakeCluster, identity: str, metrics: Metrics) -> BackgroundAudit:
-    api = KubeApi(fake.api_client())
+def background(fake: FakeCluster, kubeconfig: Path, identity: str, metrics: Metrics) -> BackgroundAudit:
     lease = LeaderElector(
-        api, namespace=NS, name=LEASE_NAME, identity=identity, lease_duration=1.5, renew_deadline=1.0, retry_period=0.1
+        KubeApi(fake.api_client()),
+        namespace=NS,
+        name=LEASE_NAME,
+        identity=identity,
+        lease_duration=1.5,
+        renew_deadline=1.0,
+        retry_period=0.1,
     )
-    return BackgroundAudit(api, lambda: POLICY, metrics, interval=0.3, elector=lease, poll=0.05)
+    return BackgroundAudit(audit_command(str(kubeconfig), None), metrics, interval=0.3, elector=lease, poll=0.05)
 
 
-def test_two_replicas_one_audits_and_the_other_takes_over(fake: FakeCluster) -> None:
+def test_two_replicas_one_audits_and_the_other_takes_over(fake: FakeCluster, tmp_path: Path) -> None:
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     metrics_a, metrics_b = Metrics(), Metrics()
-    a = background(fake, "pod-a_1", metrics_a)
+    a = background(fake, kubeconfig, "pod-a_1", metrics_a)
     a.start()
     wait_for(lambda: a.runs >= 1, what="the first replica's first audit")
-    b = background(fake, "pod-b_1", metrics_b)
+    b = background(fake, kubeconfig, "pod-b_1", metrics_b)
     b.start()
     try:
-        wait_for(lambda: a.runs >= 3, what="more audits on the leader")
+        wait_for(lambda: a.runs >= 2, what="more audits on the leader")
         assert b.runs == 0
         assert sample(metrics_a, "rocm_isolation_audit_leader") == 1
         assert sample(metrics_b, "rocm_isolation_audit_leader") == 0
@@ -159,10 +166,11 @@ def test_two_replicas_one_audits_and_the_other_takes_over(fake: FakeCluster) -> 
     assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released on a clean stop
 
 
-def test_a_failed_audit_counts_a_failure_and_keeps_going(fake: FakeCluster) -> None:
+def test_a_failed_audit_counts_a_failure_and_keeps_going(fake: FakeCluster, tmp_path: Path) -> None:
     fake.forbid("pods")
     metrics = Metrics()
-    loop = BackgroundAudit(KubeApi(fake.api_client()), lambda: POLICY, metrics, interval=0.1, poll=0.02)
+    command = audit_command(str(fake.write_kubeconfig(tmp_path / "kubeconfig")), None)
+    loop = BackgroundAudit(command, metrics, interval=0.1, poll=0.02)
     loop.start()
     try:
         wait_for(
@@ -187,10 +195,9 @@ def test_serve_flag_builds_the_background_audit(
     assert serve.settings_from_args(_args("--kubeconfig", kubeconfig)).audit_interval_seconds == 300
     settings = serve.settings_from_args(_args("--kubeconfig", kubeconfig, "--audit-interval-seconds", "60"))
     monkeypatch.setenv("POD_NAMESPACE", "gpu-admission")
-    from webhook.reload import PolicyStore
-
-    auditor = serve.build_auditor(settings, PolicyStore(None), Metrics())
+    auditor = serve.build_auditor(settings, Metrics())
     assert auditor.interval == 60
+    assert auditor.command[-5:] == ["audit", "-o", "json", "--kubeconfig", kubeconfig]
     assert auditor.elector is not None and auditor.elector.namespace == "gpu-admission"
     assert auditor.elector.name == LEASE_NAME and auditor.elector.identity.endswith(f"_{__import__('os').getpid()}")
     off = serve.settings_from_args(_args("--kubeconfig", kubeconfig, "--audit-interval-seconds", "0"))

@@ -27,8 +27,10 @@ import strategies as S
 from hypothesis import given
 from hypothesis import strategies as st
 from test_engine import as_pod, facts, load_cases
+from test_properties import DRA_TEMPLATES, dra_pods
 
 from webhook import engine
+from webhook.decision import NO_CLAIMS, ClaimFacts
 from webhook.policy import Policy
 
 ROOT = Path(__file__).parent.parent
@@ -81,14 +83,13 @@ def test_every_compiled_module_is_the_compiled_one() -> None:
 
 
 def outcome(
-    module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy, claims: Any = None
+    module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy, claims: Any
 ) -> Any:
     """What ``decide`` returns, as plain data (the compiled and pure records are different classes)."""
     try:
         decision = module.decide(
-            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy,
-            **({} if claims is None else {"claims": claims}),
-        )  # fmt: skip
+            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy, claims=claims
+        )
     except Exception as err:  # decide() never raises: if one does, both must raise alike
         return ("raised", type(err).__name__, str(err))
     return (
@@ -113,7 +114,7 @@ def assert_same(
     namespace: Any,
     nodes: Any,
     policy: Policy,
-    claims: Any = None,
+    claims: ClaimFacts = NO_CLAIMS,
 ) -> Any:
     before = copy.deepcopy((pod, old))
     compiled = outcome(engine, pod, old, operation, namespace, nodes, policy, claims)
@@ -174,3 +175,13 @@ def test_same_decision_on_malformed_pods(
     old = copy.deepcopy(pod) if operation == "UPDATE" else None
     result = assert_same(pure, pod, old, operation, namespace, nodes, S.policy_named(policy_name))
     assert result[0] != "raised", result
+
+
+@given(drawn=dra_pods(), operation=st.sampled_from(["CREATE", "UPDATE"]), namespace=S.namespaces(), nodes=S.node_facts)
+def test_same_decision_on_dra_pods(
+    pure: ModuleType, drawn: tuple[dict[str, Any], bool], operation: str, namespace: Any, nodes: Any
+) -> None:
+    pod, _ = drawn
+    old = copy.deepcopy(pod) if operation == "UPDATE" else None
+    claims = ClaimFacts(templates=DRA_TEMPLATES)
+    assert_same(pure, pod, old, operation, namespace, nodes, S.policy_named("default"), claims)

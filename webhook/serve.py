@@ -110,7 +110,7 @@ def build_service(settings: Settings) -> WebhookService:
         )
     auditor = None
     if settings.cluster and settings.audit_interval_seconds > 0:
-        auditor = build_auditor(settings, policies, metrics)
+        auditor = build_auditor(settings, metrics)
     return WebhookService(
         policies=policies,
         metrics=metrics,
@@ -123,21 +123,27 @@ def build_service(settings: Settings) -> WebhookService:
     )
 
 
-def build_auditor(settings: Settings, policies: PolicyStore, metrics: Metrics) -> BackgroundAudit:
-    """The background audit, with its own API client, elected through a Lease in this namespace."""
-    from webhook.auditloop import LEASE_NAME, BackgroundAudit
+def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
+    """The background audit: a child ``audit`` process with the server's kubeconfig and policy file,
+    elected through a Lease in this namespace (the election has its own API client)."""
+    from webhook.auditloop import LEASE_NAME, BackgroundAudit, audit_command
     from webhook.kubeapi import KubeApi
     from webhook.lease import LeaderElector
 
     api_client = load_api_client(settings.kubeconfig)
     if api_client is None:
         raise RuntimeError("no kubeconfig and not running in a cluster")
-    api = KubeApi(api_client, prefetch=2)
     elector = LeaderElector(
-        api, namespace=own_namespace(), name=LEASE_NAME, identity=f"{socket.gethostname()}_{os.getpid()}"
+        KubeApi(api_client),
+        namespace=own_namespace(),
+        name=LEASE_NAME,
+        identity=f"{socket.gethostname()}_{os.getpid()}",
     )
     return BackgroundAudit(
-        api, lambda: policies.policy, metrics, interval=settings.audit_interval_seconds, elector=elector
+        audit_command(settings.kubeconfig, settings.policy),
+        metrics,
+        interval=settings.audit_interval_seconds,
+        elector=elector,
     )
 
 
