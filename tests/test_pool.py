@@ -496,3 +496,29 @@ def test_the_webhook_service_account_gets_none_of_what_pool_does() -> None:
         if resources & {"nodes", "pods", "pods/eviction", "*"}:
             assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
         assert "pods/eviction" not in resources
+
+
+def test_the_plan_shown_in_operations_md_is_this_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/operations.md shows `pool plan` run against this cluster: the docs stay true."""
+    fake = FakeCluster().start()
+    try:
+        fake.add(
+            namespace("ml-training"),
+            namespace("serving", {"rocm-isolation.io/class": "inference"}),
+            node("gpu-node-01", reserved=True),
+            node("gpu-node-02"),
+            node("gpu-node-03"),
+            node("gpu-node-04"),
+            node("gpu-node-05", taints=[UNHEALTHY]),
+            inference_pod("llm-7b9f-abcde", "serving", node="gpu-node-01", gpus={"amd.com/gpu": "4"}),
+            pod("trainer-7d9c8b6f5-x2klm", "ml-training", node="gpu-node-02", gpus={"amd.com/gpu": "8"}),
+            pod("trainer-7d9c8b6f5-q8wzp", "ml-training", node="gpu-node-03", gpus={"amd.com/gpu": "2"}),
+            pod("trainer-7d9c8b6f5-m4n7r", "ml-training", node="gpu-node-05", gpus={"amd.com/gpu": "4"}),
+        )
+        code, out, _ = run(fake, tmp_path, capsys, "--selector", "amd.com/gpu.device-id=74a1", "--count", "3")
+    finally:
+        fake.stop()
+    assert code == 0
+    docs = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    shown = "$ rocm-isolation-webhook pool --selector amd.com/gpu.device-id=74a1 --count 3\n" + out
+    assert shown in docs
