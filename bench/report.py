@@ -200,7 +200,14 @@ def plot(results: dict[str, Any], target: Path) -> None:
 
 def write(results: dict[str, Any], markdown: Path, png: Path) -> None:
     plot(results, png)
-    markdown.write_text(render(results, png.name))
+    # The "Audit at scale" section is written by `make bench-audit` (bench/audit_scale.py): kept.
+    kept = ""
+    if markdown.exists():
+        current = markdown.read_text(encoding="utf-8")
+        marker = "<!-- audit-scale:"
+        if marker in current:
+            kept = "\n" + current[current.index(marker) :]
+    markdown.write_text(render(results, png.name) + kept)
 
 
 def render(results: dict[str, Any], png_name: str) -> str:

@@ -25,6 +25,16 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 KUBE_API_FIXTURES = Path(__file__).parent / "fixtures" / "kube-api"
+NOT_FOUND = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "the server could not find the requested resource",
+    "reason": "NotFound",
+    "details": {},
+    "code": 404,
+}
 
 
 def fixture(name: str) -> Any:
@@ -59,6 +69,7 @@ class Request:
     collection: str
     watch: bool
     query: dict[str, str]
+    path: str = ""
 
 
 class FakeKubeApi:
@@ -128,15 +139,22 @@ class FakeKubeApi:
 
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
         url = urlsplit(handler.path)
-        collection = url.path.rstrip("/").rsplit("/", 1)[-1]
+        parts = url.path.rstrip("/").split("/")
+        collection = parts[-1]
+        # /apis/GROUP/VERSION/RESOURCE may be scripted per version ("resource.k8s.io/v1/resourceclaims");
+        # an unscripted version answers 404, as an apiserver that does not serve it.
+        versioned = "/".join(parts[2:5]) if len(parts) == 5 and parts[1] == "apis" else None
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         watch = query.get("watch") in ("true", "1", "True")
         with self.lock:
-            self.requests.append(Request(collection, watch, query))
+            self.requests.append(Request(collection, watch, query, url.path))
+            if versioned is not None and (versioned in self.lists or versioned in self.watches):
+                collection = versioned
         answer = self._next(collection, watch)
         if answer is None:
             if not watch:
-                self._json(handler, 404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                # What kube-apiserver answers for a path it does not serve (an API version it lacks).
+                self._json(handler, 404, NOT_FOUND)
                 return
             answer = Answer(end="hold")
         if not watch or answer.body is not None:

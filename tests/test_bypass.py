@@ -197,7 +197,41 @@ def opt_out_label(pod: dict[str, Any]) -> None:
     pod["spec"]["nodeSelector"] = {POOL: "inference"}
 
 
+def dra_claim(pod: dict[str, Any]) -> None:
+    """GPUs through Dynamic Resource Allocation instead of amd.com/gpu: a claim template the webhook
+    cannot resolve here (no cluster facts), which counts as a GPU request."""
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "mi300x-8"}]
+    for container in pod["spec"]["containers"]:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+
+
+def dra_pod(**spec: Any) -> dict[str, Any]:
+    pod = training_pod(**spec)
+    dra_claim(pod)
+    return pod
+
+
 CREATE_ATTEMPTS = [
+    Attempt("DRA claim: nodeName of a reserved node", dra_pod(nodeName="gpu-inf-0"), engine.DENY_NODE_NAME, None),
+    Attempt(
+        "DRA claim: nodeSelector on the reserved label",
+        dra_pod(nodeSelector={POOL: "inference"}),
+        engine.DENY_NODE_SELECTOR,
+        engine.DENY_NODE_SELECTOR,
+    ),
+    Attempt(
+        "DRA claim: toleration of the reserved taint",
+        dra_pod(tolerations=[TOLERATE_RESERVED]),
+        engine.DENY_TOLERATION,
+        engine.DENY_TOLERATION,
+    ),
+    Attempt(
+        "DRA claim: required affinity In the reserved value",
+        dra_pod(affinity=required(RESERVED_TERM)),
+        engine.DENY_NODE_AFFINITY,
+        engine.DENY_NODE_AFFINITY,
+    ),
+    Attempt("DRA claim, no placement of its own", dra_pod(), None, None),
     Attempt("nodeName of a reserved node", training_pod(nodeName="gpu-inf-0"), engine.DENY_NODE_NAME, None),
     Attempt(
         "nodeSelector on the reserved label",

@@ -7,7 +7,10 @@ fixtures (tests/fixtures/engine) plus edge cases of our own (tests/fixtures/cel)
 
 Scope of the agreement, stated precisely:
 - match conditions: for every well-formed pod, the webhook is called exactly when ``decide`` acts on
-  the pod (its rule is not ``not-gpu-pod``: mirror pods are sent too, checked and never mutated);
+  the pod (its rule is not ``not-gpu-pod``: mirror pods are sent too, checked and never mutated),
+  the engine being given no claim facts (CEL cannot read a ResourceClaim: a pod with any DRA claim is
+  a GPU pod to both; with the claim resolved the engine may act on fewer, see
+  ``test_a_pod_with_any_claim_is_covered_by_cel_which_cannot_read_the_claim``);
 - the reserved-nodes policy: for every well-formed CREATE or UPDATE in a namespace the policy is
   bound to, the set of failed validations equals the set of engine violations among
   ``deny-node-selector``, ``deny-node-affinity`` and ``deny-toleration``, both on the pod as sent
@@ -36,7 +39,7 @@ import yaml
 from celpy import celtypes
 
 from webhook import engine, render
-from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
 from webhook.policy import Policy, default_policy, load_policy
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -421,3 +424,27 @@ def test_validations_with_line_breaks_have_a_message() -> None:
             if resource["kind"] == "ValidatingAdmissionPolicy":
                 for validation in resource["spec"]["validations"]:
                     assert validation["message"] and "\n" not in validation["message"]
+
+
+def test_a_pod_with_any_claim_is_covered_by_cel_which_cannot_read_the_claim() -> None:
+    """DRA: the apiserver's CEL sees the pod only, not the ResourceClaim(Template) it names. Both the
+    matchConditions and the policy treat every claim-holding pod as a GPU pod. The engine, which can
+    resolve the claim, leaves a non-GPU claim alone; the policy still keeps such a pod of a
+    non-inference class off the reserved nodes (the documented, stricter side)."""
+    case = _case("claim-of-another-device-class-is-not-a-gpu-pod")
+    pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+    resolved = engine.decide(
+        operation="CREATE",
+        pod=pod,
+        namespace=NamespaceFacts("research", {"rocm-isolation.io/class": "training"}),
+        nodes=NodeFacts(None),
+        policy=default_policy(),
+        claims=ClaimFacts(templates={"rdma": frozenset({"rdma.example.com"})}),
+    )
+    assert resolved.rule == engine.RULE_NOT_GPU
+    resources = rendered("default")
+    assert match_conditions_pass(resources, pod, "CREATE")
+    actions, failed, messages = reserved_nodes_verdict(resources, case, pod, "CREATE")
+    assert failed == {engine.DENY_NODE_SELECTOR} and actions == ["Deny"], messages
+    # Unresolved, the engine agrees with the policy exactly.
+    assert decide(case, nodes_known=False).rule == engine.DENY_NODE_SELECTOR

@@ -229,3 +229,127 @@ def test_readiness_waits_for_the_cluster(
         status_code, reply = client.post_review(review)
     assert status_code == 200
     assert verify_response(review, reply)["allowed"] is True
+
+
+CLAIMS_V1 = "resource.k8s.io/v1/resourceclaims"
+TEMPLATES_V1 = "resource.k8s.io/v1/resourceclaimtemplates"
+
+
+def _empty_core(api: FakeKubeApi) -> None:
+    api.script("namespaces", lists=[listed("namespaces-list-1.json")], watches=[])
+    api.script("nodes", lists=[listed("nodes-list.json")], watches=[])
+
+
+def test_cluster_cache_resolves_dra_claims_and_follows_their_watch(api: FakeKubeApi) -> None:
+    _empty_core(api)
+    api.script(CLAIMS_V1, lists=[listed("resourceclaims-v1-list.json")], watches=[])
+    api.script(
+        TEMPLATES_V1,
+        lists=[listed("resourceclaimtemplates-v1-list.json")],
+        watches=[watched("resourceclaimtemplates-v1-watch.jsonl", end="hold")],
+    )
+    cache = ClusterCache(
+        api_client(api), reserved_label=default_policy().spec.reserved_nodes.label, backoff_initial=0.05
+    )
+    # Before the lists, every claim is unresolvable (the engine counts it as a GPU request).
+    assert dict(cache.claims("research").templates) == {}
+    cache.start()
+    try:
+        wait_for(lambda: cache.synced, what="all collections listed")
+        facts = cache.claims("research")
+        assert facts.claims["shared-gpus"] == frozenset({"gpu.amd.com"})
+        assert facts.templates["mi300x"] == frozenset({"gpu.amd.com"})
+        # firstAvailable alternatives: every class named counts.
+        assert cache.claims("serving").templates["gpu-or-partition"] == frozenset({"gpu.amd.com", "rdma.example.com"})
+        assert dict(cache.claims("elsewhere").claims) == {}
+        wait_for(lambda: "mi355x" in cache.claims("research").templates, what="the ADDED template")
+        wait_for(lambda: "rdma-nic" not in cache.claims("research").templates, what="the DELETED template")
+        assert cache.status()["resourceclaimtemplates"]["count"] == 3  # mi300x, mi355x, gpu-or-partition
+    finally:
+        cache.stop()
+    paths = {r.path for r in api.requests if r.collection in ("resourceclaims", "resourceclaimtemplates")}
+    assert paths == {"/apis/resource.k8s.io/v1/resourceclaims", "/apis/resource.k8s.io/v1/resourceclaimtemplates"}
+
+
+def test_cluster_cache_falls_back_to_the_dra_version_the_cluster_serves(api: FakeKubeApi) -> None:
+    """A cluster serving only resource.k8s.io/v1beta1 (Kubernetes 1.32/1.33): v1 and v1beta2 answer 404."""
+    _empty_core(api)
+    api.script("resource.k8s.io/v1beta1/resourceclaims", lists=[listed("resourceclaims-v1-list.json")], watches=[])
+    api.script(
+        "resource.k8s.io/v1beta1/resourceclaimtemplates",
+        lists=[listed("resourceclaimtemplates-v1beta1-list.json")],
+        watches=[],
+    )
+    cache = ClusterCache(
+        api_client(api), reserved_label=default_policy().spec.reserved_nodes.label, backoff_initial=0.05
+    )
+    cache.start()
+    try:
+        wait_for(lambda: cache.synced, what="all collections listed")
+        # v1beta1's flat deviceClassName is read as well.
+        assert cache.claims("research").templates["mi300x"] == frozenset({"gpu.amd.com"})
+    finally:
+        cache.stop()
+    tried = [r.path for r in api.requests if r.collection == "resourceclaimtemplates" and not r.watch]
+    assert tried[:3] == [
+        "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+        "/apis/resource.k8s.io/v1beta2/resourceclaimtemplates",
+        "/apis/resource.k8s.io/v1beta1/resourceclaimtemplates",
+    ]
+    assert all(
+        r.path.startswith("/apis/resource.k8s.io/v1beta1/") for r in api.requests if r.watch and "resource" in r.path
+    )
+
+
+def test_a_cluster_without_dra_is_synced_and_every_claim_stays_unresolvable(api: FakeKubeApi) -> None:
+    _empty_core(api)
+    cache = ClusterCache(
+        api_client(api), reserved_label=default_policy().spec.reserved_nodes.label, backoff_initial=0.05
+    )
+    cache.start()
+    try:
+        wait_for(lambda: cache.synced, what="all collections listed or found not served")
+        assert cache.status()["resourceclaims"]["served"] is False
+        assert dict(cache.claims("research").claims) == {}
+    finally:
+        cache.stop()
+
+
+def test_serve_resolves_dra_claims_from_the_cluster(
+    api: FakeKubeApi, running_server: ServerFactory, pki: PKI, tmp_path: Path
+) -> None:
+    """Through the real HTTPS server with ``--kubeconfig``: a training pod whose claim template asks for
+    gpu.amd.com and that selects the reserved pool is denied; the same pod with a NIC claim is not a
+    GPU pod; a claim the cache does not know counts as a GPU request, with a warning."""
+    api.script("namespaces", lists=[listed("namespaces-list-1.json")], watches=[])
+    api.script("nodes", lists=[listed("nodes-list.json")], watches=[])
+    api.script(CLAIMS_V1, lists=[listed("resourceclaims-v1-list.json")], watches=[])
+    api.script(TEMPLATES_V1, lists=[listed("resourceclaimtemplates-v1-list.json")], watches=[])
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    server = running_server(cert_dir=pki.dir, ca_file=pki.ca_file, cluster=True, args=["--kubeconfig", str(kubeconfig)])
+    wait_for(lambda: server.get_json("/readyz")[0] == 200, what="readiness after the cluster cache synced")
+
+    def review(template: str) -> dict[str, Any]:
+        body = load_review("training-pod-create.json")
+        pod = body["request"]["object"]
+        body["request"]["namespace"] = pod["metadata"]["namespace"] = "research"
+        pod["spec"]["nodeSelector"] = {"rocm-isolation.io/pool": "inference"}
+        pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+        for container in pod["spec"]["containers"]:
+            container["resources"] = {"claims": [{"name": "dev"}]}
+        return body
+
+    with server.client() as client:
+        sent = review("mi300x")
+        denied = verify_response(sent, client.post_review(sent)[1])
+        assert denied["allowed"] is False and denied["status"]["code"] == 403
+        assert "spec.nodeSelector" in denied["status"]["message"]
+
+        sent = review("rdma-nic")
+        nic = verify_response(sent, client.post_review(sent)[1])
+        assert nic["allowed"] is True and "patch" not in nic
+
+        sent = review("made-a-moment-ago")
+        unknown = verify_response(sent, client.post_review(sent)[1])
+        assert unknown["allowed"] is False
+        assert any("could not be resolved" in w for w in unknown.get("warnings", []))

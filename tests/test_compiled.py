@@ -27,8 +27,10 @@ import strategies as S
 from hypothesis import given
 from hypothesis import strategies as st
 from test_engine import as_pod, facts, load_cases
+from test_properties import DRA_TEMPLATES, dra_pods
 
 from webhook import engine
+from webhook.decision import NO_CLAIMS, ClaimFacts
 from webhook.policy import Policy
 
 ROOT = Path(__file__).parent.parent
@@ -80,11 +82,13 @@ def test_every_compiled_module_is_the_compiled_one() -> None:
         assert not path.endswith(".py"), f"{name} is not compiled ({path}): run `make compile`"
 
 
-def outcome(module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy) -> Any:
+def outcome(
+    module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy, claims: Any
+) -> Any:
     """What ``decide`` returns, as plain data (the compiled and pure records are different classes)."""
     try:
         decision = module.decide(
-            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy
+            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy, claims=claims
         )
     except Exception as err:  # decide() never raises: if one does, both must raise alike
         return ("raised", type(err).__name__, str(err))
@@ -103,12 +107,19 @@ def outcome(module: Any, pod: Any, old: Any, operation: str, namespace: Any, nod
 
 
 def assert_same(
-    pure: ModuleType, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy
+    pure: ModuleType,
+    pod: Any,
+    old: Any,
+    operation: str,
+    namespace: Any,
+    nodes: Any,
+    policy: Policy,
+    claims: ClaimFacts = NO_CLAIMS,
 ) -> Any:
     before = copy.deepcopy((pod, old))
-    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy)
+    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy, claims)
     assert (pod, old) == before, "decide must not modify its input"
-    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy)
+    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy, claims)
     return compiled
 
 
@@ -118,7 +129,7 @@ def test_same_decision_on_every_engine_fixture(pure: ModuleType, case: dict[str,
     pod = as_pod(case["pod"]) if case.get("raw") is not True else case["pod"]
     result = assert_same(
         pure, pod, as_pod(case.get("oldPod")), inputs["operation"], inputs["namespace"], inputs["nodes"],
-        inputs["policy"],
+        inputs["policy"], inputs["claims"],
     )  # fmt: skip
     assert result[0] is (case["expect"]["outcome"] != "denied")
 
@@ -164,3 +175,13 @@ def test_same_decision_on_malformed_pods(
     old = copy.deepcopy(pod) if operation == "UPDATE" else None
     result = assert_same(pure, pod, old, operation, namespace, nodes, S.policy_named(policy_name))
     assert result[0] != "raised", result
+
+
+@given(drawn=dra_pods(), operation=st.sampled_from(["CREATE", "UPDATE"]), namespace=S.namespaces(), nodes=S.node_facts)
+def test_same_decision_on_dra_pods(
+    pure: ModuleType, drawn: tuple[dict[str, Any], bool], operation: str, namespace: Any, nodes: Any
+) -> None:
+    pod, _ = drawn
+    old = copy.deepcopy(pod) if operation == "UPDATE" else None
+    claims = ClaimFacts(templates=DRA_TEMPLATES)
+    assert_same(pure, pod, old, operation, namespace, nodes, S.policy_named("default"), claims)

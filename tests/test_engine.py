@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
 from webhook.engine import decide
 from webhook.policy import Policy, default_policy, load_policy
 
@@ -49,11 +49,17 @@ def facts(case: dict[str, Any]) -> dict[str, Any]:
     """Everything ``decide`` gets from a case but the pods: operation, namespace, nodes, policy."""
     ns = case["namespace"]
     reserved = case.get("reservedNodes")
+    known = case.get("claims", {})
     return {
         "operation": case.get("operation", "CREATE"),
         "namespace": NamespaceFacts(ns["name"], ns.get("labels")),
         "nodes": NodeFacts(None if reserved is None else frozenset(reserved)),
         "policy": policy_for(case),
+        # DRA objects of the namespace: name -> the device classes they request.
+        "claims": ClaimFacts(
+            claims={name: frozenset(classes) for name, classes in known.get("claims", {}).items()},
+            templates={name: frozenset(classes) for name, classes in known.get("templates", {}).items()},
+        ),
     }
 
 

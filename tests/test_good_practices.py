@@ -187,7 +187,22 @@ def test_run_with_a_restricted_security_context(resources: list[dict[str, Any]])
 
 def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
     role = find(resources, "ClusterRole", render.APP_NAME)
+    read = ["get", "list", "watch"]
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": read},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"], "verbs": read},
     ]
-    assert not [r for r in resources if r["kind"] in ("Role", "RoleBinding")]
+    # The only write: the background audit's Lease, in the webhook's own namespace.
+    roles = [r for r in resources if r["kind"] == "Role"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
+        (
+            "rocm-isolation-system",
+            [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
+        )
+    ]
+    binding = find(resources, "RoleBinding", "rocm-isolation-webhook-audit-lease")
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": render.APP_NAME, "namespace": "rocm-isolation-system"}
+    ]

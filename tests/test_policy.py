@@ -59,12 +59,31 @@ def test_default_policy_loads_with_its_documented_values() -> None:
     assert not spec.scope.all_pods
 
 
-def test_default_policy_warns_that_hsa_queue_priority_does_nothing() -> None:
-    warnings = default_policy().warnings
+def test_default_policy_acknowledges_hsa_queue_priority_and_does_not_warn_about_itself() -> None:
+    policy = default_policy()
+    assert policy.warnings == ()
+    for cls in ("inference", "training"):
+        (var,) = policy.spec.classes[cls].env
+        assert (var.name, var.acknowledge_no_effect) == ("HSA_QUEUE_PRIORITY", True)
+
+
+def test_the_same_variable_without_the_acknowledgement_still_warns() -> None:
+    text = default_policy_text().replace("acknowledgeNoEffect: true", "acknowledgeNoEffect: false")
+    warnings = parse_policy(text).warnings
     assert len(warnings) == 2
     for cls, warning in zip(("inference", "training"), warnings, strict=True):
         assert warning.startswith(f"spec.classes.{cls}.env[0] (HSA_QUEUE_PRIORITY): HSA_QUEUE_PRIORITY has no effect")
         assert "hipStreamCreateWithPriority" in warning
+
+
+def test_acknowledging_a_variable_that_has_an_effect_is_an_error() -> None:
+    text = default_policy_text().replace("- name: HSA_QUEUE_PRIORITY", "- name: GPU_MAX_HW_QUEUES", 1)
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text)
+    assert any(
+        "acknowledgeNoEffect: GPU_MAX_HW_QUEUES is not a variable known to have no effect" in p
+        for p in err.value.problems
+    ), err.value.problems
 
 
 def test_default_policy_overrides_the_priority_variable() -> None:
@@ -469,3 +488,34 @@ def test_docs_list_every_rule_id() -> None:
     assert len(rules) == 14
     for rule in rules:
         assert f"| `{rule}` |" in docs, rule
+
+
+def test_gpu_device_classes_match_names_and_globs() -> None:
+    text = default_policy_text().replace(
+        "gpuDeviceClasses: [gpu.amd.com]", "gpuDeviceClasses: [gpu.amd.com, '*.gpu.example.com']"
+    )
+    policy = parse_policy(text)
+    assert policy.gpu_device_classes("gpu.amd.com")
+    assert policy.gpu_device_classes("mi300x.gpu.example.com")
+    assert not policy.gpu_device_classes("gpu.example.com")
+    assert not policy.gpu_device_classes("xgpu.amd.com")
+    assert not policy.gpu_device_classes("rdma.example.com")
+
+
+@pytest.mark.parametrize("name", ["", "GPU.amd.com", "gpu_amd", "-gpu.amd.com"])
+def test_a_device_class_that_is_not_a_dns_subdomain_is_rejected(name: str) -> None:
+    text = default_policy_text().replace("gpuDeviceClasses: [gpu.amd.com]", f"gpuDeviceClasses: ['{name}']")
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text)
+    assert any("is not a DeviceClass name" in problem for problem in err.value.problems), err.value.problems
+
+
+def test_a_spread_label_key_cannot_be_both_excluded_and_a_match_label_key() -> None:
+    text = default_policy_text().replace(
+        "      - apps.kubernetes.io/pod-index\n", "      - apps.kubernetes.io/pod-index\n      - job-name\n"
+    )
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text)
+    assert any("job-name: a key is either excluded or a matchLabelKey" in p for p in err.value.problems), (
+        err.value.problems
+    )

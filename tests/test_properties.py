@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
 
-from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
 from webhook.engine import DENY_CLASS, DENY_RULES, DENY_TOLERATION, decide
 from webhook.policy import Policy, WorkloadClass
 
@@ -625,3 +625,59 @@ def test_other_operations_are_ignored(
 ) -> None:
     decision = run(pod, namespace, NodeFacts(None), S.policy_named(policy_name), operation=operation)
     assert decision.allowed and decision.patch == () and decision.rule == "operation-ignored"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic Resource Allocation: GPUs reached through claims, with no GPU resource at all
+# ---------------------------------------------------------------------------------------------
+
+# The namespace's claim templates as the cache resolves them: one GPU class, one other class.
+DRA_TEMPLATES = {"mi300x": frozenset({"gpu.amd.com"}), "rdma": frozenset({"rdma.example.com"})}
+
+
+@st.composite
+def dra_pods(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
+    """A pod without GPU resources that names a claim: a GPU template, another device class, or a
+    template the webhook cannot resolve. Returns the pod and whether it reaches a GPU (unresolvable
+    counts as one)."""
+    pod = copy.deepcopy(draw(S.pods(gpu=False)))
+    template = draw(st.sampled_from(["mi300x", "rdma", "not-cached-yet"]))
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+    user = pod["spec"]["containers"][0]
+    if not isinstance(user.get("resources"), dict):
+        user["resources"] = {}
+    user["resources"]["claims"] = [{"name": "dev"}]
+    return pod, template != "rdma"
+
+
+@given(drawn=dra_pods(), namespace=unreserved_namespaces, nodes=S.node_facts)
+def test_training_pod_with_a_gpu_claim_never_reaches_a_reserved_node(
+    drawn: tuple[dict[str, Any], bool], namespace: NamespaceFacts, nodes: NodeFacts
+) -> None:
+    pod, reaches_gpu = drawn
+
+    def run_with_claims(body: dict[str, Any]) -> Decision:
+        claims = ClaimFacts(templates=DRA_TEMPLATES)
+        return decide(
+            operation="CREATE",
+            pod=body,
+            namespace=namespace,
+            nodes=nodes,
+            policy=S.policy_named("default"),
+            claims=claims,
+        )
+
+    decision = run_with_claims(pod)
+    event(f"gpu={reaches_gpu} {decision.outcome} {decision.rule}")
+    if not reaches_gpu:
+        assert decision.rule == "not-gpu-pod" and decision.patch == ()
+        return
+    assert decision.workload_class == "training"
+    patched = apply(pod, decision)
+    validate(patched)
+    if decision.allowed and not is_mirror(pod):
+        assert reachable(patched, RESERVED_NODES) == []
+        # The container that uses the claim is a GPU container: it gets the class's environment.
+        if decision.mode != "audit":
+            assert {"name": "HSA_QUEUE_PRIORITY", "value": "low"} in patched["spec"]["containers"][0]["env"]
+    assert run_with_claims(patched).patch == ()

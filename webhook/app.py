@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -43,6 +43,9 @@ from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.reload import PolicyStore
 from webhook.review import ReviewError
 from webhook.tls import CertificateReloader
+
+if TYPE_CHECKING:
+    from webhook.auditloop import BackgroundAudit
 
 log = logging.getLogger("webhook.app")
 
@@ -60,6 +63,7 @@ class WebhookService:
     metrics: Metrics
     certificates: CertificateReloader | None = None
     cluster: ClusterCache | None = None
+    auditor: BackgroundAudit | None = None
     policy_poll_seconds: float = 5.0
     cert_poll_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
@@ -78,6 +82,8 @@ class WebhookService:
             self._tasks.append(asyncio.create_task(self.certificates.run(self.cert_poll_seconds, self._stop)))
         if self.cluster is not None:
             self.cluster.start()
+        if self.auditor is not None:
+            self.auditor.start()
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -86,6 +92,8 @@ class WebhookService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.auditor is not None:
+            await asyncio.to_thread(self.auditor.stop)
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)
 

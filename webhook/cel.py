@@ -87,7 +87,13 @@ def _gpu_key(var: str, policy: Policy) -> str:
 
 
 def gpu_pod(policy: Policy, root: str = "object") -> str:
-    """True when a container or init container requests or limits a GPU resource (like the engine)."""
+    """True when a container or init container requests or limits a GPU resource (like the engine), or
+    when the pod references any Dynamic Resource Allocation claim.
+
+    CEL in admission cannot read the ResourceClaim(Template) a pod names, so it cannot tell a GPU claim
+    from another: every pod with a claim is treated as a GPU pod. The webhook then resolves the claim
+    (and leaves a non-GPU one alone); the ValidatingAdmissionPolicy keeps any claim-holding pod of a
+    non-inference class off the reserved nodes (documented in docs/policy.md)."""
     key = _gpu_key("r", policy)
     container = (
         "has(c.resources) && (\n"
@@ -95,10 +101,12 @@ def gpu_pod(policy: Policy, root: str = "object") -> str:
         f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
         ")"
     )
-    return " ||\n".join(
+    resources = [
         f"(has({root}.spec.{field}) && {root}.spec.{field}.exists(c, {container}))"
         for field in ("containers", "initContainers")
-    )
+    ]
+    claims = f"(has({root}.spec.resourceClaims) && size({root}.spec.resourceClaims) > 0)"
+    return " ||\n".join([*resources, claims])
 
 
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:

@@ -69,9 +69,10 @@ def spec_device_classes(claim_spec: Any, field: str = "spec") -> frozenset[str]:
     return frozenset(found)
 
 
-def device_classes(obj: Mapping[str, Any]) -> frozenset[str]:
-    """The device classes a ResourceClaim or ResourceClaimTemplate object asks for."""
-    kind = obj.get("kind")
+def device_classes(obj: Mapping[str, Any], kind: str | None = None) -> frozenset[str]:
+    """The device classes a ResourceClaim or ResourceClaimTemplate object asks for. ``kind`` for the
+    items of a list, which the apiserver sends without ``kind``."""
+    kind = kind or obj.get("kind")
     spec = _object(obj.get("spec"), "spec")
     if kind == TEMPLATE_KIND:
         return spec_device_classes(spec.get("spec"), "spec.spec")

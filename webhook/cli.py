@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "certs": ("webhook.certs", "generate a CA and a serving certificate for the webhook Service"),
     "manifests": ("webhook.render", "render the deployable Kubernetes manifests"),
+    "audit": (
+        "webhook.audit",
+        "check running pods, nodes and namespaces against the policy; reserved pool capacity (exit 1 on findings)",
+    ),
+    "pool": ("webhook.pool", "plan, apply, release or show the reserved node pool (label and taint the nodes)"),
 }
 
 

@@ -1,8 +1,10 @@
 """Cluster facts for the engine: namespace labels and reserved nodes, from an in-memory watch cache.
 
-Two reflectors (client-go's list-then-watch pattern) run in background threads with the
-``kubernetes`` client: Namespaces (their labels) and Nodes carrying the reserved label key. A
-review never calls the API: it reads the cache.
+Reflectors (client-go's list-then-watch pattern) run in background threads with the ``kubernetes``
+client: Namespaces (their labels), Nodes carrying the reserved label key, and ResourceClaims and
+ResourceClaimTemplates (the device classes they request; ``resource.k8s.io`` v1, else the newest
+version the cluster serves, none when it serves no DRA). A review never calls the API: it reads the
+cache.
 
 - list, then watch from the list's ``resourceVersion`` with bookmarks; every event moves the
   resourceVersion forward, so a watch that ends (server timeout, dropped connection) resumes
@@ -28,7 +30,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from webhook.decision import NamespaceFacts, NodeFacts
+from webhook import claims
+from webhook.decision import NO_CLAIMS, NO_DEVICE_CLASSES, ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.metrics import Metrics
 from webhook.policy import Policy
 
@@ -46,20 +49,35 @@ class WatchError(Exception):
     """The watch reported an error event other than 410."""
 
 
-def _labels(obj: Mapping[str, Any]) -> tuple[str, Labels]:
+class NotServed(Exception):
+    """The cluster serves no version of the API (e.g. no Dynamic Resource Allocation)."""
+
+
+def _labels(obj: Mapping[str, Any]) -> Labels:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return str(meta.get("name", "")), {str(k): str(v) for k, v in labels.items()}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+# What a reflector keeps of each object (None: nothing worth keeping, the object is left out).
+Extract = Callable[[Mapping[str, Any]], Any]
 
 
 class Reflector:
-    """Keeps ``items`` (name -> labels) equal to the API server's collection, in a thread."""
+    """Keeps ``items`` equal to the API server's collection, in a thread: name -> what ``extract`` keeps
+    (by default the labels), or for a ``namespaced`` collection namespace -> name -> that."""
 
     def __init__(
         self,
         resource: str,
         list_call: ListCall,
         *,
+        extract: Extract = _labels,
+        namespaced: bool = False,
         metrics: Metrics | None = None,
         label_selector: str | None = None,
         resync_seconds: float = 600.0,
@@ -77,7 +95,10 @@ class Reflector:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self._on_change = on_change
-        self.items: dict[str, Labels] = {}
+        self._extract = extract
+        self.namespaced = namespaced
+        self.served = True  # False when the cluster serves no version of the API (NotServed)
+        self.items: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.synced = threading.Event()
         self.resource_version = ""
@@ -137,6 +158,11 @@ class Reflector:
                 self._count("expired")
                 log.info("watch expired (410 Gone), relisting", extra={"resource": self.resource})
                 continue
+            except NotServed:
+                # Nothing to know: the collection is empty until the API appears (checked at each resync).
+                self._not_served()
+                self._stop.wait(self.resync_seconds)
+                continue
             except Exception as err:
                 if self._stop.is_set():
                     return
@@ -160,6 +186,17 @@ class Reflector:
                 raise Gone() from None
             raise
 
+    def _not_served(self) -> None:
+        with self.lock:
+            self.items = {}
+        self.served = False
+        self.last_error = None
+        self.synced.set()
+        if self.metrics is not None:
+            self.metrics.cluster_synced.labels(self.resource).set(1)
+        self._changed()
+        log.info("not served by this cluster", extra={"resource": self.resource})
+
     def _list(self) -> None:
         self._relist.clear()
         response = self._call(_request_timeout=(10, 60))
@@ -170,13 +207,12 @@ class Reflector:
             body = json.loads(response.data)
         finally:
             response.release_conn()
-        items: dict[str, Labels] = {}
+        items: dict[str, Any] = {}
         for obj in body.get("items") or []:
-            name, labels = _labels(obj)
-            if name:
-                items[name] = labels
+            self._put(items, obj)
         with self.lock:
             self.items = items
+        self.served = True
         self.resource_version = str((body.get("metadata") or {}).get("resourceVersion", ""))
         self.lists += 1
         self.last_error = None
@@ -185,8 +221,29 @@ class Reflector:
             self.metrics.cluster_synced.labels(self.resource).set(1)
         self._changed()
         log.info(
-            "listed", extra={"resource": self.resource, "count": len(items), "resource_version": self.resource_version}
+            "listed", extra={"resource": self.resource, "count": self.count, "resource_version": self.resource_version}
         )
+
+    @property
+    def count(self) -> int:
+        items = self.items
+        return sum(len(names) for names in items.values()) if self.namespaced else len(items)
+
+    def _put(self, items: dict[str, Any], obj: Mapping[str, Any]) -> None:
+        namespace, name = _key(obj)
+        if not name:
+            return
+        value = self._extract(obj)
+        target = items.setdefault(namespace, {}) if self.namespaced else items
+        if value is None:
+            target.pop(name, None)
+        else:
+            target[name] = value
+
+    def _delete(self, items: dict[str, Any], obj: Mapping[str, Any]) -> None:
+        namespace, name = _key(obj)
+        target = items.get(namespace, {}) if self.namespaced else items
+        target.pop(name, None)
 
     def _watch_until_resync(self) -> None:
         deadline = threading.Event()
@@ -244,17 +301,65 @@ class Reflector:
             if version:
                 self.resource_version = str(version)
             return
-        name, labels = _labels(obj)
-        if not name:
-            return
         with self.lock:
             if kind == "DELETED":
-                self.items.pop(name, None)
+                self._delete(self.items, obj)
             elif kind in ("ADDED", "MODIFIED"):
-                self.items[name] = labels
+                self._put(self.items, obj)
         if version:
             self.resource_version = str(version)
         self._changed()
+
+
+class FirstServedVersion:
+    """A list/watch call on the first version of an API group the cluster serves (newest first): a
+    404 on a version means the cluster does not serve it. Remembered once found."""
+
+    def __init__(self, calls: list[tuple[str, ListCall]]) -> None:
+        self._calls = calls
+        self.version: str | None = None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        for version, call in self._calls:
+            if self.version is not None and version != self.version:
+                continue
+            try:
+                response = call(**kwargs)
+            except Exception as err:
+                if getattr(err, "status", None) == 404 and self.version is None:
+                    continue
+                raise
+            if getattr(response, "status", 200) == 404 and self.version is None:
+                response.release_conn()
+                continue
+            self.version = version
+            return response
+        raise NotServed()
+
+
+def _claim_extract(kind: str) -> Extract:
+    def extract(obj: Mapping[str, Any]) -> frozenset[str] | None:
+        try:
+            return claims.device_classes(obj, kind)
+        except claims.MalformedClaim as err:
+            # The apiserver validates claims, so this is not expected; unknown is the safe answer.
+            log.warning(
+                "unreadable claim left out", extra={"kind": kind, "claim": "/".join(_key(obj)), "error": str(err)}
+            )
+            return None
+
+    return extract
+
+
+def _claim_list_call(api_client: Any, method: str) -> FirstServedVersion:
+    from kubernetes import client
+
+    apis = {
+        "v1": client.ResourceV1Api,
+        "v1beta2": client.ResourceV1beta2Api,
+        "v1beta1": client.ResourceV1beta1Api,
+    }
+    return FirstServedVersion([(version, getattr(apis[version](api_client), method)) for version in claims.VERSIONS])
 
 
 def _lines(response: Any) -> Iterator[str]:
@@ -266,7 +371,8 @@ def _lines(response: Any) -> Iterator[str]:
 
 
 class ClusterCache:
-    """``ClusterFacts`` backed by the two reflectors."""
+    """``ClusterFacts`` backed by the reflectors: Namespaces, reserved Nodes, and the Dynamic Resource
+    Allocation objects pods can name (ResourceClaims, ResourceClaimTemplates)."""
 
     def __init__(
         self,
@@ -296,15 +402,34 @@ class ClusterCache:
         self.nodes_reflector = Reflector(
             "nodes", core.list_node, label_selector=reserved_label[0], on_change=self._invalidate, **common
         )
+        # Read as raw JSON like the others; only the device classes each one requests are kept.
+        self.claims_reflector = Reflector(
+            "resourceclaims",
+            _claim_list_call(api_client, "list_resource_claim_for_all_namespaces"),
+            extract=_claim_extract(claims.CLAIM_KIND),
+            namespaced=True,
+            **common,
+        )
+        self.claim_templates_reflector = Reflector(
+            "resourceclaimtemplates",
+            _claim_list_call(api_client, "list_resource_claim_template_for_all_namespaces"),
+            extract=_claim_extract(claims.TEMPLATE_KIND),
+            namespaced=True,
+            **common,
+        )
         self.api_client = api_client
 
+    @property
+    def reflectors(self) -> tuple[Reflector, ...]:
+        return (self.namespaces, self.nodes_reflector, self.claims_reflector, self.claim_templates_reflector)
+
     def start(self) -> None:
-        self.namespaces.start()
-        self.nodes_reflector.start()
+        for reflector in self.reflectors:
+            reflector.start()
 
     def stop(self) -> None:
-        self.namespaces.stop()
-        self.nodes_reflector.stop()
+        for reflector in self.reflectors:
+            reflector.stop()
         close = getattr(self.api_client, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):  # best effort at shutdown
@@ -312,17 +437,18 @@ class ClusterCache:
 
     @property
     def synced(self) -> bool:
-        return self.namespaces.synced.is_set() and self.nodes_reflector.synced.is_set()
+        return all(reflector.synced.is_set() for reflector in self.reflectors)
 
     def status(self) -> dict[str, Any]:
         return {
             reflector.resource: {
                 "synced": reflector.synced.is_set(),
-                "count": len(reflector.items),
+                "count": reflector.count,
                 "resourceVersion": reflector.resource_version,
+                **({} if reflector.served else {"served": False}),
                 **({"lastError": reflector.last_error} if reflector.last_error else {}),
             }
-            for reflector in (self.namespaces, self.nodes_reflector)
+            for reflector in self.reflectors
         }
 
     def _invalidate(self) -> None:
@@ -335,6 +461,15 @@ class ClusterCache:
         labels = self.namespaces.items.get(name)
         # A namespace not in the cache yet (created a moment ago, watch lagging) is unknown, not unlabelled.
         return NamespaceFacts(name=name, labels=labels)
+
+    def claims(self, namespace: str) -> ClaimFacts:
+        # Until both are listed every claim is unresolvable: the engine counts it as a GPU request.
+        if not (self.claims_reflector.synced.is_set() and self.claim_templates_reflector.synced.is_set()):
+            return NO_CLAIMS
+        return ClaimFacts(
+            claims=self.claims_reflector.items.get(namespace, NO_DEVICE_CLASSES),
+            templates=self.claim_templates_reflector.items.get(namespace, NO_DEVICE_CLASSES),
+        )
 
     def nodes(self, policy: Policy) -> NodeFacts:
         label = policy.spec.reserved_nodes.label

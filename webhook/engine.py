@@ -67,7 +67,7 @@ def decide(
     if namespace.name in spec.excluded_namespaces:
         return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
     try:
-        return _decide_pod(operation, pod, old_pod, namespace, nodes, policy, mode, mode_warnings)
+        return _decide_pod(operation, pod, old_pod, namespace, nodes, policy, claims, mode, mode_warnings)
     except pods.MalformedPod as err:
         return Decision(
             allowed=False,
@@ -144,6 +144,7 @@ def _decide_pod(
     namespace: NamespaceFacts,
     nodes: NodeFacts,
     policy: Policy,
+    claims: ClaimFacts,
     mode: Mode,
     mode_warnings: list[str],
 ) -> Decision:
@@ -157,8 +158,15 @@ def _decide_pod(
         return _allow(RULE_DELETING, "the pod is terminating", mode)
     mirror = MIRROR_ANNOTATION in annotations
     gpu = pods.gpu_containers(spec, policy.gpu)
-    if not gpu and not policy.spec.scope.all_pods:
-        return _allow(RULE_NOT_GPU, "the pod requests no GPU resource", mode)
+    raw_claims = spec.get("resourceClaims")
+    gpu_claim = False
+    if raw_claims is not None:  # Dynamic Resource Allocation: GPUs reached through claims
+        gpu_claim_names = _gpu_claims(pods.resource_claims(raw_claims), claims, policy, mode_warnings)
+        if gpu_claim_names:
+            gpu_claim = True
+            gpu = pods.claim_containers(spec, gpu_claim_names, gpu)
+    if not gpu and not gpu_claim and not policy.spec.scope.all_pods:
+        return _allow(RULE_NOT_GPU, "the pod requests no GPU resource and no GPU device class", mode)
 
     if raw_spec is None:
         # Only reachable with scope.allPods: every patch below needs /spec to exist.
@@ -189,6 +197,33 @@ def _decide_pod(
         return _finish(review, mode, class_name, RULE_MIRROR)
     _plan(review, cls, class_name, gpu, labels)
     return _finish(review, mode, class_name, RULE_COMPLIANT)
+
+
+def _gpu_claims(refs: list[pods.ClaimRef], claims: ClaimFacts, policy: Policy, warnings: list[str]) -> set[str]:
+    """The names (as containers use them) of the pod's claims that reach a GPU device class. A claim that
+    cannot be resolved counts as one: failing toward isolation is the safe side."""
+    names: set[str] = set()
+    for ref in refs:
+        if ref.template_name:
+            kind, target, classes = "ResourceClaimTemplate", ref.template_name, claims.templates.get(ref.template_name)
+        elif ref.claim_name:
+            kind, target, classes = "ResourceClaim", ref.claim_name, claims.claims.get(ref.claim_name)
+        else:
+            warnings.append(
+                f"{ref.field} ({ref.name}) names neither a ResourceClaim nor a ResourceClaimTemplate; "
+                "counted as a GPU request"
+            )
+            names.add(ref.name)
+            continue
+        if classes is None:
+            warnings.append(
+                f"{ref.field} ({ref.name}): {kind} {target} could not be resolved (not known to the webhook yet); "
+                "counted as a GPU request: the pod is placed and checked as a GPU pod"
+            )
+            names.add(ref.name)
+        elif any(policy.gpu_device_classes(name) for name in classes):
+            names.add(ref.name)
+    return names
 
 
 def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[str, str] | None) -> str:
@@ -485,22 +520,41 @@ def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str])
         c.get("topologyKey") == spread.topology_key for _, c in pods.objects(current, "spec.topologySpreadConstraints")
     ):
         return
-    if not labels:
+    match_labels, match_label_keys = _spread_selector(review.policy, labels)
+    if not match_labels and not match_label_keys:
         review.warnings.append(
             f"no topology spread on {spread.topology_key} added: the pod has no labels to select its peers by "
-            "(a constraint without a selector counts nothing); give the pod labels"
+            "(a constraint without a selector counts nothing, and per-pod labels such as a StatefulSet's pod-name "
+            "select only the pod itself); give the pod labels"
         )
         return
     constraint: dict[str, Any] = {
         "maxSkew": spread.max_skew,
         "topologyKey": spread.topology_key,
         "whenUnsatisfiable": spread.when_unsatisfiable,
-        "labelSelector": {"matchLabels": dict(labels)},
+        # An empty selector matches every pod; matchLabelKeys then narrows it to the pod's own revision.
+        "labelSelector": {"matchLabels": match_labels} if match_labels else {},
     }
+    if match_label_keys:
+        constraint["matchLabelKeys"] = match_label_keys
     if spread.min_domains is not None:
         constraint["minDomains"] = spread.min_domains
     review.operations.extend(patch.append_to_list(current, "/spec/topologySpreadConstraints", [constraint]))
     review.done.append("topology-spread")
+
+
+def _spread_selector(policy: Policy, labels: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The spread constraint's matchLabels and matchLabelKeys: per-pod identity labels left out,
+    revision and controller-instance labels as keys (``spec.spreadSelector``)."""
+    excluded, by_key = _spread_keys(policy)
+    match_labels = {key: value for key, value in labels.items() if key not in excluded and key not in by_key}
+    return match_labels, [key for key in by_key if key in labels]
+
+
+@lru_cache(maxsize=64)
+def _spread_keys(policy: Policy) -> tuple[frozenset[str], tuple[str, ...]]:
+    selector = policy.spec.spread_selector
+    return frozenset(selector.excluded_label_keys), tuple(selector.match_label_keys)
 
 
 def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -> None:

@@ -6,21 +6,23 @@ the policy from the caller. The same function serves the HTTPS app and any offli
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from webhook import review
-from webhook.decision import NamespaceFacts, NodeFacts
+from webhook.decision import NO_CLAIMS, ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.engine import decide
 from webhook.policy import Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
 
 
 class ClusterFacts(Protocol):
-    """Where namespace labels and reserved node names come from."""
+    """Where namespace labels, reserved node names and the namespace's DRA claims come from."""
 
     def namespace(self, name: str) -> NamespaceFacts: ...
 
     def nodes(self, policy: Policy) -> NodeFacts: ...
+
+    def claims(self, namespace: str) -> ClaimFacts: ...
 
 
 _UNKNOWN_NODES = NodeFacts(reserved_node_names=None)
@@ -37,6 +39,9 @@ class NoCluster:
 
     def nodes(self, policy: Policy) -> NodeFacts:
         return _UNKNOWN_NODES
+
+    def claims(self, namespace: str) -> ClaimFacts:
+        return NO_CLAIMS
 
 
 class Handled:
@@ -64,6 +69,11 @@ class Handled:
 
 def _skip(rule: str, mode: str) -> Handled:
     return Handled(response=review.allowed(), workload_class="", decision="skipped", rule=rule, mode=mode)
+
+
+def _names_claims(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return type(spec) is dict and bool(spec.get("resourceClaims"))
 
 
 def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
@@ -99,6 +109,8 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
         namespace=facts.namespace(namespace),
         nodes=facts.nodes(policy),
         policy=policy,
+        # Read only for pods that name claims: the cache lookup is skipped for every other pod.
+        claims=facts.claims(namespace) if _names_claims(pod) else NO_CLAIMS,
     )
     if not decision.allowed:
         response = review.denied(

@@ -58,6 +58,8 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        # Exported at 0 from the start: increase() in the alert rules needs a sample before the first error.
+        self.errors.labels("internal")
         self.policy_reloads = Counter(f"{PREFIX}_policy_reloads", "Policy files loaded after a change.", registry=r)
         self.policy_reload_failures = Counter(
             f"{PREFIX}_policy_reload_failures",
@@ -96,6 +98,67 @@ class Metrics:
             "Cluster watch restarts, by resource and reason (closed, expired, error).",
             ["resource", "reason"],
             registry=r,
+        )
+
+        # The background audit (webhook/auditloop.py): set by the replica holding the audit Lease only.
+        # The names are fixed: the monitoring pack's alerts and dashboard read them.
+        self.audit_findings = Gauge(
+            f"{PREFIX}_audit_findings",
+            "Findings of the last background audit, by rule (docs/operations.md).",
+            ["rule"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.audit_runs = Counter(
+            f"{PREFIX}_audit_runs", "Background audits run, by result (success, failure).", ["result"], registry=r
+        )
+        self.audit_last_success = Gauge(
+            f"{PREFIX}_audit_last_success_timestamp_seconds",
+            "When the last background audit succeeded, as a Unix time.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.audit_leader = Gauge(
+            f"{PREFIX}_audit_leader",
+            "1 on the replica holding the audit Lease (it runs the background audit), else 0.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.pool_nodes = Gauge(
+            f"{PREFIX}_pool_nodes",
+            "Nodes per pool (reserved, shared) at the last audit.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_gpus_allocatable = Gauge(
+            f"{PREFIX}_pool_gpus_allocatable",
+            "Allocatable GPUs (amd.com/gpu and partitions) per pool at the last audit.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_gpus_requested = Gauge(
+            f"{PREFIX}_pool_gpus_requested",
+            "GPUs requested by pods bound to the pool's nodes, by workload class, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_pending_pods = Gauge(
+            f"{PREFIX}_pool_pending_pods",
+            "Unscheduled GPU pods by the pool their class is placed on (reserved for placement reserved, "
+            "else shared) and class, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_oldest_pending_seconds = Gauge(
+            f"{PREFIX}_pool_oldest_pending_seconds",
+            "How long the oldest unscheduled GPU pod of the pool and class had waited, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
 
     def labelled(self, metric: Counter, *values: str) -> Counter:

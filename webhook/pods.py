@@ -155,6 +155,59 @@ def gpu_containers(spec: dict[str, Any], gpu: GpuResources) -> list[ContainerRef
     return found
 
 
+class ClaimRef:
+    """One entry of ``spec.resourceClaims``: the name containers use, and the ResourceClaim or
+    ResourceClaimTemplate it names (exactly one of the two, when the pod is valid)."""
+
+    __slots__ = ("claim_name", "index", "name", "template_name")
+
+    def __init__(self, index: int, name: str, claim_name: str, template_name: str) -> None:
+        self.index: Final = index
+        self.name: Final = name
+        self.claim_name: Final = claim_name
+        self.template_name: Final = template_name
+
+    @property
+    def field(self) -> str:
+        return f"spec.resourceClaims[{self.index}]"
+
+
+def resource_claims(value: Any) -> list[ClaimRef]:
+    """The pod's ``spec.resourceClaims`` (Dynamic Resource Allocation), each field type-checked."""
+    found = []
+    for index, entry in objects(value, "spec.resourceClaims"):
+        field = f"spec.resourceClaims[{index}]"
+        found.append(
+            ClaimRef(
+                index,
+                string(entry.get("name"), f"{field}.name"),
+                string(entry.get("resourceClaimName"), f"{field}.resourceClaimName"),
+                string(entry.get("resourceClaimTemplateName"), f"{field}.resourceClaimTemplateName"),
+            )
+        )
+    return found
+
+
+def claim_containers(spec: dict[str, Any], claim_names: set[str], found: list[ContainerRef]) -> list[ContainerRef]:
+    """``found`` plus the containers whose ``resources.claims`` name one of ``claim_names``."""
+    have = {(c.list_name, c.position) for c in found}
+    out = list(found)
+    for list_name, field in _CONTAINER_FIELDS:
+        for index, body in objects(spec.get(list_name), field):
+            if (list_name, index) in have:
+                continue
+            container = ContainerRef(list_name, index, body)
+            resources = mapping(body.get("resources"), f"{container.field}.resources")
+            for j, claim in objects(resources.get("claims"), f"{container.field}.resources.claims"):
+                if string(claim.get("name"), f"{container.field}.resources.claims[{j}].name") in claim_names:
+                    out.append(container)
+                    break
+    # In pod order (init containers first), as gpu_containers lists them.
+    order = {name: i for i, name in enumerate(CONTAINER_LISTS)}
+    out.sort(key=lambda c: (order[c.list_name], c.position))
+    return out
+
+
 def pod_name(pod: Mapping[str, Any]) -> str:
     """The pod's name, or its generateName prefix (names are empty on CREATE with generateName)."""
     metadata = pod.get("metadata")

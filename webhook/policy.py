@@ -39,6 +39,7 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+_DEVICE_CLASS = re.compile(r"^[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?(\.[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?)*$")
 
 
 class PolicyError(Exception):
@@ -159,11 +160,19 @@ class EnvVar(_Model):
     # keep: a value the container already sets wins; override: the policy's value wins
     # (use it for anything a pod must not choose for itself, such as priorities).
     on_conflict: Literal["keep", "override"] = "keep"
+    # The operator knows ROCm ignores this variable and sets it anyway (e.g. a runbook value):
+    # the loader's "no effect" warning is not repeated. Only for variables known to have no effect.
+    acknowledge_no_effect: bool = False
 
     @model_validator(mode="after")
     def _valid(self) -> EnvVar:
         if not _ENV_NAME.match(self.name):
             raise ValueError(f"{self.name!r} is not a valid environment variable name")
+        if self.acknowledge_no_effect and self.name not in rocm.NO_EFFECT_VARIABLES:
+            raise ValueError(
+                f"acknowledgeNoEffect: {self.name} is not a variable known to have no effect in ROCm "
+                f"({', '.join(sorted(rocm.NO_EFFECT_VARIABLES))}); remove the field"
+            )
         if self.name == "HSA_CU_MASK":
             errors = rocm.cu_mask_errors(self.value)
             if errors:
@@ -226,6 +235,9 @@ class Scope(_Model):
     gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu"])
     # Regular expressions (RE2-compatible, searched as CEL's matches() does).
     gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/[a-z0-9]+_[a-z0-9]+$"])
+    # DRA DeviceClasses that hand out GPUs (exact names or shell-style globs): a pod whose
+    # ResourceClaim(Template) requests one of them is a GPU pod. gpu.amd.com: AMD's DRA driver.
+    gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
     all_pods: bool = False
 
     @model_validator(mode="after")
@@ -235,6 +247,53 @@ class Scope(_Model):
                 re.compile(pattern)
             except re.error as err:
                 raise ValueError(f"gpuResourcePatterns: {pattern!r} is not a regular expression: {err}") from None
+        for name in self.gpu_device_classes:
+            if not name or len(name) > 253 or not _DEVICE_CLASS.match(name):
+                raise ValueError(
+                    f"gpuDeviceClasses: {name!r} is not a DeviceClass name (a DNS subdomain such as gpu.amd.com; "
+                    "* and ? may stand for parts of it)"
+                )
+        return self
+
+
+class SpreadSelector(_Model):
+    """Which pod labels the added topology spread constraint selects its peers by.
+
+    A constraint counts the pods its selector matches; a label that a controller makes unique per pod
+    would make it count only the pod itself (maxSkew always met: nothing spreads)."""
+
+    # Per-pod identity labels: never in the selector.
+    excluded_label_keys: list[str] = Field(
+        default_factory=lambda: [
+            "statefulset.kubernetes.io/pod-name",
+            "apps.kubernetes.io/pod-index",
+            "batch.kubernetes.io/job-completion-index",
+            "leaderworkerset.sigs.k8s.io/worker-index",
+            "training.kubeflow.org/replica-index",
+        ]
+    )
+    # Labels whose values the controller chooses per revision or per instance: the constraint lists the
+    # keys in matchLabelKeys (the scheduler reads the values from the pod itself), so replicas of one
+    # revision count each other and no value is hard-wired.
+    match_label_keys: list[str] = Field(
+        default_factory=lambda: [
+            "pod-template-hash",
+            "controller-revision-hash",
+            "pod-template-generation",
+            "batch.kubernetes.io/controller-uid",
+            "controller-uid",
+            "batch.kubernetes.io/job-name",
+            "job-name",
+        ]
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> SpreadSelector:
+        for key in (*self.excluded_label_keys, *self.match_label_keys):
+            _check_label_key(key)
+        both = sorted(set(self.excluded_label_keys) & set(self.match_label_keys))
+        if both:
+            raise ValueError(f"{', '.join(both)}: a key is either excluded or a matchLabelKey, not both")
         return self
 
 
@@ -292,6 +351,7 @@ class PolicySpec(_Model):
     reserved_nodes: ReservedNodes = Field(default_factory=ReservedNodes)
     labels: Labels = Field(default_factory=Labels)
     default_class: str = "training"
+    spread_selector: SpreadSelector = Field(default_factory=SpreadSelector)
     classes: dict[str, WorkloadClass]
     namespaces: list[NamespaceRule] = Field(default_factory=list)
 
@@ -353,6 +413,8 @@ class Policy:
     _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
     # Which resource names are GPUs (compiled, remembered per name).
     gpu: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
+    # Which DRA DeviceClasses are GPUs (same matcher: exact names, then the globs as patterns).
+    gpu_device_classes: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
     # document.spec, read for every review: an attribute, not a property.
     spec: PolicySpec = field(init=False, repr=False)
 
@@ -418,7 +480,7 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
     warnings: list[str] = []
     for name, cls in doc.spec.classes.items():
         for i, var in enumerate(cls.env):
-            for text in rocm.variable_warnings(var.name, var.value):
+            for text in rocm.variable_warnings(var.name, var.value, acknowledged=var.acknowledge_no_effect):
                 warnings.append(f"spec.classes.{name}.env[{i}] ({var.name}): {text}")
         if cls.kfd_topology_mount:
             warnings.append(
@@ -438,7 +500,15 @@ def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Poli
         warnings=tuple(_policy_warnings(doc)),
         _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
         gpu=GpuResources(doc.spec.scope.gpu_resources, [re.compile(p) for p in doc.spec.scope.gpu_resource_patterns]),
+        gpu_device_classes=_device_class_matcher(doc.spec.scope.gpu_device_classes),
     )
+
+
+def _device_class_matcher(names: list[str]) -> GpuResources:
+    exact = [name for name in names if not any(ch in name for ch in "*?")]
+    # Anchored at the start too: GpuResources searches its patterns.
+    globs = [re.compile("^" + fnmatch.translate(name)) for name in names if name not in exact]
+    return GpuResources(exact, globs)
 
 
 def parse_policy(text: str, *, source: str = "<policy>") -> Policy:

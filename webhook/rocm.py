@@ -85,9 +85,12 @@ def cu_mask_errors(mask: str) -> list[str]:
     return errors
 
 
-def variable_warnings(name: str, value: str) -> list[str]:
-    """Warnings (not errors) for a variable a policy sets."""
+def variable_warnings(name: str, value: str, *, acknowledged: bool = False) -> list[str]:
+    """Warnings (not errors) for a variable a policy sets; ``acknowledged``: the policy says it knows
+    the variable has no effect (``acknowledgeNoEffect``)."""
     if name in NO_EFFECT_VARIABLES:
+        if acknowledged:
+            return []
         return [f"{name} has no effect in ROCm: {NO_EFFECT_VARIABLES[name]}"]
     if name in SLOWING_VARIABLES and value.strip() not in ("", "0"):
         return [SLOWING_VARIABLES[name]]

@@ -31,13 +31,14 @@ import gc
 import json
 import logging
 import os
+import socket
 import ssl
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -49,7 +50,12 @@ from webhook.policy import PolicyError
 from webhook.reload import PolicyStore
 from webhook.tls import CertificateError, CertificateReloader
 
+if TYPE_CHECKING:
+    from webhook.auditloop import BackgroundAudit
+
 SETTINGS_ENV = "ROCM_ISOLATION_WEBHOOK_SERVE"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+DEFAULT_NAMESPACE = "rocm-isolation-system"
 DEFAULT_KEEP_ALIVE = 95
 DEFAULT_READ_TIMEOUT = 10.0
 
@@ -73,6 +79,7 @@ class Settings:
     log_level: str = "info"
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
+    audit_interval_seconds: float = 300.0
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -101,15 +108,54 @@ def build_service(settings: Settings) -> WebhookService:
             metrics=metrics,
             resync_seconds=settings.resync_seconds,
         )
+    auditor = None
+    if settings.cluster and settings.audit_interval_seconds > 0:
+        auditor = build_auditor(settings, metrics)
     return WebhookService(
         policies=policies,
         metrics=metrics,
         certificates=certificates,
         cluster=cluster,
+        auditor=auditor,
         policy_poll_seconds=settings.policy_poll_seconds,
         cert_poll_seconds=settings.cert_poll_seconds,
         max_body_bytes=settings.max_body_bytes,
     )
+
+
+def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
+    """The background audit: a child ``audit`` process with the server's kubeconfig and policy file,
+    elected through a Lease in this namespace (the election has its own API client)."""
+    from webhook.auditloop import LEASE_NAME, BackgroundAudit, audit_command
+    from webhook.kubeapi import KubeApi
+    from webhook.lease import LeaderElector
+
+    api_client = load_api_client(settings.kubeconfig)
+    if api_client is None:
+        raise RuntimeError("no kubeconfig and not running in a cluster")
+    elector = LeaderElector(
+        KubeApi(api_client),
+        namespace=own_namespace(),
+        name=LEASE_NAME,
+        identity=f"{socket.gethostname()}_{os.getpid()}",
+    )
+    return BackgroundAudit(
+        audit_command(settings.kubeconfig, settings.policy),
+        metrics,
+        interval=settings.audit_interval_seconds,
+        elector=elector,
+    )
+
+
+def own_namespace() -> str:
+    """The namespace this pod runs in (its service account token's), for the audit Lease."""
+    env = os.environ.get("POD_NAMESPACE")
+    if env:
+        return env
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text(encoding="utf-8").strip() or DEFAULT_NAMESPACE
+    except OSError:
+        return DEFAULT_NAMESPACE
 
 
 _service: WebhookService | None = None
@@ -233,6 +279,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_READ_TIMEOUT,
         help="close a connection whose request (headers and body) is not complete within this time (slowloris)",
     )
+    parser.add_argument(
+        "--audit-interval-seconds",
+        type=float,
+        default=300.0,
+        help="run the audit in the background this often and export it as metrics; one replica at a time "
+        "(a Lease in the webhook's namespace); 0 disables it (default: 300; needs a cluster)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -253,6 +306,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         graceful_timeout_seconds=args.graceful_timeout_seconds,
         log_level=args.log_level,
         read_timeout_seconds=args.read_timeout_seconds,
+        audit_interval_seconds=args.audit_interval_seconds,
     )
 
 
@@ -268,6 +322,7 @@ def main(args: argparse.Namespace) -> int:
         or args.cert_poll_seconds <= 0
         or args.policy_poll_seconds <= 0
         or args.read_timeout_seconds <= 0
+        or args.audit_interval_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2

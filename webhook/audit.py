@@ -1,0 +1,572 @@
+"""``audit``: running pods, nodes and namespaces against the policy, and the pools' capacity.
+
+The webhook only sees pods as they are admitted; this reads what is already there. Pods are judged
+by the admission engine itself (``engine.decide`` on a CREATE of the pod as it is now, with the
+reserved nodes, the namespace labels and the namespace's DRA claims read from the cluster): its
+violations and the patch it would still send are the findings, so the audit can never disagree
+with admission. Two readings of the decision:
+
+- the policy is judged in ``enforce`` mode, and the namespace mode label is left out: in ``audit``
+  mode ``decide`` sends no patch, and the point here is what the policy *would* do;
+- only patch operations outside ``/metadata/annotations`` count as "missing mutations": the
+  annotations are the webhook's record, not isolation.
+
+Rule ids are stable (metrics labels, PolicyReport rules, docs/operations.md).
+Exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Final, TextIO
+
+import yaml
+
+from webhook import engine, patch
+from webhook.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.inventory import POOLS, NodeInfo, Pool, Snapshot, pod_info
+from webhook.kubeapi import ApiError, Forbidden, KubeApi
+from webhook.policy import Policy, PolicyError, compile_policy, default_policy, load_policy
+
+EXIT_CLEAN: Final = 0
+EXIT_FINDINGS: Final = 1
+EXIT_ERROR: Final = 2
+
+POLICY_NAME: Final = "rocm-isolation"  # the "policy" of PolicyReport results
+SOURCE: Final = "rocm-isolation-webhook"
+UNCLASSIFIED: Final = "unclassified"  # GPU pods of excluded namespaces: no class
+# Pages decoded ahead while the previous one is judged (bounded: each holds ~500 pods).
+PREFETCH_PAGES: Final = 2
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    kind: str  # the kind of object the finding is about
+    severity: str  # PolicyReport severity
+    title: str  # what it means (docs, table)
+
+
+RULES: Final[dict[str, Rule]] = {
+    rule.id: rule
+    for rule in (
+        Rule("pod-on-reserved-node", "Pod", "high", "a pod of a class that may not use reserved nodes runs on one"),
+        Rule(
+            "pod-can-reach-reserved-nodes",
+            "Pod",
+            "high",
+            "a pending pod of a class that may not use reserved nodes can be scheduled onto one",
+        ),
+        Rule(
+            "inference-pod-outside-reserved-pool",
+            "Pod",
+            "medium",
+            "a pod of a reserved class (inference) runs on a node outside the reserved pool",
+        ),
+        Rule("pod-missing-mutations", "Pod", "medium", "a GPU pod lacks what the policy would add to it today"),
+        Rule("pod-would-be-denied", "Pod", "medium", "a running pod that the policy would deny if it were created now"),
+        Rule(
+            "node-label-without-taint", "Node", "high", "a node labelled for the reserved pool lacks the reserved taint"
+        ),
+        Rule("node-taint-without-label", "Node", "medium", "a node has the reserved taint without the pool label"),
+        Rule("reserved-node-without-gpus", "Node", "medium", "a reserved node has no allocatable AMD GPU"),
+        Rule(
+            "reserved-node-gpu-unhealthy",
+            "Node",
+            "high",
+            "a reserved node is tainted amd-gpu-unhealthy by the AMD GPU operator: capacity lost",
+        ),
+        Rule(
+            "namespace-unknown-class", "Namespace", "medium", "a namespace's class label names no class of the policy"
+        ),
+        Rule("namespace-unknown-mode", "Namespace", "low", "a namespace's mode label is not enforce, warn or audit"),
+    )
+}
+
+_REACH_RULES: Final = frozenset({engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION})
+_ANNOTATIONS: Final = "/metadata/annotations"
+_MUTATIONS_POINTER: Final = f"{_ANNOTATIONS}/{patch.escape(engine.MUTATIONS_ANNOTATION)}"
+_MODES: Final = ("enforce", "warn", "audit")
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    kind: str
+    name: str
+    message: str
+    namespace: str | None = None
+    uid: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule, "kind": self.kind}
+        if self.namespace is not None:
+            out["namespace"] = self.namespace
+        out["name"] = self.name
+        out["message"] = self.message
+        return out
+
+
+@dataclass
+class Pending:
+    pods: int = 0
+    oldest: datetime | None = None
+
+    def add(self, created: datetime | None) -> None:
+        self.pods += 1
+        if created is not None and (self.oldest is None or created < self.oldest):
+            self.oldest = created
+
+    def wait_seconds(self, now: datetime) -> float:
+        return max(0.0, (now - self.oldest).total_seconds()) if self.oldest else 0.0
+
+
+@dataclass
+class PoolCapacity:
+    nodes: int = 0
+    gpus_allocatable: int = 0
+    gpus_requested: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "gpusAllocatable": self.gpus_allocatable,
+            "gpusRequested": dict(sorted(self.gpus_requested.items())),
+            "pendingPods": {
+                cls: {"pods": p.pods, "oldestWaitSeconds": round(p.wait_seconds(now))}
+                for cls, p in sorted(self.pending.items())
+            },
+        }
+
+
+@dataclass
+class Report:
+    now: datetime
+    findings: list[Finding] = field(default_factory=list)
+    capacity: dict[Pool, PoolCapacity] = field(default_factory=lambda: {pool: PoolCapacity() for pool in POOLS})
+    pods_checked: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "capacity": {pool: self.capacity[pool].to_json(self.now) for pool in POOLS},
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Findings per rule, every rule present (0 when none)."""
+        counts = dict.fromkeys(RULES, 0)
+        for finding in self.findings:
+            counts[finding.rule] += 1
+        return counts
+
+
+# -- judging --------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def enforcing(policy: Policy) -> Policy:
+    """The policy in enforce mode (in audit mode ``decide`` sends no patch: nothing to compare)."""
+    if policy.spec.mode == "enforce":
+        return policy
+    spec = policy.document.spec.model_copy(update={"mode": "enforce"})
+    return compile_policy(policy.document.model_copy(update={"spec": spec}), source=policy.source)
+
+
+def judge_node(node: NodeInfo, policy: Policy) -> list[Finding]:
+    key, value = policy.spec.reserved_nodes.label
+    taint = policy.spec.reserved_nodes.taint
+    found = []
+
+    def add(rule: str, message: str) -> None:
+        found.append(Finding(rule, "Node", node.name, message))
+
+    if node.labelled and taint is not None and not node.tainted:
+        add(
+            "node-label-without-taint",
+            f"node {node.name} is labelled {key}={value} but lacks the taint {taint.key}={taint.value}:{taint.effect}: "
+            f"any pod that does not avoid the label can be scheduled onto it; taint it "
+            f"(kubectl taint nodes {node.name} {taint.key}={taint.value}:{taint.effect})",
+        )
+    if node.tainted and not node.labelled and taint is not None:
+        add(
+            "node-taint-without-label",
+            f"node {node.name} has the taint {taint.key}={taint.value}:{taint.effect} but not the label {key}={value}: "
+            f"inference pods require the label and other pods do not tolerate the taint, so nothing GPU-bound runs "
+            f"there; label it (kubectl label nodes {node.name} {key}={value}) or remove the taint",
+        )
+    if node.labelled and node.gpus == 0:
+        add(
+            "reserved-node-without-gpus",
+            f"node {node.name} is in the reserved pool ({key}={value}) but has no allocatable AMD GPU "
+            "(is the AMD device plugin running there?)",
+        )
+    if node.labelled and node.unhealthy:
+        add(
+            "reserved-node-gpu-unhealthy",
+            f"node {node.name} is in the reserved pool and tainted amd-gpu-unhealthy by the AMD GPU operator: its GPUs "
+            "take no new inference pods until the operator clears the taint",
+        )
+    return found
+
+
+def judge_namespace(name: str, labels: Mapping[str, str], policy: Policy) -> list[Finding]:
+    spec = policy.spec
+    found = []
+    value = labels.get(spec.labels.namespace_class)
+    if value is not None and value not in spec.classes:
+        found.append(
+            Finding(
+                "namespace-unknown-class",
+                "Namespace",
+                name,
+                f"namespace {name} is labelled {spec.labels.namespace_class}={value}, which is no class of the policy "
+                f"({', '.join(spec.classes)}); its GPU pods get the default class {spec.default_class}",
+            )
+        )
+    mode = labels.get(spec.labels.namespace_mode)
+    if mode is not None and mode not in _MODES:
+        found.append(
+            Finding(
+                "namespace-unknown-mode",
+                "Namespace",
+                name,
+                f"namespace {name} is labelled {spec.labels.namespace_mode}={mode}, which is not enforce, warn or "
+                f"audit; the policy's mode {spec.mode} applies",
+            )
+        )
+    return found
+
+
+def missing_mutations(decision: Decision) -> list[str]:
+    """What the policy would still add to the pod (the webhook's own names: node-affinity,
+    tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
+    if not any(not str(op["path"]).startswith(_ANNOTATIONS) for op in decision.patch):
+        return []
+    for op in decision.patch:
+        value = op.get("value")
+        if op["path"] == _MUTATIONS_POINTER and isinstance(value, str):
+            return value.split(",")
+        if op["path"] == _ANNOTATIONS and isinstance(value, Mapping):
+            return str(value.get(engine.MUTATIONS_ANNOTATION, "")).split(",")
+    return ["changes"]  # pragma: no cover - decide always records what it did
+
+
+@dataclass
+class PodAudit:
+    """Judges pods one by one into a Report (the pods are streamed, never all held)."""
+
+    snapshot: Snapshot
+    report: Report
+    policy: Policy = field(init=False)
+    nodes: NodeFacts = field(init=False)
+    reserved: frozenset[str] = field(init=False)
+    _start: tuple[list[Finding], int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy = enforcing(self.snapshot.policy)
+        self.reserved = self.snapshot.reserved_node_names
+        self.nodes = NodeFacts(reserved_node_names=self.reserved)
+        self._start = (list(self.report.findings), 0)
+
+    def restart(self) -> None:
+        """The pod list started over (expired continue token): forget what it counted."""
+        self.report.findings = list(self._start[0])
+        for pool in POOLS:
+            self.report.capacity[pool].gpus_requested.clear()
+            self.report.capacity[pool].pending.clear()
+        self.report.pods_checked = 0
+
+    def namespace(self, name: str) -> NamespaceFacts:
+        labels = self.snapshot.namespaces.get(name)
+        if labels is not None and self.policy.spec.labels.namespace_mode in labels:
+            labels = {k: v for k, v in labels.items() if k != self.policy.spec.labels.namespace_mode}
+        return NamespaceFacts(name=name, labels=labels)
+
+    def add(self, pod: dict[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace", ""))
+        decision = engine.decide(
+            operation="CREATE",
+            pod=pod,
+            namespace=self.namespace(namespace),
+            nodes=self.nodes,
+            policy=self.policy,
+            claims=self.snapshot.claim_facts(namespace),
+        )
+        if decision.rule == engine.RULE_NOT_GPU:
+            return  # most pods of a cluster: nothing more to read
+        in_scope = decision.rule != engine.RULE_EXCLUDED
+        info = pod_info(pod, self.policy)
+        if not in_scope and not info.gpus:
+            return
+        self.report.pods_checked += 1
+        class_name = decision.workload_class or UNCLASSIFIED
+        if info.bound and info.phase not in ("Succeeded", "Failed"):
+            node = self.snapshot.nodes.get(info.node)
+            pool: Pool = node.pool if node is not None else "shared"
+            requested = self.report.capacity[pool].gpus_requested
+            requested[class_name] = requested.get(class_name, 0) + info.gpus
+        elif info.pending:
+            placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
+            pool = "reserved" if placement == "reserved" else "shared"
+            self.report.capacity[pool].pending.setdefault(class_name, Pending()).add(info.created)
+        if in_scope and not metadata.get("deletionTimestamp"):
+            self.report.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
+
+    def judge(
+        self, pod: Mapping[str, Any], namespace: str, name: str, uid: str, node: str, decision: Decision
+    ) -> list[Finding]:
+        found: dict[str, list[str]] = {}
+        where = f"pod {namespace}/{name}"
+        for violation in decision.violations:
+            if violation.rule == engine.DENY_NODE_NAME:
+                rule = "pod-on-reserved-node"
+                text = f"{violation.message}; it was admitted before the policy or while the webhook was down: evict it"
+            elif violation.rule in _REACH_RULES and node in self.reserved:
+                rule, text = "pod-on-reserved-node", violation.message
+            elif violation.rule in _REACH_RULES and not node:
+                rule, text = "pod-can-reach-reserved-nodes", violation.message
+            else:
+                rule = "pod-would-be-denied"
+                text = f"{violation.message} ({violation.rule}; the pod's controller cannot recreate it)"
+            found.setdefault(rule, []).append(text)
+        cls = self.policy.spec.classes.get(decision.workload_class or "")
+        missing = missing_mutations(decision)
+        if cls is not None and cls.placement == "reserved" and node and node not in self.reserved:
+            found.setdefault("inference-pod-outside-reserved-pool", []).append(
+                f"class {decision.workload_class} pods belong on the reserved nodes, but it runs on {node}: it was "
+                "admitted without the reserved placement (webhook down or namespace relabelled); delete it so that "
+                "its controller recreates it through the webhook"
+            )
+        if cls is not None and cls.placement == "unreserved" and not node and "node-affinity" in missing:
+            taint = self.policy.spec.reserved_nodes.taint
+            if taint is None or taint.effect == "PreferNoSchedule":
+                found.setdefault("pod-can-reach-reserved-nodes", []).append(
+                    f"class {decision.workload_class} pod lacks the node affinity that keeps it off the reserved nodes "
+                    "and no NoSchedule taint stops it; delete it so that its controller recreates it through the webhook"
+                )
+        if missing:
+            found.setdefault("pod-missing-mutations", []).append(
+                f"class {decision.workload_class}: the policy would add {', '.join(missing)} (admitted while the "
+                "webhook was down, in audit mode, or before the policy changed); recreate the pod to apply them"
+            )
+        return [
+            Finding(rule, "Pod", name, f"{where}: " + "; ".join(texts), namespace, uid) for rule, texts in found.items()
+        ]
+
+
+def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
+    """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
+    snapshot = Snapshot.read(api, policy)
+    report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
+    for node in snapshot.nodes.values():
+        report.findings.extend(judge_node(node, policy))
+        if node.labelled or node.gpus:
+            capacity = report.capacity[node.pool]
+            capacity.nodes += 1
+            capacity.gpus_allocatable += node.gpus
+    for name, labels in snapshot.namespaces.items():
+        report.findings.extend(judge_namespace(name, labels, policy))
+    pods = PodAudit(snapshot, report)
+    with _collector_paused():
+        for pod in Snapshot.pods(api, on_restart=pods.restart):
+            pods.add(pod)
+    return report
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cycle collector while pods stream through. A page of JSON holds no reference cycle
+    (reference counting frees it), yet its ~100,000 new containers trigger collections that walk
+    them for nothing: with the collector on, decoding a page takes up to twice as long."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        out.write(
+            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "   " + row[-1] + "\n"
+        )
+
+
+def _per_class(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{cls}={value}" for cls, value in sorted(values.items())) or "-"
+
+
+def write_table(report: Report, out: TextIO) -> None:
+    if report.findings:
+        rows = [["RULE", "KIND", "NAME", "MESSAGE"]]
+        for f in report.findings:
+            rows.append([f.rule, f.kind, f"{f.namespace}/{f.name}" if f.namespace else f.name, f.message])
+        _table(rows, out)
+    else:
+        out.write(f"No findings ({report.pods_checked} GPU pods checked).\n")
+    out.write("\n")
+    rows = [["POOL", "NODES", "GPUS", "REQUESTED", "PENDING (OLDEST WAIT)"]]
+    for pool in POOLS:
+        capacity = report.capacity[pool]
+        pending = {cls: f"{p.pods} ({round(p.wait_seconds(report.now))}s)" for cls, p in capacity.pending.items()}
+        rows.append(
+            [
+                pool,
+                str(capacity.nodes),
+                str(capacity.gpus_allocatable),
+                _per_class(capacity.gpus_requested),
+                _per_class(pending),
+            ]
+        )
+    _table(rows, out)
+
+
+def _result(finding: Finding, seconds: int) -> dict[str, Any]:
+    rule = RULES[finding.rule]
+    resource: dict[str, Any] = {"apiVersion": "v1", "kind": finding.kind, "name": finding.name}
+    if finding.namespace is not None:
+        resource["namespace"] = finding.namespace
+    if finding.uid:
+        resource["uid"] = finding.uid
+    return {
+        "policy": POLICY_NAME,
+        "rule": finding.rule,
+        "result": "fail",
+        "severity": rule.severity,
+        "category": "GPU isolation",
+        "source": SOURCE,
+        "scored": True,
+        "message": finding.message,
+        "timestamp": {"seconds": seconds, "nanos": 0},
+        "resources": [resource],
+    }
+
+
+def policy_reports(report: Report) -> list[dict[str, Any]]:
+    """A PolicyReport per namespace with pod findings, and one ClusterPolicyReport (nodes,
+    namespaces), in ``wgpolicyk8s.io/v1alpha2`` as Kyverno and Policy Reporter read them.
+    Only failures are listed (one result per finding)."""
+    seconds = int(report.now.timestamp())
+    labels = {"app.kubernetes.io/managed-by": SOURCE}
+    by_namespace: dict[str, list[dict[str, Any]]] = {}
+    cluster: list[dict[str, Any]] = []
+    for finding in report.findings:
+        target = by_namespace.setdefault(finding.namespace, []) if finding.namespace is not None else cluster
+        target.append(_result(finding, seconds))
+
+    def summary(results: list[dict[str, Any]]) -> dict[str, int]:
+        return {"pass": 0, "fail": len(results), "warn": 0, "error": 0, "skip": 0}
+
+    documents = [
+        {
+            "apiVersion": "wgpolicyk8s.io/v1alpha2",
+            "kind": "ClusterPolicyReport",
+            "metadata": {"name": "rocm-isolation-audit", "labels": dict(labels)},
+            "summary": summary(cluster),
+            "results": cluster,
+        }
+    ]
+    for namespace, results in sorted(by_namespace.items()):
+        documents.append(
+            {
+                "apiVersion": "wgpolicyk8s.io/v1alpha2",
+                "kind": "PolicyReport",
+                "metadata": {"name": "rocm-isolation-audit", "namespace": namespace, "labels": dict(labels)},
+                "summary": summary(results),
+                "results": results,
+            }
+        )
+    return documents
+
+
+def write_output(report: Report, output: str, out: TextIO) -> None:
+    if output == "json":
+        out.write(json.dumps(report.to_json(), indent=2) + "\n")
+    elif output == "policyreport":
+        yaml.safe_dump_all(policy_reports(report), out, sort_keys=False, explicit_start=True)
+    else:
+        write_table(report, out)
+
+
+# -- command --------------------------------------------------------------------------------------
+
+EPILOG = (
+    """\
+rules:
+"""
+    + "\n".join(f"  {rule.id:38} {rule.title}" for rule in RULES.values())
+    + """
+
+exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read
+"""
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig to read the cluster with (default: in-cluster, $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "policyreport"),
+        default="table",
+        help="table (default), json, or policyreport (wgpolicyk8s.io/v1alpha2 PolicyReport/ClusterPolicyReport YAML)",
+    )
+    parser.add_argument(
+        "--page-size", type=int, default=500, help="objects per list request (limit/continue; default: 500)"
+    )
+
+
+def _explain(err: ApiError) -> str:
+    text = f"audit: cannot read the cluster: {err}"
+    if isinstance(err, Forbidden):
+        text += (
+            "\n  the audit needs get/list on nodes, namespaces and pods, and on resource.k8s.io "
+            "resourceclaims and resourceclaimtemplates"
+        )
+    return text
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+    except PolicyError as err:
+        print(f"audit: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.page_size < 1:
+        print("audit: --page-size must be at least 1", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        api = KubeApi.connect(args.kubeconfig, page_size=args.page_size, prefetch=PREFETCH_PAGES)
+        try:
+            report = run_audit(api, policy)
+        finally:
+            api.close()
+    except ApiError as err:
+        print(_explain(err), file=sys.stderr)
+        return EXIT_ERROR
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    write_output(report, args.output, sys.stdout)
+    return EXIT_FINDINGS if report.findings else EXIT_CLEAN
