@@ -58,6 +58,8 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        # Exported at 0 from the start: increase() in the alert rules needs a sample before the first error.
+        self.errors.labels("internal")
         self.policy_reloads = Counter(f"{PREFIX}_policy_reloads", "Policy files loaded after a change.", registry=r)
         self.policy_reload_failures = Counter(
             f"{PREFIX}_policy_reload_failures",

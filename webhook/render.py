@@ -39,6 +39,8 @@ OPT_OUT_LABEL = cel.OPT_OUT_LABEL
 DEFAULT_IMAGE_REPOSITORY = "rocm-isolation-webhook"
 OVERLAYS = ("cert-manager", "self-signed")
 DEFAULT_OVERLAY = "cert-manager"
+# Added to either certificate overlay by --monitoring: ServiceMonitor, PrometheusRule, Grafana dashboard.
+MONITORING_OVERLAY = "monitoring"
 MODES = ("enforce", "warn", "audit")
 # What a ValidatingAdmissionPolicyBinding does in each policy mode (audit: record only, never deny).
 MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
@@ -57,6 +59,23 @@ def manifests_dir() -> Path:
     """The manifests tree: ``webhook/_manifests`` is a symlink to ``manifests/`` in a checkout and a
     real directory in an installed wheel, so one lookup serves both."""
     return Path(__file__).resolve().parent / "_manifests"
+
+
+def monitoring_dir(root: Path | None = None) -> Path:
+    return (root or manifests_dir()) / "overlays" / MONITORING_OVERLAY
+
+
+def with_runbook_base_url(resources: list[Resource], base_url: str) -> None:
+    """The PrometheusRule's runbook_url annotations are paths in this project's tree
+    (docs/operations.md#...); prefix them with where the operator's copy of the docs is served."""
+    for resource in resources:
+        if resource.get("kind") != "PrometheusRule":
+            continue
+        for group in resource["spec"]["groups"]:
+            for rule in group["rules"]:
+                annotations = rule.get("annotations") or {}
+                if "runbook_url" in annotations:
+                    annotations["runbook_url"] = f"{base_url.rstrip('/')}/{annotations['runbook_url']}"
 
 
 def default_image() -> str:
@@ -280,6 +299,8 @@ def render(
     ca_bundle: bytes | None = None,
     image: str | None = None,
     root: Path | None = None,
+    monitoring: bool = False,
+    runbook_base_url: str | None = None,
 ) -> list[Resource]:
     if overlay not in OVERLAYS:
         raise RenderError(f"unknown overlay {overlay!r} (one of {', '.join(OVERLAYS)})")
@@ -290,6 +311,8 @@ def render(
         )
     if overlay == "cert-manager" and ca_bundle is not None:
         raise RenderError("--ca-bundle is for the self-signed overlay: with cert-manager, its cainjector fills it in")
+    if runbook_base_url is not None and not monitoring:
+        raise RenderError("--runbook-base-url is for the alerts of --monitoring")
     text = default_policy_text() if policy_text is None else policy_text
     try:
         policy = parse_policy(text, source=policy_source)
@@ -297,6 +320,10 @@ def render(
         raise RenderError(str(err)) from None
     resources = copy.deepcopy(build((root or manifests_dir()) / "overlays" / overlay))
     apply_policy(resources, policy, text)
+    if monitoring:
+        resources.extend(copy.deepcopy(build(monitoring_dir(root))))
+        if runbook_base_url is not None:
+            with_runbook_base_url(resources, runbook_base_url)
     deployment = _find(resources, "Deployment", APP_NAME)
     for container in deployment["spec"]["template"]["spec"]["containers"]:
         if container["name"] == "webhook":
@@ -358,6 +385,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--image", metavar="IMAGE", help=f"container image (default: {default_image()})")
     parser.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="also render the monitoring pack (overlays/monitoring): a ServiceMonitor and a PrometheusRule for "
+        "the Prometheus Operator, and a Grafana dashboard ConfigMap for Grafana's dashboard sidecar",
+    )
+    parser.add_argument(
+        "--runbook-base-url",
+        metavar="URL",
+        help="with --monitoring: prefix the alerts' runbook_url (docs/operations.md#...) with the URL where "
+        "this project's docs are served, e.g. https://git.example.com/org/rocm-isolation-webhook/blob/v0.1.0",
+    )
+    parser.add_argument(
         "--manifests-dir",
         metavar="DIR",
         type=Path,
@@ -383,6 +422,8 @@ def main(args: argparse.Namespace) -> int:
             ca_bundle=ca_bundle,
             image=args.image,
             root=args.manifests_dir,
+            monitoring=args.monitoring,
+            runbook_base_url=args.runbook_base_url,
         )
     except (RenderError, PolicyError) as err:
         print(f"rocm-isolation-webhook manifests: {err}", file=sys.stderr)
@@ -390,7 +431,8 @@ def main(args: argparse.Namespace) -> int:
     for warning in policy_warnings(policy):
         print(f"warning: {warning}", file=sys.stderr)
     header = (
-        f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}\n"
+        f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}"
+        f"{' --monitoring' if args.monitoring else ''}\n"
         f"# policy: {source} (sha256 {policy.digest[:16]})\n"
     )
     sys.stdout.write(dump(resources, header=header))
