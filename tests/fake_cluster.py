@@ -18,6 +18,8 @@ unchanged:
 - ``404 NotFound`` and ``403 Forbidden`` as ``Status`` objects with the apiserver's messages; a
   resource whose API version is not served answers 404 "the server could not find the requested
   resource";
+- watches (``watch=true``) are held open without events until their ``timeoutSeconds``: enough for
+  the webhook's watch cache to sync against it (tests that need events use fake_kube_api.py);
 - ``POST`` (create; 409 ``AlreadyExists``) and ``PUT`` (update; 409 ``Conflict`` when
   ``metadata.resourceVersion`` is not the stored one), each bumping the global resourceVersion;
 - ``PATCH`` with ``application/merge-patch+json`` (RFC 7386; the other patch types answer 415
@@ -251,6 +253,7 @@ class FakeCluster:
         self._uids = itertools.count(1)
         self._before_patch: dict[str, tuple[Any, int]] = {}  # node name -> (a concurrent edit, how often)
         self._budget_refusals: dict[tuple[str, str], int] = {}  # (namespace, pdb) -> refusals left
+        self._stopping = threading.Event()
         cluster = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -287,6 +290,7 @@ class FakeCluster:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -432,12 +436,30 @@ class FakeCluster:
                 headers={"Retry-After": str(self._throttle_retry_after)},
             )
             return
+        if method == "GET" and query.get("watch") in ("true", "1"):
+            self._hold_watch(handler, float(query.get("timeoutSeconds") or 30))
+            return
         try:
             code, payload = self._dispatch(method, url.path, query, body, request.content_type)
         except BadRequest as err:
             code, payload = 400, self._status_body(400, "BadRequest", str(err))
         request.status = code
         self._send(handler, code, payload)
+
+    def _hold_watch(self, handler: BaseHTTPRequestHandler, timeout: float) -> None:
+        """A watch that sees no change: the stream stays open (no event) until its timeoutSeconds,
+        then ends cleanly as the apiserver's does; objects changed through ``add`` are not sent."""
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            handler.wfile.flush()
+            self._stopping.wait(min(timeout, 30.0))
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except OSError:
+            pass
 
     def _route(self, path: str) -> Route | None:
         parts = [unquote(p) for p in path.strip("/").split("/")]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cluster_objects import inference_pod, namespace, node, pod
-from conftest import wait_for
+from conftest import ServerFactory, make_pki, wait_for
 from fake_cluster import FakeCluster
 
 from webhook import serve
@@ -207,3 +207,34 @@ def test_serve_flag_builds_the_background_audit(
 def test_serve_rejects_a_negative_interval(capsys: pytest.CaptureFixture[str]) -> None:
     assert serve.main(_args("--no-cluster", "--audit-interval-seconds", "-1")) == 2
     assert "intervals must be positive" in capsys.readouterr().err
+
+
+def test_serve_audits_in_the_background_and_exports_the_gauges(
+    fake: FakeCluster, tmp_path: Path, running_server: ServerFactory
+) -> None:
+    """The real ``serve`` process: cluster cache and background audit against the fake API."""
+    pki = make_pki(tmp_path / "certs")
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    server = running_server(
+        cert_dir=pki.dir,
+        ca_file=pki.ca_file,
+        cluster=True,
+        args=["--kubeconfig", str(kubeconfig), "--audit-interval-seconds", "1"],
+        env={"POD_NAMESPACE": "ops"},
+    )
+
+    def exported() -> bool:
+        text = server.metrics()
+        return 'rocm_isolation_audit_findings{rule="pod-on-reserved-node"} 1.0' in text
+
+    wait_for(exported, timeout=60, what="the background audit's findings in /metrics")
+    text = server.metrics()
+    assert "rocm_isolation_audit_leader 1.0" in text
+    assert 'rocm_isolation_audit_runs_total{result="success"}' in text
+    assert 'rocm_isolation_pool_gpus_allocatable{pool="reserved"} 8.0' in text
+    assert 'rocm_isolation_pool_pending_pods{class="inference",pool="reserved"} 1.0' in text
+    lease = fake.get_object("leases", LEASE_NAME, "ops", group="coordination.k8s.io")
+    assert lease is not None and lease["spec"]["holderIdentity"].endswith(f"_{server.process.pid}")
+    server.stop()  # SIGTERM: graceful shutdown
+    lease = fake.get_object("leases", LEASE_NAME, "ops", group="coordination.k8s.io")
+    assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released at shutdown
