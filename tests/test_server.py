@@ -282,25 +282,33 @@ def test_health_readiness_and_metrics(server: Server) -> None:
     assert "rocm_isolation_policy_reloads_total" in metrics
 
 
-def test_one_json_log_line_per_review(server: Server) -> None:
-    review = load_review("training-pod-create.json")
-    review["request"]["uid"] = "log-line-check"
+def test_at_the_default_level_a_denied_review_gets_a_json_log_line_and_a_patched_one_none(server: Server) -> None:
+    """Log level info (the default): a line for the reviews an operator may act on (here a denial),
+    none per allowed or patched review (docs/operations.md, "Logs")."""
+    patched = load_review("training-pod-create.json")
+    patched["request"]["uid"] = "log-line-patched"
+    denied = load_review("training-pod-reserved-denied.json")
+    denied["request"]["uid"] = "log-line-denied"
     with server.client() as client:
-        review_roundtrip(client, review)
+        assert review_roundtrip(client, patched)["allowed"] is True
+        assert review_roundtrip(client, denied)["allowed"] is False
 
-    def logged() -> list[dict[str, Any]]:
-        return [line for line in server.log_lines() if line.get("uid") == "log-line-check"]
+    def logged(uid: str) -> list[dict[str, Any]]:
+        return [line for line in server.log_lines() if line.get("uid") == uid]
 
-    wait_for(lambda: bool(logged()), what="the review's log line")
-    (line,) = logged()
+    wait_for(lambda: bool(logged("log-line-denied")), what="the denied review's log line")
+    (line,) = logged("log-line-denied")
+    assert line["level"] == "info"
     assert line["namespace"] == "ml-training"
     assert line["pod"] == "llama-finetune-"  # generateName: the name does not exist yet
     assert line["operation"] == "CREATE"
     assert line["workload_class"] == "training"
-    assert line["decision"] == "patched"
+    assert line["decision"] == "denied"
     assert line["rule"]
-    assert line["patch_operations"] > 0
+    assert line["patch_operations"] == 0
     assert line["latency_ms"] >= 0
+    # Lines are written before the reply is sent: the patched review, answered first, wrote none.
+    assert logged("log-line-patched") == []
 
 
 def test_idle_pooled_connection_survives_past_uvicorn_default_keep_alive(server: Server) -> None:

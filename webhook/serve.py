@@ -71,6 +71,7 @@ class Settings:
     keep_alive_seconds: int = DEFAULT_KEEP_ALIVE
     graceful_timeout_seconds: int = 30
     log_level: str = "info"
+    log_summary_seconds: float = 60.0
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
 
@@ -109,6 +110,7 @@ def build_service(settings: Settings) -> WebhookService:
         policy_poll_seconds=settings.policy_poll_seconds,
         cert_poll_seconds=settings.cert_poll_seconds,
         max_body_bytes=settings.max_body_bytes,
+        log_summary_seconds=settings.log_summary_seconds,
     )
 
 
@@ -233,7 +235,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_READ_TIMEOUT,
         help="close a connection whose request (headers and body) is not complete within this time (slowloris)",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="info (default): denials, errors, violations and a periodic summary; debug: a line per review",
+    )
+    parser.add_argument(
+        "--log-summary-seconds",
+        type=float,
+        default=60.0,
+        help="log the reviews answered per decision every this many seconds (0: never)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -252,6 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         keep_alive_seconds=args.keep_alive_seconds,
         graceful_timeout_seconds=args.graceful_timeout_seconds,
         log_level=args.log_level,
+        log_summary_seconds=args.log_summary_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
     )
 
@@ -268,6 +282,7 @@ def main(args: argparse.Namespace) -> int:
         or args.cert_poll_seconds <= 0
         or args.policy_poll_seconds <= 0
         or args.read_timeout_seconds <= 0
+        or args.log_summary_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2
