@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import signal
 import socket
 import ssl
@@ -367,6 +368,21 @@ def test_sigterm_finishes_the_review_in_flight(pki: PKI, tmp_path: Path) -> None
         server.stop()
 
 
+def metric_files_mapped(pid: int) -> bool:
+    """Whether process ``pid`` maps prometheus-client's multiprocess files (``counter_<pid>.db``, ...)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return re.search(r"/(counter|gauge_\w+|histogram|summary)_\d+\.db$", maps, re.M) is not None
+
+
+def test_one_worker_keeps_its_metrics_in_memory(server: Server) -> None:
+    """The multiprocess files cost about four times as much per update (docs/benchmarks.md); only
+    ``--workers N`` needs them."""
+    with server.client() as client:
+        review_roundtrip(client, load_review("training-pod-create.json"))
+    assert not metric_files_mapped(server.process.pid)
+    assert "rocm_isolation_admission_reviews_total" in server.metrics()
+
+
 def test_multiple_workers_serve_and_aggregate_metrics(pki: PKI, tmp_path: Path) -> None:
     server = launch_server(tmp_path, cert_dir=pki.dir, ca_file=pki.ca_file, policy=POLICY, args=["--workers", "2"])
     try:
@@ -385,5 +401,8 @@ def test_multiple_workers_serve_and_aggregate_metrics(pki: PKI, tmp_path: Path) 
         # Every scrape sees all 12 reviews, whichever worker answers it.
         for _ in range(4):
             assert counted() == 12
+        # Through prometheus-client's multiprocess files, mapped by the workers.
+        workers = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()
+        assert any(metric_files_mapped(int(pid)) for pid in workers)
     finally:
         assert server.stop() in (0, -signal.SIGTERM)

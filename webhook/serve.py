@@ -140,46 +140,52 @@ def app_factory() -> Any:
 class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a read deadline (see the module docstring).
 
-    The deadline is armed when the connection is made (TLS done) and when a request's first byte
-    arrives after an idle keep-alive period; it is cleared when the request is complete. While a
-    response is being computed or a connection idles between requests it does not run (the
-    keep-alive timeout does). When it fires, the connection is closed without a reply.
+    The deadline runs from the connection being made (TLS done) and from a request's first byte
+    after an idle keep-alive period, until the request is complete. While a response is being
+    computed or a connection idles between requests it does not run (the keep-alive timeout does).
+    When it passes, the connection is closed without a reply.
+
+    One timer per connection, re-armed when it fires, rather than one per request: creating and
+    cancelling a timer for every review cost more than reading the clock at a request's start.
     """
 
     read_timeout: float = DEFAULT_READ_TIMEOUT  # set per process by app_factory
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._read_deadline: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._reading_since: float | None = None  # loop time the incomplete request started; None: not reading
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_read_deadline()
+        if self.read_timeout > 0:
+            self._reading_since = self.loop.time()
+            self._deadline_timer = self.loop.call_later(self.read_timeout, self._check_read_deadline)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arm_read_deadline()
+        if self._reading_since is None:
+            self._reading_since = self.loop.time()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._clear_read_deadline()
+        self._reading_since = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._clear_read_deadline()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         super().connection_lost(exc)
 
-    def _arm_read_deadline(self) -> None:
-        if self._read_deadline is None and self.read_timeout > 0:
-            self._read_deadline = self.loop.call_later(self.read_timeout, self._read_deadline_expired)
-
-    def _clear_read_deadline(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
-
-    def _read_deadline_expired(self) -> None:
-        self._read_deadline = None
+    def _check_read_deadline(self) -> None:
+        self._deadline_timer = None
         if self.transport.is_closing():
+            return
+        since = self._reading_since
+        # Not reading (idle, or answering): look again a full period later. Reading: at its deadline.
+        left = self.read_timeout if since is None else since + self.read_timeout - self.loop.time()
+        if left > 0:
+            self._deadline_timer = self.loop.call_later(left, self._check_read_deadline)
             return
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
         log.warning(
