@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,11 +189,12 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 class WebhookApp(FastAPI):
     """FastAPI, with ``POST /mutate`` answered before FastAPI's middleware and routing (module docstring)."""
 
-    mutate_asgi: Any = None  # the lean ASGI handler create_app installs
+    mutate_asgi: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None  # installed by create_app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/mutate" and scope["method"] == "POST":
-            await self.mutate_asgi(scope, receive, send)
+        lean = self.mutate_asgi
+        if lean is not None and scope["type"] == "http" and scope["path"] == "/mutate" and scope["method"] == "POST":
+            await lean(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
