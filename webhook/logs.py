@@ -3,7 +3,7 @@
 At the default level (``info``) a review gets a line only when someone may have to act on it: a
 denial, an internal error, or a policy violation found in ``warn`` or ``audit`` mode (what
 ``enforce`` would deny). Allowed and patched reviews are logged at ``debug`` (one info line per
-review cost a quarter of the server's throughput, docs/benchmarks.md); a summary line every
+review took 12% of the server's CPU in a profile, docs/benchmarks.md); a summary line every
 ``--log-summary-seconds`` counts the reviews of each decision instead. The apiserver's audit log
 has every review's ``auditAnnotations`` anyway.
 """
