@@ -375,7 +375,7 @@ def metric_files_mapped(pid: int) -> bool:
 
 
 def test_one_worker_keeps_its_metrics_in_memory(server: Server) -> None:
-    """The multiprocess files cost about four times as much per update (docs/benchmarks.md); only
+    """The multiprocess files cost about twice as much per update (docs/benchmarks.md); only
     ``--workers N`` needs them."""
     with server.client() as client:
         review_roundtrip(client, load_review("training-pod-create.json"))

@@ -5,7 +5,7 @@ Each ``Metrics`` has its own registry, so several apps can live in one process (
 the workers start, and ``/metrics`` aggregates the files every worker writes (prometheus-client's
 multiprocess mode), so a scrape of any worker sees the whole pod. With one worker (the default)
 nothing sets it and the values are plain floats in memory: the mmapped files of multiprocess mode
-cost about four times as much per update (docs/benchmarks.md, "Metrics").
+cost about twice as much per update (docs/benchmarks.md, "Metrics").
 """
 
 from __future__ import annotations
