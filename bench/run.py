@@ -463,6 +463,7 @@ def main() -> int:
     results["busy_after"] = busy_cpu_fraction()
     results["load_after"] = load_average()
     results["duration_seconds"] = time.time() - started
+    results["finished"] = time.time()
     docs = servers.REPO / "docs"
     docs.mkdir(exist_ok=True)
     raw = Path(tempfile.gettempdir()) / "rocm-isolation-bench-results.json"
