@@ -3,7 +3,7 @@ handler that answers ``allowed`` without calling the engine.
 
 The app module calls ``webhook.app.handle`` for every review that passed the envelope checks; this
 module replaces that one function before ``serve`` builds the app, so body reading, JSON decoding,
-envelope parsing, response encoding, the log line and the metrics are all the production code. What
+envelope parsing, response encoding, the logs and the metrics are all the production code. What
 the benchmark compares against it is therefore exactly the cost of the policy (handler + engine).
 
 ``python -m bench.null_app [serve options]`` takes the options of ``rocm-isolation-webhook serve``.

@@ -1,11 +1,18 @@
-"""``make bench``: the webhook side by side with a null webhook, as kube-apiserver sees them.
+"""``make bench``: the webhook side by side with two null webhooks, as kube-apiserver sees them.
 
-Both servers are the production ``serve`` (uvicorn, TLS, 1 worker, log level info); the null one
-answers ``allowed`` without calling the engine (bench/null_app.py). A separate load-generator
-process (bench/loadgen.py) drives them over keep-alive HTTPS. On a machine with two or more CPUs
-the servers are pinned to CPU 0 and the load generator to CPU 1 (``taskset``), so that the Python
-client does not steal the server's core. Real and null measurements are interleaved, so both see
-the same machine. The result is written to docs/benchmarks.md and docs/benchmarks-latency.png.
+- ``real``: the production ``serve`` (uvicorn, TLS, 1 worker, log level info), compiled core;
+- ``pure``: the same without the compiled modules (what runs without a C compiler; saturation only);
+- ``null``: the project's null webhook, ``serve`` with a handler that answers ``allowed`` without
+  calling the engine (bench/null_app.py): the difference is the policy's cost;
+- ``bare``: a bare FastAPI endpoint that decodes the body with orjson, echoes the uid and allows, on
+  the same uvicorn settings and TLS (bench/bare_null_app.py): the difference is everything the
+  webhook does (transport checks, envelope, policy, metrics, logs). The budget is stated against it.
+
+A separate load-generator process (bench/loadgen.py) drives them over keep-alive HTTPS. On a machine
+with two or more CPUs the servers are pinned to CPU 0 and the load generator to CPU 1 (``taskset``),
+so that the Python client does not steal the server's core. Measurements of the servers are
+interleaved (saturation rounds alternate the servers, in reverse order every other round), so all
+see the same machine. The result is written to docs/benchmarks.md and docs/benchmarks-latency.png.
 
 ``BENCH_QUICK=1`` runs every step much shorter (to check the tooling; the figures are then noisy).
 """
@@ -26,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import policies, report, reviews, servers
+from bench import metrics_cost, policies, report, reviews, servers
 from bench.servers import Server
 from webhook.decision import NamespaceFacts, NodeFacts
 from webhook.engine import decide
@@ -40,7 +47,7 @@ class Config:
     open_connections: int = 16  # open loop: the pool requests are dispatched to
     warmup_reviews: int = 3_000
     saturation_seconds: float = 3.0
-    saturation_rounds: int = 5  # real/null alternated, median kept (a passing slowdown spoils one round only)
+    saturation_rounds: int = 5  # the servers alternated, median kept (a passing slowdown spoils one round only)
     open_seconds: dict[int, float] = field(default_factory=lambda: {200: 20.0, 1000: 10.0})
     sweep_rates: tuple[int, ...] = (100, 200, 500, 1000, 1500, 2000, 2500, 3000)
     sweep_seconds: float = 4.0
@@ -68,6 +75,7 @@ class Config:
         return cls(quick=False)
 
 
+NULLS = ("null", "bare")
 SERVER_CPU = "0"
 CLIENT_CPU = "1"
 
@@ -105,7 +113,7 @@ class Bench:
     def log(self, message: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
-    def start(self, name: str, module: str, rules: int = 1) -> Server:
+    def start(self, name: str, module: str, rules: int = 1, cwd: Path = servers.REPO) -> Server:
         return servers.start(
             name,
             module,
@@ -114,6 +122,7 @@ class Bench:
             policy=self.policy_files[rules],
             work=self.work,
             cpus=self.server_cpu,
+            cwd=cwd,
         )
 
     def load(
@@ -128,8 +137,8 @@ class Bench:
         max_requests: int = 0,
     ) -> dict[str, Any]:
         """Run the load generator against ``server``; add the server's own view of the same window."""
-        # The null webhook allows everything; the webhook answers as each scenario expects.
-        expected = {name: server.name == "null" or reviews.SCENARIOS.get(name, ("", True))[1] for name in scenarios}
+        # The null webhooks allow everything; the webhook answers as each scenario expects.
+        expected = {name: server.name in NULLS or reviews.SCENARIOS.get(name, ("", True))[1] for name in scenarios}
         job = {
             "port": server.port,
             "ca_file": str(self.ca_file),
@@ -141,9 +150,8 @@ class Bench:
             "max_requests": max_requests,
             "reviews": [[str(self.review_files[name]), expected[name]] for name in scenarios],
         }
-        log_offset = server.log_size()
+        buckets_before = servers.histogram(server.metrics()) if server.has_metrics else {}
         cpu_before = server.cpu_seconds()
-        buckets_before = servers.histogram(server.metrics())
         done = subprocess.run(
             [*servers.pin(self.client_cpu), sys.executable, "-m", "bench.loadgen"],
             input=json.dumps(job),
@@ -156,12 +164,17 @@ class Bench:
             raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(done.stdout)
         cpu_after = server.cpu_seconds()
-        buckets_after = servers.histogram(server.metrics())
         result["server_cpu_per_review"] = (cpu_after - cpu_before) / max(result["requests"], 1)
-        result["server_latency"] = in_handler_latencies(server.log_file, log_offset)
-        result["server_histogram"] = {
-            str(le): buckets_after.get(le, 0.0) - buckets_before.get(le, 0.0) for le in sorted(buckets_after)
-        }
+        result["server_latency"] = {}
+        if server.has_metrics:
+            buckets_after = servers.histogram(server.metrics())
+            window = {le: buckets_after.get(le, 0.0) - buckets_before.get(le, 0.0) for le in buckets_after}
+            result["server_histogram"] = {str(le): window[le] for le in sorted(window)}
+            result["server_latency"] = {
+                key: value
+                for key, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+                if (value := servers.histogram_quantile(q, window)) is not None
+            }
         if result["errors"]:
             self.log(f"  {server.name}: {result['errors']} errors, e.g. {result['error_samples']}")
         return result
@@ -179,10 +192,10 @@ class Bench:
             max_requests=self.config.warmup_reviews,
         )
 
-    def saturation(self, real: Server, null: Server, scenario: str) -> dict[str, Any]:
-        runs: dict[str, list[dict[str, Any]]] = {"real": [], "null": []}
-        for _ in range(self.config.saturation_rounds):
-            for server in (real, null):
+    def saturation(self, group: list[Server], scenario: str) -> dict[str, Any]:
+        runs: dict[str, list[dict[str, Any]]] = {server.name: [] for server in group}
+        for round_ in range(self.config.saturation_rounds):
+            for server in group if round_ % 2 == 0 else reversed(group):
                 runs[server.name].append(
                     self.load(server, [scenario], mode="closed", duration=self.config.saturation_seconds)
                 )
@@ -224,23 +237,6 @@ def median_run(items: list[dict[str, Any]]) -> dict[str, Any]:
     chosen["throughput_runs"] = [r["throughput"] for r in items]
     chosen["cpu_per_review_runs"] = [r["server_cpu_per_review"] for r in items]
     return chosen
-
-
-def in_handler_latencies(log_file: Path, offset: int) -> dict[str, float]:
-    """Quantiles of ``latency_ms`` of the review log lines written after ``offset`` (seconds)."""
-    values: list[float] = []
-    with log_file.open("rb") as handle:
-        handle.seek(offset)
-        for line in handle:
-            if b'"latency_ms"' not in line:
-                continue
-            try:
-                values.append(float(json.loads(line)["latency_ms"]) / 1000)
-            except (ValueError, KeyError):
-                continue
-    from bench.loadgen import quantiles
-
-    return quantiles(values)
 
 
 def _decide_call(review: dict[str, Any], policy: Policy) -> Callable[[], object]:
@@ -379,11 +375,14 @@ def main() -> int:
         results["decide"] = bench.decide_timings()
 
         real = bench.start("real", "webhook serve")
+        pure = bench.start("pure", "webhook serve", cwd=servers.pure_python_tree(bench.work))
         null = bench.start("null", "bench.null_app")
+        bare = bench.start("bare", "bench.bare_null_app")
+        latency_group = [real, null, bare]
         try:
             bench.log("warm-up")
-            bench.warm_up(real)
-            bench.warm_up(null)
+            for server in (real, pure, null, bare):
+                bench.warm_up(server)
             rss: dict[str, list[tuple[int, int]]] = {"real": [], "null": []}
 
             def sample_rss() -> None:
@@ -398,13 +397,13 @@ def main() -> int:
                 bench.log(f"{name}: saturation")
                 entry: dict[str, Any] = {
                     "body_bytes": bench.review_files[name].stat().st_size,
-                    "saturation": bench.saturation(real, null, name),
+                    "saturation": bench.saturation([real, pure, null, bare], name),
                     "rates": {},
                 }
                 for rate, seconds in config.open_seconds.items():
                     bench.log(f"{name}: {rate}/s for {seconds:.0f} s")
                     entry["rates"][rate] = {
-                        server.name: bench.fixed_rate(server, [name], rate, seconds) for server in (real, null)
+                        server.name: bench.fixed_rate(server, [name], rate, seconds) for server in latency_group
                     }
                 scenarios[name] = entry
                 sample_rss()
@@ -412,9 +411,9 @@ def main() -> int:
 
             bench.log("latency versus offered load (small pods, mixed)")
             small = ["inference-small", "training-small", "training-denied", "non-gpu"]
-            sweep: dict[str, dict[int, Any]] = {"real": {}, "null": {}}
+            sweep: dict[str, dict[int, Any]] = {server.name: {} for server in latency_group}
             for rate in config.sweep_rates:
-                for server in (real, null):
+                for server in latency_group:
                     sweep[server.name][rate] = bench.fixed_rate(server, small, rate, config.sweep_seconds)
             results["sweep"] = sweep
             sample_rss()
@@ -424,7 +423,7 @@ def main() -> int:
             for size in config.sizes:
                 sizes[size] = {
                     server.name: bench.load(server, [f"size-{size}"], mode="closed", duration=config.scaling_seconds)
-                    for server in (real, null)
+                    for server in latency_group
                 }
                 sizes[size]["body_bytes"] = bench.review_files[f"size-{size}"].stat().st_size
             results["sizes"] = sizes
@@ -442,8 +441,8 @@ def main() -> int:
             results["rss_target"] = config.rss_reviews
             results["reviews_after_warmup"] = servers.reviews_total(real.metrics()) - warm_reviews
         finally:
-            real.stop()
-            null.stop()
+            for server in (real, pure, null, bare):
+                server.stop()
 
         bench.log("namespace rules (one server per policy)")
         rules: dict[int, Any] = {}
@@ -458,9 +457,13 @@ def main() -> int:
                 server.stop()
         results["rules"] = rules
 
+        bench.log("metrics: cost per call, in memory and in multiprocess mode")
+        results["metrics_cost"] = metrics_cost.measure(0.05 if config.quick else 0.2)
+
     results["busy_after"] = busy_cpu_fraction()
     results["load_after"] = load_average()
     results["duration_seconds"] = time.time() - started
+    results["finished"] = time.time()
     docs = servers.REPO / "docs"
     docs.mkdir(exist_ok=True)
     raw = Path(tempfile.gettempdir()) / "rocm-isolation-bench-results.json"

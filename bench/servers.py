@@ -1,4 +1,5 @@
-"""Start, probe and stop the benchmarked servers (real ``serve`` and the null webhook)."""
+"""Start, probe and stop the benchmarked servers: the real ``serve`` (compiled or pure Python), the
+project's null webhook (bench/null_app.py) and the bare FastAPI null webhook (bench/bare_null_app.py)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Server:
     ca_file: Path
     process: subprocess.Popen[bytes]
     log_file: Path
+    has_metrics: bool = True  # the bare null webhook serves /mutate and /healthz only
 
     @property
     def pid(self) -> int:
@@ -93,13 +95,34 @@ class Server:
                 self.process.wait(30)
 
 
+def pure_python_tree(work: Path) -> Path:
+    """A copy of the ``webhook`` package without its compiled modules: what runs without a C compiler.
+
+    A server started with this directory as its working directory imports the pure Python sources
+    (``python -m`` puts the working directory first on ``sys.path``, before the editable install)."""
+    target = work / "pure-python"
+    shutil.copytree(
+        REPO / "webhook", target / "webhook", ignore=shutil.ignore_patterns("*.so", "__pycache__"), dirs_exist_ok=True
+    )
+    return target
+
+
 def start(
-    name: str, module: str, *, cert_dir: Path, ca_file: Path, policy: Path, work: Path, cpus: str | None
+    name: str,
+    module: str,
+    *,
+    cert_dir: Path,
+    ca_file: Path,
+    policy: Path,
+    work: Path,
+    cpus: str | None,
+    cwd: Path = REPO,
 ) -> Server:
     """``python -m <module> --cert-dir ... --policy ... --no-cluster`` on a free loopback port.
 
-    ``module`` is ``webhook serve`` (the real webhook) or ``bench.null_app``; both run with the
-    production defaults of ``serve`` (1 worker, log level info, keep-alive 95 s).
+    ``module`` is ``webhook serve`` (the real webhook), ``bench.null_app`` or ``bench.bare_null_app``;
+    all run with the production defaults of ``serve`` (1 worker, uvloop + httptools, log level info,
+    keep-alive 95 s). ``cwd``: where the ``webhook`` package is imported from (``pure_python_tree``).
     """
     port = free_port()
     log_file = work / f"{name}-{port}.log"
@@ -110,8 +133,8 @@ def start(
     ]  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "PROMETHEUS_MULTIPROC_DIR"}
     with log_file.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    server = Server(name, port, ca_file, process, log_file)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    server = Server(name, port, ca_file, process, log_file, has_metrics=module != "bench.bare_null_app")
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:
@@ -134,6 +157,23 @@ _REVIEWS = re.compile(r"^rocm_isolation_admission_reviews_total\{[^}]*\} ([0-9.e
 def histogram(metrics: str) -> dict[float, float]:
     """Cumulative bucket counts of the server's review latency histogram, by upper bound."""
     return {float(le): float(count) for le, count in _BUCKET.findall(metrics)}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' ``histogram_quantile`` over cumulative ``buckets`` (linear within the bucket)."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return lower
 
 
 def reviews_total(metrics: str) -> int:

@@ -461,7 +461,8 @@ def test_a_uid_cannot_inject_log_lines(server: Server) -> None:
     """The log is one JSON object per line: a uid with line breaks stays inside its own line."""
     forged = '{"decision":"allowed","uid":"forged"}'
     uid = f"inject\n{forged}\r\n{forged}\u2028"
-    review = envelope(uid=uid)
+    review = load_review("training-pod-reserved-denied.json")  # a denial: logged at the default level
+    review["request"]["uid"] = uid
     review_reply(server, review)
 
     def lines() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import signal
 import socket
 import ssl
@@ -282,25 +283,33 @@ def test_health_readiness_and_metrics(server: Server) -> None:
     assert "rocm_isolation_policy_reloads_total" in metrics
 
 
-def test_one_json_log_line_per_review(server: Server) -> None:
-    review = load_review("training-pod-create.json")
-    review["request"]["uid"] = "log-line-check"
+def test_at_the_default_level_a_denied_review_gets_a_json_log_line_and_a_patched_one_none(server: Server) -> None:
+    """Log level info (the default): a line for the reviews an operator may act on (here a denial),
+    none per allowed or patched review (docs/operations.md, "Logs")."""
+    patched = load_review("training-pod-create.json")
+    patched["request"]["uid"] = "log-line-patched"
+    denied = load_review("training-pod-reserved-denied.json")
+    denied["request"]["uid"] = "log-line-denied"
     with server.client() as client:
-        review_roundtrip(client, review)
+        assert review_roundtrip(client, patched)["allowed"] is True
+        assert review_roundtrip(client, denied)["allowed"] is False
 
-    def logged() -> list[dict[str, Any]]:
-        return [line for line in server.log_lines() if line.get("uid") == "log-line-check"]
+    def logged(uid: str) -> list[dict[str, Any]]:
+        return [line for line in server.log_lines() if line.get("uid") == uid]
 
-    wait_for(lambda: bool(logged()), what="the review's log line")
-    (line,) = logged()
+    wait_for(lambda: bool(logged("log-line-denied")), what="the denied review's log line")
+    (line,) = logged("log-line-denied")
+    assert line["level"] == "info"
     assert line["namespace"] == "ml-training"
     assert line["pod"] == "llama-finetune-"  # generateName: the name does not exist yet
     assert line["operation"] == "CREATE"
     assert line["workload_class"] == "training"
-    assert line["decision"] == "patched"
+    assert line["decision"] == "denied"
     assert line["rule"]
-    assert line["patch_operations"] > 0
+    assert line["patch_operations"] == 0
     assert line["latency_ms"] >= 0
+    # Lines are written before the reply is sent: the patched review, answered first, wrote none.
+    assert logged("log-line-patched") == []
 
 
 def test_idle_pooled_connection_survives_past_uvicorn_default_keep_alive(server: Server) -> None:
@@ -359,6 +368,21 @@ def test_sigterm_finishes_the_review_in_flight(pki: PKI, tmp_path: Path) -> None
         server.stop()
 
 
+def metric_files_mapped(pid: int) -> bool:
+    """Whether process ``pid`` maps prometheus-client's multiprocess files (``counter_<pid>.db``, ...)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return re.search(r"/(counter|gauge_\w+|histogram|summary)_\d+\.db$", maps, re.M) is not None
+
+
+def test_one_worker_keeps_its_metrics_in_memory(server: Server) -> None:
+    """The multiprocess files cost about twice as much per update (docs/benchmarks.md); only
+    ``--workers N`` needs them."""
+    with server.client() as client:
+        review_roundtrip(client, load_review("training-pod-create.json"))
+    assert not metric_files_mapped(server.process.pid)
+    assert "rocm_isolation_admission_reviews_total" in server.metrics()
+
+
 def test_multiple_workers_serve_and_aggregate_metrics(pki: PKI, tmp_path: Path) -> None:
     server = launch_server(tmp_path, cert_dir=pki.dir, ca_file=pki.ca_file, policy=POLICY, args=["--workers", "2"])
     try:
@@ -377,5 +401,8 @@ def test_multiple_workers_serve_and_aggregate_metrics(pki: PKI, tmp_path: Path) 
         # Every scrape sees all 12 reviews, whichever worker answers it.
         for _ in range(4):
             assert counted() == 12
+        # Through prometheus-client's multiprocess files, mapped by the workers.
+        workers = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()
+        assert any(metric_files_mapped(int(pid)) for pid in workers)
     finally:
         assert server.stop() in (0, -signal.SIGTERM)

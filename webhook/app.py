@@ -1,5 +1,13 @@
 """The FastAPI app: transport only. Read the body with a limit, check the content type, decode,
-hand the envelope to ``handler.handle``, encode the reply, record a log line and metrics.
+hand the envelope to ``handler.handle``, encode the reply, record metrics (and a log line when the
+review is one to act on, see webhook/logs.py).
+
+``POST /mutate`` is answered straight from the ASGI call (``WebhookApp.__call__``): FastAPI's
+per-request machinery (middleware stack, routing, dependency solving, ``Request`` and ``Response``
+objects) cost more CPU than everything the webhook does around ``decide()``, and the route takes
+nothing from it (it reads the raw body itself to enforce its limit). FastAPI keeps serving every
+other request (``/healthz``, ``/readyz``, ``/metrics``, the 404s and 405s) and the OpenAPI schema,
+in which ``/mutate`` stays documented by a route that answers with the same code.
 
 HTTP status codes (what a caller that is not kube-apiserver can get):
 
@@ -25,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,11 +42,12 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from webhook import review
 from webhook.cluster import ClusterCache
 from webhook.handler import ClusterFacts, Handled, NoCluster, handle
-from webhook.logs import log_review
+from webhook.logs import ReviewCounts, log_review, review_log_level, review_logged
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.reload import PolicyStore
 from webhook.review import ReviewError
@@ -67,6 +76,8 @@ class WebhookService:
     policy_poll_seconds: float = 5.0
     cert_poll_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
+    log_summary_seconds: float = 60.0  # 0: no summary line
+    review_counts: ReviewCounts = field(default_factory=ReviewCounts, repr=False)
     _stop: asyncio.Event | None = field(default=None, repr=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
@@ -80,6 +91,8 @@ class WebhookService:
             self._tasks.append(asyncio.create_task(self.policies.run(self.policy_poll_seconds, self._stop)))
         if self.certificates is not None:
             self._tasks.append(asyncio.create_task(self.certificates.run(self.cert_poll_seconds, self._stop)))
+        if self.log_summary_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._summaries(self._stop)))
         if self.cluster is not None:
             self.cluster.start()
         if self.auditor is not None:
@@ -92,10 +105,18 @@ class WebhookService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self.review_counts.log_summary()  # the last, partial period
         if self.auditor is not None:
             await asyncio.to_thread(self.auditor.stop)
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)
+
+    async def _summaries(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.log_summary_seconds)
+            except TimeoutError:
+                self.review_counts.log_summary()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         policy = self.policies.policy
@@ -139,18 +160,57 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _read_body(request: Request, limit: int) -> bytearray:
-    """Read at most ``limit`` bytes; raise BodyTooLarge as soon as the body is longer.
-    (orjson decodes a bytearray directly: the body is not copied again.)"""
+async def _read_body(receive: Receive, limit: int) -> bytes | bytearray:
+    """Read at most ``limit`` bytes; raise BodyTooLarge as soon as the body is longer, and
+    ClientDisconnect when the client goes away first (what ``Request.stream()`` does). A body that
+    arrives in one piece is not copied (orjson decodes bytes and bytearray alike)."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BodyTooLarge()
-    return body
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            if not message.get("more_body", False):
+                if not body:
+                    if len(chunk) > limit:
+                        raise BodyTooLarge()
+                    return bytes(chunk)
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge()
+                return body
+            body += chunk
+            if len(body) > limit:
+                raise BodyTooLarge()
+        elif kind == "http.disconnect":
+            raise ClientDisconnect()
 
 
-def create_app(service: WebhookService) -> FastAPI:
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case, as ASGI servers give names), like Starlette's."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class WebhookApp(FastAPI):
+    """FastAPI, with ``POST /mutate`` answered before FastAPI's middleware and routing (module docstring)."""
+
+    mutate_asgi: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None  # installed by create_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lean = self.mutate_asgi
+        if lean is not None and scope["type"] == "http" and scope["path"] == "/mutate" and scope["method"] == "POST":
+            await lean(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+_REPLY_TYPE = (b"content-type", b"application/json")
+
+
+def create_app(service: WebhookService) -> WebhookApp:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
@@ -159,7 +219,7 @@ def create_app(service: WebhookService) -> FastAPI:
         finally:
             await service.stop()
 
-    app = FastAPI(title="rocm-isolation-webhook", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = WebhookApp(title="rocm-isolation-webhook", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.service = service
     metrics = service.metrics
 
@@ -168,18 +228,18 @@ def create_app(service: WebhookService) -> FastAPI:
         log.warning("rejected request", extra={"error_kind": kind, "status": status, "problem": message})
         return _error(status, message, **headers)
 
-    @app.post("/mutate")
-    async def mutate(request: Request) -> Response:
+    async def answer(headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes | JSONResponse:
+        """The reply to one ``POST /mutate``: the encoded AdmissionReview, or an error response."""
         started = time.perf_counter()
         try:
-            media_type = _media_type(request.headers.get("content-type", ""))
+            media_type = _media_type(_header(headers, b"content-type") or "")
             if media_type != "application/json":
                 return reject(
                     "unsupported_media_type",
                     415,
                     f"Content-Type must be application/json, got {media_type or 'none'!r}",
                 )
-            length = request.headers.get("content-length")
+            length = _header(headers, b"content-length")
             if length is not None:
                 if not length.isdigit():
                     return reject("malformed", 400, f"invalid Content-Length {length!r}")
@@ -191,7 +251,7 @@ def create_app(service: WebhookService) -> FastAPI:
                         connection="close",
                     )
             try:
-                body = await _read_body(request, service.max_body_bytes)
+                body = await _read_body(receive, service.max_body_bytes)
             except BodyTooLarge:
                 return reject(
                     "body_too_large", 413, f"body is over the {service.max_body_bytes} byte limit", connection="close"
@@ -235,7 +295,35 @@ def create_app(service: WebhookService) -> FastAPI:
         payload = orjson.dumps(review.review_response(admission, handled.response))
         elapsed = time.perf_counter() - started
         _record(service, admission, handled, elapsed)
-        return Response(payload, media_type="application/json")
+        return payload
+
+    async def mutate_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            reply = await answer(scope["headers"], receive)
+        except Exception as exc:  # pragma: no cover - last resort, as the exception handler below
+            metrics.errors.labels("internal").inc()
+            log.error("unhandled exception", exc_info=exc)
+            reply = _error(500, "internal error; see the webhook's log")
+        if isinstance(reply, bytes):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(reply)), _REPLY_TYPE],
+                }
+            )
+            await send({"type": "http.response.body", "body": reply})
+        else:
+            await reply(scope, receive, send)
+
+    app.mutate_asgi = mutate_asgi
+
+    @app.post("/mutate")
+    async def mutate(request: Request) -> Response:
+        """Documents ``POST /mutate`` in the OpenAPI schema; answers like the lean path (which takes
+        every ``POST /mutate`` an ASGI server sends: this runs only if the app is mounted under a prefix)."""
+        reply = await answer(request.scope["headers"], request.receive)
+        return Response(reply, media_type="application/json") if isinstance(reply, bytes) else reply
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -262,31 +350,35 @@ def create_app(service: WebhookService) -> FastAPI:
 def _record(service: WebhookService, admission: review.AdmissionRequest, handled: Handled, elapsed: float) -> None:
     try:
         metrics = service.metrics
+        decision = handled.decision
         patch_ops = len(handled.response.patch)
-        metrics.labelled(
-            metrics.reviews, admission.operation, handled.workload_class, handled.decision, handled.mode
-        ).inc()
+        metrics.labelled(metrics.reviews, admission.operation, handled.workload_class, decision, handled.mode).inc()
         metrics.latency.observe(elapsed)
         if patch_ops:
             metrics.patch_operations.inc(patch_ops)
-        if handled.decision == "denied":
+        if decision == "denied":
             metrics.labelled(metrics.denials, handled.rule).inc()
         for rule in handled.violations:
             metrics.labelled(metrics.violations, rule, handled.mode).inc()
-        log_review(
-            {
-                "uid": admission.uid,
-                "namespace": admission.namespace,
-                "pod": admission.pod_name,
-                "operation": admission.operation,
-                "workload_class": handled.workload_class,
-                "decision": handled.decision,
-                "rule": handled.rule,
-                "mode": handled.mode,
-                "patch_operations": patch_ops,
-                "dry_run": admission.dry_run,
-                "latency_ms": round(elapsed * 1000, 3),
-            }
-        )
+        service.review_counts.add(decision)
+        level = review_log_level(decision, handled.violations)
+        if review_logged(level):
+            log_review(
+                level,
+                {
+                    "uid": admission.uid,
+                    "namespace": admission.namespace,
+                    "pod": admission.pod_name,
+                    "operation": admission.operation,
+                    "workload_class": handled.workload_class,
+                    "decision": decision,
+                    "rule": handled.rule,
+                    "mode": handled.mode,
+                    "patch_operations": patch_ops,
+                    "dry_run": admission.dry_run,
+                    "latency_ms": round(elapsed * 1000, 3),
+                    **({"violations": list(handled.violations)} if handled.violations else {}),
+                },
+            )
     except Exception:  # pragma: no cover - observability must never fail a review
         log.exception("failed to record a review")

@@ -3,7 +3,9 @@
 Each ``Metrics`` has its own registry, so several apps can live in one process (tests). With
 ``--workers N`` uvicorn runs N processes: ``serve`` then sets ``PROMETHEUS_MULTIPROC_DIR`` before
 the workers start, and ``/metrics`` aggregates the files every worker writes (prometheus-client's
-multiprocess mode), so a scrape of any worker sees the whole pod.
+multiprocess mode), so a scrape of any worker sees the whole pod. With one worker (the default)
+nothing sets it and the values are plain floats in memory: the mmapped files of multiprocess mode
+cost about twice as much per update (docs/benchmarks.md, "Metrics").
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 PREFIX = "rocm_isolation"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# Server-side latency: the apiserver's own histogram starts at 5 ms, ours has finer buckets below it.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+# Server-side latency: the apiserver's own histogram starts at 5 ms, ours has finer buckets below it
+# (a small review takes ~0.1 ms in the server).
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 def multiprocess_dir() -> str | None:

@@ -77,6 +77,7 @@ class Settings:
     keep_alive_seconds: int = DEFAULT_KEEP_ALIVE
     graceful_timeout_seconds: int = 30
     log_level: str = "info"
+    log_summary_seconds: float = 60.0
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
     audit_interval_seconds: float = 300.0
@@ -120,6 +121,7 @@ def build_service(settings: Settings) -> WebhookService:
         policy_poll_seconds=settings.policy_poll_seconds,
         cert_poll_seconds=settings.cert_poll_seconds,
         max_body_bytes=settings.max_body_bytes,
+        log_summary_seconds=settings.log_summary_seconds,
     )
 
 
@@ -184,46 +186,52 @@ def app_factory() -> Any:
 class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a read deadline (see the module docstring).
 
-    The deadline is armed when the connection is made (TLS done) and when a request's first byte
-    arrives after an idle keep-alive period; it is cleared when the request is complete. While a
-    response is being computed or a connection idles between requests it does not run (the
-    keep-alive timeout does). When it fires, the connection is closed without a reply.
+    The deadline runs from the connection being made (TLS done) and from a request's first byte
+    after an idle keep-alive period, until the request is complete. While a response is being
+    computed or a connection idles between requests it does not run (the keep-alive timeout does).
+    When it passes, the connection is closed without a reply.
+
+    One timer per connection, re-armed when it fires, rather than one per request: creating and
+    cancelling a timer for every review cost more than reading the clock at a request's start.
     """
 
     read_timeout: float = DEFAULT_READ_TIMEOUT  # set per process by app_factory
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._read_deadline: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._reading_since: float | None = None  # loop time the incomplete request started; None: not reading
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_read_deadline()
+        if self.read_timeout > 0:
+            self._reading_since = self.loop.time()
+            self._deadline_timer = self.loop.call_later(self.read_timeout, self._check_read_deadline)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arm_read_deadline()
+        if self._reading_since is None:
+            self._reading_since = self.loop.time()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._clear_read_deadline()
+        self._reading_since = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._clear_read_deadline()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         super().connection_lost(exc)
 
-    def _arm_read_deadline(self) -> None:
-        if self._read_deadline is None and self.read_timeout > 0:
-            self._read_deadline = self.loop.call_later(self.read_timeout, self._read_deadline_expired)
-
-    def _clear_read_deadline(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
-
-    def _read_deadline_expired(self) -> None:
-        self._read_deadline = None
+    def _check_read_deadline(self) -> None:
+        self._deadline_timer = None
         if self.transport.is_closing():
+            return
+        since = self._reading_since
+        # Not reading (idle, or answering): look again a full period later. Reading: at its deadline.
+        left = self.read_timeout if since is None else since + self.read_timeout - self.loop.time()
+        if left > 0:
+            self._deadline_timer = self.loop.call_later(left, self._check_read_deadline)
             return
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
         log.warning(
@@ -286,7 +294,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the audit in the background this often and export it as metrics; one replica at a time "
         "(a Lease in the webhook's namespace); 0 disables it (default: 300; needs a cluster)",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="info (default): denials, errors, violations and a periodic summary; debug: a line per review",
+    )
+    parser.add_argument(
+        "--log-summary-seconds",
+        type=float,
+        default=60.0,
+        help="log the reviews answered per decision every this many seconds (0: never)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -305,6 +324,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         keep_alive_seconds=args.keep_alive_seconds,
         graceful_timeout_seconds=args.graceful_timeout_seconds,
         log_level=args.log_level,
+        log_summary_seconds=args.log_summary_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
         audit_interval_seconds=args.audit_interval_seconds,
     )
@@ -323,6 +343,7 @@ def main(args: argparse.Namespace) -> int:
         or args.policy_poll_seconds <= 0
         or args.read_timeout_seconds <= 0
         or args.audit_interval_seconds < 0
+        or args.log_summary_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2
