@@ -503,6 +503,13 @@ def _apply(doc: Document, namespace: str, name: str, pod_path: tuple[str, ...], 
     if not decision.allowed:
         return Outcome(**common, output=doc.body, verdict="denied", rule=decision.rule, message=decision.message)
     operations = prefixed(decision.patch, doc.body, pod_path)
+    return _patched(doc, common, operations, decision.rule, decision.message)
+
+
+def _patched(
+    doc: Document, common: dict[str, Any], operations: list[dict[str, Any]], rule: str, message: str
+) -> Outcome:
+    """The object with ``operations`` applied, or denied as the apiserver would when they do not apply."""
     try:
         output = jsonpatch.apply_patch(doc.body, operations)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
@@ -518,8 +525,8 @@ def _apply(doc: Document, namespace: str, name: str, pod_path: tuple[str, ...], 
         **common,
         output=output,
         verdict="mutated" if operations else "unchanged",
-        rule=decision.rule,
-        message=decision.message,
+        rule=rule,
+        message=message,
         patch=tuple(operations),
     )
 
@@ -635,25 +642,7 @@ def _apply_templates(
     if denied:
         return Outcome(**common, output=doc.body, verdict="denied", rule=first.rule, message=message)
     operations = [op for t in done for op in t.patch]
-    try:
-        output = jsonpatch.apply_patch(doc.body, operations)
-    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
-        # The apiserver fails the request when a webhook's patch does not apply.
-        return Outcome(
-            **common,
-            output=doc.body,
-            verdict="denied",
-            rule=RULE_PATCH_FAILED,
-            message=f"the webhook's patch does not apply to this object ({str(err)[:200]}); please report this as a bug",
-        )
-    return Outcome(
-        **common,
-        output=output,
-        verdict="mutated" if operations else "unchanged",
-        rule=first.rule,
-        message=message,
-        patch=tuple(operations),
-    )
+    return _patched(doc, common, operations, first.rule, message)
 
 
 def prefixed(
