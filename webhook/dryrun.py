@@ -23,7 +23,7 @@ import jsonpatch
 
 from webhook import claims, manifest_yaml, patch, pods, workloads
 from webhook.decision import NO_CLAIMS, ClaimFacts, Decision, NamespaceFacts, NodeFacts
-from webhook.engine import RULE_MALFORMED, decide
+from webhook.engine import CLAIM_UNRESOLVED, LABELS_UNKNOWN, RULE_MALFORMED, decide
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
 
 STDIN = "-"
@@ -34,9 +34,7 @@ RULE_PASSED = "passed-through"
 RULE_PATCH_FAILED = "patch-not-applicable"
 
 CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
-CLAIM_UNKNOWN = "could not be resolved (not known to the webhook yet)"
 CLAIM_NOT_IN_INPUT = "could not be resolved (not in the input: add its document to the manifests checked)"
-LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
 REVIEW_PATH = ("request", "object")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
@@ -279,7 +277,7 @@ def _shown(warnings: Iterable[str]) -> list[str]:
 
 
 def _offline(warning: str) -> str:
-    return warning.replace(CLAIM_UNKNOWN, CLAIM_NOT_IN_INPUT)
+    return warning.replace(CLAIM_UNRESOLVED, CLAIM_NOT_IN_INPUT)
 
 
 # --- input ----------------------------------------------------------------------------------

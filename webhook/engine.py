@@ -44,6 +44,9 @@ DENY_CLASS = "deny-class-not-allowed"
 DENY_RULES = (DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS)
 
 _MODES: frozenset[str] = frozenset(get_args(Mode))
+# Phrases of two warnings that the offline dry run recognises (it says them its own way): one source.
+CLAIM_UNRESOLVED = "could not be resolved (not known to the webhook yet)"
+LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
 
 
 def decide(
@@ -217,7 +220,7 @@ def _gpu_claims(refs: list[pods.ClaimRef], claims: ClaimFacts, policy: Policy, w
             continue
         if classes is None:
             warnings.append(
-                f"{ref.field} ({ref.name}): {kind} {target} could not be resolved (not known to the webhook yet); "
+                f"{ref.field} ({ref.name}): {kind} {target} {CLAIM_UNRESOLVED}; "
                 "counted as a GPU request: the pod is placed and checked as a GPU pod"
             )
             names.add(ref.name)
@@ -258,8 +261,8 @@ def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[st
 def _labels_unknown(namespace: str, source: str) -> str:
     # The same warning for every pod of a namespace while there is no cluster connection.
     return (
-        f"namespace {namespace}: labels unknown (no cluster connection); class from "
-        f"{source}; label rules, the mode label and Pod Security labels were not checked"
+        f"namespace {namespace}{LABELS_UNKNOWN}{source}; label rules, the mode label and Pod Security labels "
+        "were not checked"
     )
 
 
