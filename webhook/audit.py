@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, get_args
 
 import yaml
 
@@ -34,7 +34,7 @@ from webhook import engine, patch
 from webhook.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.inventory import POOLS, NodeInfo, Pool, Snapshot, pod_info
 from webhook.kubeapi import ApiError, Forbidden, KubeApi
-from webhook.policy import Policy, PolicyError, compile_policy, default_policy, load_policy
+from webhook.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 
 EXIT_CLEAN: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -94,7 +94,7 @@ RULES: Final[dict[str, Rule]] = {
 _REACH_RULES: Final = frozenset({engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION})
 _ANNOTATIONS: Final = "/metadata/annotations"
 _MUTATIONS_POINTER: Final = f"{_ANNOTATIONS}/{patch.escape(engine.MUTATIONS_ANNOTATION)}"
-_MODES: Final = ("enforce", "warn", "audit")
+_MODES: Final = get_args(Mode)
 
 
 @dataclass(frozen=True)

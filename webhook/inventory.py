@@ -91,8 +91,13 @@ def gpu_resources(resources: Any, policy: Policy) -> dict[str, int]:
     return {str(name): quantity(value) for name, value in resources.items() if policy.gpu(str(name))}
 
 
-def _matches_taint(taint: Mapping[str, Any], key: str, value: str, effect: str) -> bool:
-    return taint.get("key") == key and (taint.get("value") or "") == value and taint.get("effect") == effect
+def same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same taint (key, value, effect), an absent value being the empty one."""
+    return (
+        a.get("key") == b.get("key")
+        and (a.get("value") or "") == (b.get("value") or "")
+        and a.get("effect") == b.get("effect")
+    )
 
 
 def node_info(node: Mapping[str, Any], policy: Policy) -> NodeInfo:
@@ -102,14 +107,14 @@ def node_info(node: Mapping[str, Any], policy: Policy) -> NodeInfo:
     taints = tuple(t for t in (spec.get("taints") or []) if isinstance(t, Mapping))
     key, value = policy.spec.reserved_nodes.label
     reserved_taint = policy.spec.reserved_nodes.taint
+    ours = reserved_taint.model_dump() if reserved_taint is not None else None
     gpus = gpu_resources((node.get("status") or {}).get("allocatable"), policy)
     return NodeInfo(
         name=str(metadata.get("name", "")),
         labels=labels,
         taints=taints,
         labelled=labels.get(key) == value,
-        tainted=reserved_taint is not None
-        and any(_matches_taint(t, reserved_taint.key, reserved_taint.value, reserved_taint.effect) for t in taints),
+        tainted=ours is not None and any(same_taint(t, ours) for t in taints),
         unhealthy=any(t.get("key") == UNHEALTHY_TAINT for t in taints),
         unschedulable=bool(spec.get("unschedulable")),
         gpus=sum(gpus.values()),
@@ -284,12 +289,12 @@ class Snapshot:
     @staticmethod
     def _device_classes(api: KubeApi, path: str) -> dict[str, dict[str, frozenset[str]]]:
         found: dict[str, dict[str, frozenset[str]]] = {}
+        # List items carry no kind (the list does): it comes from the path.
+        kind = dra.TEMPLATE_KIND if path.endswith("resourceclaimtemplates") else dra.CLAIM_KIND
         for obj in api.list(path, on_restart=found.clear):
             metadata = obj.get("metadata") or {}
-            # List items carry no kind (the list does): it comes from the path.
-            kind = dra.TEMPLATE_KIND if path.endswith("resourceclaimtemplates") else dra.CLAIM_KIND
             try:
-                classes = dra.device_classes({**obj, "kind": kind})
+                classes = dra.device_classes(obj, kind)
             except dra.MalformedClaim:
                 continue  # left out: the engine counts an unresolvable claim as a GPU request
             found.setdefault(str(metadata.get("namespace", "")), {})[str(metadata.get("name", ""))] = classes

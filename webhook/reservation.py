@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.inventory import same_taint
 from webhook.policy import Policy
 
 _SELECTOR_TERM = re.compile(r"^\s*([^=!\s,]+)\s*==?\s*([^=!\s,]*)\s*$")
@@ -73,14 +74,6 @@ class Reservation:
 def taint_text(taint: Mapping[str, Any]) -> str:
     value = taint.get("value") or ""
     return f"{taint.get('key', '')}{'=' + value if value else ''}:{taint.get('effect', '')}"
-
-
-def same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return (
-        a.get("key") == b.get("key")
-        and (a.get("value") or "") == (b.get("value") or "")
-        and a.get("effect") == b.get("effect")
-    )
 
 
 @dataclass(frozen=True)
