@@ -167,23 +167,21 @@ async def _read_body(receive: Receive, limit: int) -> bytes | bytearray:
     body = bytearray()
     while True:
         message = await receive()
-        kind = message["type"]
-        if kind == "http.request":
-            chunk = message.get("body", b"")
-            if not message.get("more_body", False):
-                if not body:
-                    if len(chunk) > limit:
-                        raise BodyTooLarge()
-                    return bytes(chunk)
-                body += chunk
-                if len(body) > limit:
-                    raise BodyTooLarge()
-                return body
-            body += chunk
-            if len(body) > limit:
-                raise BodyTooLarge()
-        elif kind == "http.disconnect":
+        if message["type"] == "http.disconnect":
             raise ClientDisconnect()
+        if message["type"] != "http.request":
+            continue
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not more and not body:  # the whole body in one message: returned as it is
+            if len(chunk) > limit:
+                raise BodyTooLarge()
+            return chunk
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge()
+        if not more:
+            return body
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
