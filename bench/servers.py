@@ -19,6 +19,7 @@ from bench.loadgen import Connection, client_context
 from webhook import certs
 
 REPO = Path(__file__).resolve().parent.parent
+BARE_MODULES = ("bench.bare_null_app", "bench.floor_app")  # no /metrics
 
 
 def free_port() -> int:
@@ -50,7 +51,7 @@ class Server:
     ca_file: Path
     process: subprocess.Popen[bytes]
     log_file: Path
-    has_metrics: bool = True  # the bare null webhook serves /mutate and /healthz only
+    has_metrics: bool = True  # the bare null webhook and the floor serve /mutate and /healthz only
 
     @property
     def pid(self) -> int:
@@ -134,7 +135,7 @@ def start(
     env = {key: value for key, value in os.environ.items() if key != "PROMETHEUS_MULTIPROC_DIR"}
     with log_file.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
-    server = Server(name, port, ca_file, process, log_file, has_metrics=module != "bench.bare_null_app")
+    server = Server(name, port, ca_file, process, log_file, has_metrics=module not in BARE_MODULES)
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:
