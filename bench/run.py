@@ -399,13 +399,19 @@ def main() -> int:
         bench.log(f"decide() micro-timings ({'quick' if config.quick else 'full'} run)")
         results["decide"] = bench.decide_timings()
 
-        real = bench.start("real", "webhook serve")
-        pure = bench.start("pure", "webhook serve", cwd=servers.pure_python_tree(bench.work))
-        null = bench.start("null", "bench.null_app")
-        bare = bench.start("bare", "bench.bare_null_app")
-        floor = bench.start("floor", "bench.floor_app")
-        latency_group = [real, null, bare]
+        running: list[Server] = []  # stopped in the end even when a later one fails to start
         try:
+            for name, module in (
+                ("real", "webhook serve"),
+                ("pure", "webhook serve"),
+                ("null", "bench.null_app"),
+                ("bare", "bench.bare_null_app"),
+                ("floor", "bench.floor_app"),
+            ):
+                cwd = servers.pure_python_tree(bench.work) if name == "pure" else servers.REPO
+                running.append(bench.start(name, module, cwd=cwd))
+            real, pure, null, bare, floor = running
+            latency_group = [real, null, bare]
             bench.log("warm-up")
             for server in (real, pure, null, bare, floor):
                 bench.warm_up(server)
@@ -465,7 +471,7 @@ def main() -> int:
             results["rss_target"] = config.rss_reviews
             results["reviews_after_warmup"] = servers.reviews_total(real.metrics()) - warm_reviews
         finally:
-            for server in (real, pure, null, bare, floor):
+            for server in running:
                 server.stop()
 
         bench.log("namespace rules (one server per policy)")

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.loadgen import Connection, client_context
+from bench.loadgen import Connection, ProtocolError, client_context
 from webhook import certs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,8 +143,8 @@ def start(
         try:
             if server.get("/healthz")[0] == 200:
                 return server
-        except (OSError, ssl.SSLError):
-            pass
+        except (OSError, ssl.SSLError, ProtocolError):
+            pass  # not listening yet, or closed the probe: try again until the deadline
         if time.monotonic() > deadline:
             server.stop()
             raise RuntimeError(f"{name} did not become healthy:\n{log_file.read_text()[-3000:]}")
