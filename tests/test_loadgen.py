@@ -8,24 +8,18 @@ connection.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from conftest import PKI, Server, ServerFactory, make_pki
 
-from bench import loadgen, policies, reviews
+from bench import loadgen, policies, reviews, servers
 
 REVIEWS = reviews.REVIEWS_DIR
 
 
 def _reviews_total(server: Server) -> int:
-    return int(
-        sum(
-            float(v)
-            for v in re.findall(r"^rocm_isolation_admission_reviews_total\{[^}]*\} (\S+)$", server.metrics(), re.M)
-        )
-    )
+    return servers.reviews_total(server.metrics())
 
 
 @pytest.fixture
