@@ -111,13 +111,7 @@ class Template:
         return cls(prefix, suffix, allowed)
 
     def request(self, uid: bytes) -> bytes:
-        body = self.prefix + uid + self.suffix
-        head = (
-            f"POST /mutate?timeout=10s HTTP/1.1\r\nHost: {SERVER_NAME}:443\r\nUser-Agent: kube-apiserver-admission\r\n"
-            f"Accept: application/json, */*\r\nAccept-Encoding: gzip\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+        return request_bytes("POST", "/mutate?timeout=10s", self.prefix + uid + self.suffix)
 
 
 @dataclass
