@@ -14,10 +14,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import timeit
 from collections.abc import Callable
 
 from bench.servers import REPO
+from bench.timing import interleaved_best
 
 # call -> when _record makes it
 CALLS: dict[str, str] = {
@@ -49,13 +49,7 @@ def _calls() -> dict[str, Callable[[], object]]:
 
 def measure_here(seconds: float = 0.2, rounds: int = 5) -> dict[str, float]:
     """Seconds per call of each entry of ``CALLS`` in this process's prometheus-client mode."""
-    timers = {name: timeit.Timer(call) for name, call in _calls().items()}
-    numbers = {name: max(1, int(timer.autorange()[0] * seconds / 0.2)) for name, timer in timers.items()}
-    best = dict.fromkeys(timers, float("inf"))
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            best[name] = min(best[name], timer.timeit(numbers[name]) / numbers[name])
-    return best
+    return interleaved_best(_calls(), seconds, rounds)
 
 
 def measure(seconds: float = 0.2) -> dict[str, dict[str, float]]:

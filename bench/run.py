@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -37,6 +36,7 @@ from typing import Any
 
 from bench import metrics_cost, policies, report, reviews, servers
 from bench.servers import Server
+from bench.timing import interleaved_best
 from webhook.decision import NamespaceFacts, NodeFacts
 from webhook.engine import decide
 from webhook.policy import Policy
@@ -228,14 +228,14 @@ class Bench:
         config = self.config
         base = policies.policy(1)
         out: dict[str, Any] = {}
-        out["scenarios"] = _interleaved_best(
+        out["scenarios"] = interleaved_best(
             {name: _decide_call(build(), base) for name, build in reviews.BUILDERS.items()}, config.decide_seconds
         )
-        out["sizes"] = _interleaved_best(
+        out["sizes"] = interleaved_best(
             {size: _decide_call(reviews.sized_pod(size), base) for size in config.sizes}, config.decide_seconds
         )
         rule_policies = {rules: policies.policy(rules) for rules in config.rules}
-        hits = _interleaved_best(
+        hits = interleaved_best(
             {rules: _decide_call(reviews.inference_small(), policy) for rules, policy in rule_policies.items()},
             config.decide_seconds,
         )
@@ -275,17 +275,6 @@ def _decide_call(review: dict[str, Any], policy: Policy) -> Callable[[], object]
     return call
 
 
-def _interleaved_best(calls: dict[Any, Callable[[], object]], seconds: float, rounds: int = 5) -> dict[Any, float]:
-    """Seconds per call of each ``calls`` entry: the best of ``rounds`` rounds, each running every entry once."""
-    timers = {key: timeit.Timer(call) for key, call in calls.items()}
-    numbers = {key: max(1, int(timer.autorange()[0] * seconds / 0.2)) for key, timer in timers.items()}
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for key, timer in timers.items():
-            best[key] = min(best[key], timer.timeit(numbers[key]) / numbers[key])
-    return best
-
-
 def time_decide_new_namespaces(policy: Policy, seconds: float) -> float:
     """``decide()`` for a namespace it has never seen (the namespace-rule cache misses every time)."""
     request = reviews.inference_small()["request"]
@@ -297,7 +286,7 @@ def time_decide_new_namespaces(policy: Policy, seconds: float) -> float:
         namespace = NamespaceFacts(f"inference-new-{next(counter)}")
         return decide(operation="CREATE", pod=pod, namespace=namespace, nodes=nodes, policy=policy)
 
-    return _interleaved_best({0: call}, seconds)[0]
+    return interleaved_best({0: call}, seconds)[0]
 
 
 def machine() -> dict[str, Any]:
