@@ -303,29 +303,39 @@ class Run:
                     self._issue(free.pop(), waiting.popleft())
             if not self.in_flight and not waiting and (closed or scheduled >= total):
                 return last
-            for channel in self.channels:
-                if channel.outbox:
-                    try:
-                        channel.flush()
-                    except OSError as err:
-                        self._replace(channel, err)
+            self._flush()
             for fd, _ in poll(0):
-                channel = self.by_fd.get(fd)  # None: replaced earlier in this turn
-                if channel is None:
-                    continue
+                if (arrived := self._receive(fd)) is not None:
+                    last = arrived
+
+    def _flush(self) -> None:
+        """Write on to the requests the sockets did not take whole."""
+        for channel in self.channels:
+            if channel.outbox:
                 try:
-                    reply = channel.receive()
-                except (OSError, ProtocolError) as err:
+                    channel.flush()
+                except OSError as err:
                     self._replace(channel, err)
-                    continue
-                if reply is None:
-                    continue
-                last = perf_counter()
-                self.from_send.append(last - channel.sent)
-                if not closed:
-                    self.from_schedule.append(last - channel.scheduled)
-                self._check(channel, *reply)
-                self._done(channel)
+
+    def _receive(self, fd: int) -> float | None:
+        """Read what arrived on ``fd``; the time a reply completed there, or None."""
+        channel = self.by_fd.get(fd)
+        if channel is None:  # replaced earlier in this turn
+            return None
+        try:
+            reply = channel.receive()
+        except (OSError, ProtocolError) as err:
+            self._replace(channel, err)
+            return None
+        if reply is None:
+            return None
+        arrived = time.perf_counter()
+        self.from_send.append(arrived - channel.sent)
+        if self.job.mode == "open":
+            self.from_schedule.append(arrived - channel.scheduled)
+        self._check(channel, *reply)
+        self._done(channel)
+        return arrived
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
