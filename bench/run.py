@@ -199,25 +199,30 @@ class Bench:
             max_requests=self.config.warmup_reviews,
         )
 
-    def saturation(self, group: list[Server], scenario: str) -> dict[str, Any]:
+    def alternated(
+        self, group: list[Server], rounds: int, measure: Callable[[Server], dict[str, Any]]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """``rounds`` runs of ``measure`` per server, the servers alternated (in reverse order every
+        other round), so that a passing slowdown of the machine spoils one round of each, not one server."""
         runs: dict[str, list[dict[str, Any]]] = {server.name: [] for server in group}
-        for round_ in range(self.config.saturation_rounds):
+        for round_ in range(rounds):
             for server in group if round_ % 2 == 0 else reversed(group):
-                runs[server.name].append(
-                    self.load(server, [scenario], mode="closed", duration=self.config.saturation_seconds)
-                )
+                runs[server.name].append(measure(server))
+        return runs
+
+    def saturation(self, group: list[Server], scenario: str) -> dict[str, Any]:
+        seconds = self.config.saturation_seconds
+        runs = self.alternated(
+            group, self.config.saturation_rounds, lambda s: self.load(s, [scenario], mode="closed", duration=seconds)
+        )
         return {name: median_run(items) for name, items in runs.items()}
 
     def fixed_rate(self, server: Server, scenarios: list[str], rate: float, seconds: float) -> dict[str, Any]:
         return self.load(server, scenarios, mode="open", rate=rate, duration=seconds)
 
     def fixed_rate_rounds(self, group: list[Server], scenario: str, rate: float, seconds: float) -> dict[str, Any]:
-        """Fixed-rate runs of every server, alternated like the saturation rounds; per server the
-        round with the median client p99 (a passing hiccup of the machine spoils one round only)."""
-        runs: dict[str, list[dict[str, Any]]] = {server.name: [] for server in group}
-        for round_ in range(self.config.open_rounds):
-            for server in group if round_ % 2 == 0 else reversed(group):
-                runs[server.name].append(self.fixed_rate(server, [scenario], rate, seconds))
+        """Per server the round with the median client p99."""
+        runs = self.alternated(group, self.config.open_rounds, lambda s: self.fixed_rate(s, [scenario], rate, seconds))
         return {name: median_p99_run(items) for name, items in runs.items()}
 
     def decide_timings(self) -> dict[str, Any]:
@@ -246,19 +251,26 @@ class Bench:
         return out
 
 
+def _median(items: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
+    """A copy of the run in the middle of ``items`` ordered by ``key``."""
+    return dict(sorted(items, key=key)[len(items) // 2])
+
+
 def median_run(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median throughput (its latencies stay consistent with its throughput)."""
-    ordered = sorted(items, key=lambda r: r["throughput"])
-    chosen = dict(ordered[len(ordered) // 2])
+    chosen = _median(items, lambda r: r["throughput"])
     chosen["throughput_runs"] = [r["throughput"] for r in items]
     chosen["cpu_per_review_runs"] = [r["server_cpu_per_review"] for r in items]
     return chosen
 
 
+def _client_p99(run: dict[str, Any]) -> float:
+    return float(run["latency_from_schedule"].get("p99", float("inf")))
+
+
 def median_p99_run(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The fixed-rate run with the median client p99 (from the scheduled send)."""
-    ordered = sorted(items, key=lambda r: r["latency_from_schedule"].get("p99", float("inf")))
-    chosen = dict(ordered[len(ordered) // 2])
+    chosen = _median(items, _client_p99)
     chosen["p99_runs"] = [r["latency_from_schedule"].get("p99") for r in items]
     return chosen
 
