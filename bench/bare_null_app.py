@@ -17,30 +17,21 @@ benchmark passes, ``--policy`` and ``--no-cluster``, are accepted and ignored).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from bench.baseline import allowed_reply, arguments, tls_context
 from webhook.serve import DEFAULT_KEEP_ALIVE
-from webhook.tls import CERT_FILE, KEY_FILE, server_context
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @app.post("/mutate")
 async def mutate(request: Request) -> Response:
-    review = orjson.loads(await request.body())
-    reply = {
-        "apiVersion": review["apiVersion"],
-        "kind": "AdmissionReview",
-        "response": {"uid": review["request"]["uid"], "allowed": True},
-    }
-    return Response(orjson.dumps(reply), media_type="application/json")
+    return Response(allowed_reply(await request.body()), media_type="application/json")
 
 
 @app.get("/healthz")
@@ -52,14 +43,8 @@ async def healthz() -> Response:
 def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m bench.bare_null_app")
-    parser.add_argument("--cert-dir", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8443)
-    args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    context = server_context()
-    cert_dir = Path(args.cert_dir)
-    context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
+    args = arguments("python -m bench.bare_null_app", argv)
+    context = tls_context(args.cert_dir)
     uvicorn.run(
         app,
         host=args.host,

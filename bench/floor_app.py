@@ -14,17 +14,14 @@ requests and ``GET /healthz`` only.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import cast
 
-import orjson
 import uvloop
 
-from webhook.tls import CERT_FILE, KEY_FILE, server_context
+from bench.baseline import allowed_reply, arguments, tls_context
 
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
 _HEALTHY = b'{"status":"ok"}'
@@ -48,35 +45,19 @@ class FloorProtocol(asyncio.Protocol):
 
     @staticmethod
     def _reply(head: bytes, body: bytes) -> bytes:
-        if head.startswith(b"get "):
-            payload = _HEALTHY
-        else:
-            review = orjson.loads(body)
-            payload = orjson.dumps(
-                {
-                    "apiVersion": review["apiVersion"],
-                    "kind": "AdmissionReview",
-                    "response": {"uid": review["request"]["uid"], "allowed": True},
-                }
-            )
+        payload = _HEALTHY if head.startswith(b"get ") else allowed_reply(body)
         return _HEAD % len(payload) + payload
 
 
-async def serve(host: str, port: int, cert_dir: Path) -> None:
-    context = server_context()
-    context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
-    server = await asyncio.get_running_loop().create_server(FloorProtocol, host, port, ssl=context)
+async def serve(host: str, port: int, cert_dir: str) -> None:
+    server = await asyncio.get_running_loop().create_server(FloorProtocol, host, port, ssl=tls_context(cert_dir))
     async with server:
         await server.serve_forever()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.floor_app")
-    parser.add_argument("--cert-dir", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8443)
-    args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    uvloop.run(serve(args.host, args.port, Path(args.cert_dir)))
+    args = arguments("python -m bench.floor_app", argv)
+    uvloop.run(serve(args.host, args.port, args.cert_dir))
     return 0
 
 
