@@ -47,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 from webhook import review
 from webhook.cluster import ClusterCache
 from webhook.handler import ClusterFacts, Handled, NoCluster, handle
-from webhook.logs import ReviewCounts, log_review, review_log_level, review_logged
+from webhook.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level, review_logged
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.reload import PolicyStore
 from webhook.review import ReviewError
@@ -76,7 +76,7 @@ class WebhookService:
     policy_poll_seconds: float = 5.0
     cert_poll_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
-    log_summary_seconds: float = 60.0  # 0: no summary line
+    log_summary_seconds: float = DEFAULT_SUMMARY_SECONDS  # 0: no summary line
     review_counts: ReviewCounts = field(default_factory=ReviewCounts, repr=False)
     _stop: asyncio.Event | None = field(default=None, repr=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)

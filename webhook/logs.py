@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 REVIEW_LOGGER = "webhook.review"
+DEFAULT_SUMMARY_SECONDS = 60.0  # how often the summary line of reviews is written
 
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 

@@ -44,7 +44,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from webhook.app import MAX_BODY_BYTES, WebhookService, create_app
 from webhook.cluster import ClusterCache, kubeconfig_available, load_api_client
-from webhook.logs import configure, uvicorn_log_config
+from webhook.logs import DEFAULT_SUMMARY_SECONDS, configure, uvicorn_log_config
 from webhook.metrics import Metrics
 from webhook.policy import PolicyError
 from webhook.reload import PolicyStore
@@ -77,7 +77,7 @@ class Settings:
     keep_alive_seconds: int = DEFAULT_KEEP_ALIVE
     graceful_timeout_seconds: int = 30
     log_level: str = "info"
-    log_summary_seconds: float = 60.0
+    log_summary_seconds: float = DEFAULT_SUMMARY_SECONDS
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
     audit_interval_seconds: float = 300.0
@@ -303,7 +303,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-summary-seconds",
         type=float,
-        default=60.0,
+        default=DEFAULT_SUMMARY_SECONDS,
         help="log the reviews answered per decision every this many seconds (0: never)",
     )
 
