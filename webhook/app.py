@@ -47,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 from webhook import review
 from webhook.cluster import ClusterCache
 from webhook.handler import ClusterFacts, Handled, NoCluster, handle
-from webhook.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level, review_logged
+from webhook.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.reload import PolicyStore
 from webhook.review import ReviewError
@@ -360,7 +360,7 @@ def _record(service: WebhookService, admission: review.AdmissionRequest, handled
             metrics.labelled(metrics.violations, rule, handled.mode).inc()
         service.review_counts.add(decision)
         level = review_log_level(decision, handled.violations)
-        if review_logged(level):
+        if level is not None:
             log_review(
                 level,
                 {

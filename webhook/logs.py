@@ -73,14 +73,11 @@ def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
 _review_log = logging.getLogger(REVIEW_LOGGER)
 
 
-def review_log_level(decision: str, violations: tuple[str, ...]) -> int:
-    """``info`` for what an operator may act on (denied, error, any violation), else ``debug``."""
-    return logging.INFO if violations or decision in ("denied", "error") else logging.DEBUG
-
-
-def review_logged(level: int) -> bool:
-    """Whether a review line of ``level`` would be written (checked before building its fields)."""
-    return _review_log.isEnabledFor(level)
+def review_log_level(decision: str, violations: tuple[str, ...]) -> int | None:
+    """``info`` for what an operator may act on (denied, error, any violation), else ``debug``;
+    None when the configured level drops that line (checked before its fields are built)."""
+    level = logging.INFO if violations or decision in ("denied", "error") else logging.DEBUG
+    return level if _review_log.isEnabledFor(level) else None
 
 
 def log_review(level: int, fields: dict[str, Any]) -> None:
