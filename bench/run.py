@@ -34,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import metrics_cost, policies, report, reviews, servers
+from bench import metrics_cost, policies, report, reviews, servers, steal
 from bench.servers import Server
 from bench.timing import interleaved_best
 from webhook.decision import NamespaceFacts, NodeFacts
@@ -143,7 +143,9 @@ class Bench:
         connections: int | None = None,
         max_requests: int = 0,
     ) -> dict[str, Any]:
-        """Run the load generator against ``server``; add the server's own view of the same window."""
+        """Run the load generator against ``server``; add the server's own view of the same window and the
+        CPU time the hypervisor stole meanwhile from the server's CPU and the load generator's
+        (``stolen_seconds``; the window includes the load generator's start, a few tenths of a second)."""
         # The null webhooks allow everything; the webhook answers as each scenario expects.
         expected = {name: server.name in NULLS or reviews.SCENARIOS.get(name, ("", True))[1] for name in scenarios}
         job = {
@@ -159,6 +161,7 @@ class Bench:
         }
         buckets_before = servers.histogram(server.metrics()) if server.has_metrics else {}
         cpu_before = server.cpu_seconds()
+        steal_before = steal.read()
         done = subprocess.run(
             [*servers.pin(self.client_cpu), sys.executable, "-m", "bench.loadgen"],
             input=json.dumps(job),
@@ -167,11 +170,13 @@ class Bench:
             cwd=servers.REPO,
             check=False,
         )
+        steal_after = steal.read()
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(done.stdout)
         cpu_after = server.cpu_seconds()
         result["server_cpu_per_review"] = (cpu_after - cpu_before) / max(result["requests"], 1)
+        result["stolen_seconds"] = steal.stolen(steal_before, steal_after, self.server_cpu, self.client_cpu)
         result["server_latency"] = {}
         if server.has_metrics:
             buckets_after = servers.histogram(server.metrics())
@@ -272,6 +277,7 @@ def median_p99_run(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The fixed-rate run with the median client p99 (from the scheduled send)."""
     chosen = _median(items, _client_p99)
     chosen["p99_runs"] = [r["latency_from_schedule"].get("p99") for r in items]
+    chosen["stolen_runs"] = [r.get("stolen_seconds") for r in items]
     return chosen
 
 
@@ -379,6 +385,7 @@ def busy_cpu_fraction(seconds: float = 2.0) -> float:
 def main() -> int:
     config = Config.from_env()
     started = time.time()
+    steal_before = steal.read()
     results: dict[str, Any] = {
         "quick": config.quick,
         "machine": machine(),
@@ -493,6 +500,7 @@ def main() -> int:
 
     results["busy_after"] = busy_cpu_fraction()
     results["load_after"] = load_average()
+    results["stolen_seconds"] = steal.stolen(steal_before, steal.read(), *cpus_to_pin())
     results["duration_seconds"] = time.time() - started
     results["finished"] = time.time()
     docs = servers.REPO / "docs"
