@@ -5,6 +5,7 @@ The whole file is regenerated on every run; nothing in it is edited by hand.
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ LINEAR_TOLERANCE = 1.25
 FLAT_TOLERANCE = 1.25
 # "RSS flat": growth over the 100,000 reviews after warm-up.
 RSS_TOLERANCE_KIB = 2048
+# A fixed-rate round "without steal": less than this stolen from the servers' CPU and from the load
+# generator's during it (one clock tick of /proc/stat at the usual USER_HZ of 100).
+QUIET_STEAL = 0.010
 
 
 def ms(seconds: float | None) -> str:
@@ -46,17 +50,79 @@ def q(run: dict[str, Any], kind: str, key: str) -> float | None:
     return float(value) if value is not None else None
 
 
-def _p99_rounds(pair: dict[str, Any]) -> str:
-    """ "; p99 of the rounds: webhook a / b / c, bare x / y / z" when the runs were repeated."""
+STOLEN_FROM = ("server", "client")  # a run's stolen_seconds: from the servers' CPU, from the load generator's
+
+
+def _stolen_known(stolen: dict[str, Any] | None) -> bool:
+    return stolen is not None and any(stolen.get(cpu) is not None for cpu in STOLEN_FROM)
+
+
+def _with_stolen(p99: float | None, stolen: dict[str, Any] | None, pinned: bool) -> str:
+    """ "1.19 (0, 700)": a round's p99 and the ms stolen during it from the servers' CPU and the load
+    generator's (one figure, all CPUs, when they were not pinned)."""
+    if stolen is None or not _stolen_known(stolen):
+        return ms(p99)
+    shown = ["?" if (value := stolen.get(cpu)) is None else f"{value * 1000:.0f}" for cpu in STOLEN_FROM]
+    return f"{ms(p99)} ({', '.join(shown if pinned else shown[:1])})"
+
+
+def _without_steal(p99_runs: list[float | None], stolen_runs: list[dict[str, Any] | None]) -> str:
+    """ "0.95 ms (3 rounds)": the median p99 of the rounds with less than QUIET_STEAL stolen from either CPU."""
+    quiet = [
+        p99
+        for p99, stolen in zip(p99_runs, stolen_runs, strict=False)
+        if p99 is not None
+        and stolen
+        and all(stolen.get(cpu) is not None and stolen[cpu] < QUIET_STEAL for cpu in STOLEN_FROM)
+    ]
+    if not quiet:
+        return "none"
+    return f"{ms(statistics.median(quiet))} ms ({len(quiet)} round{'s' if len(quiet) > 1 else ''})"
+
+
+def _p99_rounds(pair: dict[str, Any], pinned: bool = True) -> str:
+    """ "; p99 of the rounds: webhook a / b / c, bare x / y / z" when the runs were repeated, each with the
+    time stolen during it, and the median p99 of the rounds without steal (information, not the verdict)."""
     names = [name for name in ("real", "bare", "floor") if name in pair]
     runs = {name: pair[name].get("p99_runs") or [] for name in names}
-    if len(runs["real"]) < 2:
+    stolen = {name: pair[name].get("stolen_runs") or [None] * len(runs[name]) for name in names}
+    measured = any(_stolen_known(value) for values in stolen.values() for value in values)
+    if len(runs["real"]) < 2 and not measured:
         return ""
-    shown = {name: " / ".join(ms(value) for value in values) for name, values in runs.items()}
-    text = f"; median of {len(runs['real'])} rounds, each round's p99: webhook {shown['real']}, bare {shown['bare']}"
-    if "floor" in shown:
-        text += f", floor (no framework) {shown['floor']}"
+    label = {"real": "webhook", "bare": "bare", "floor": "floor (no framework)"}
+    shown = {
+        name: " / ".join(_with_stolen(p99, cut, pinned) for p99, cut in zip(runs[name], stolen[name], strict=False))
+        for name in names
+    }
+    rounds = len(runs["real"])
+    text = f"; median of {rounds} rounds, each round's p99" if rounds > 1 else "; one round, its p99"
+    if measured:
+        where = "the servers' CPU, the load generator's" if pinned else "all CPUs"
+        text += f" (ms stolen by the hypervisor during it from {where})"
+    text += ": " + ", ".join(f"{label[name]} {shown[name]}" for name in names)
+    if measured:
+        either = "either CPU" if pinned else "all CPUs"
+        text += f"; median p99 of the rounds with < {QUIET_STEAL * 1000:.0f} ms stolen from {either}: " + ", ".join(
+            f"{label[name]} {_without_steal(runs[name], stolen[name])}" for name in names
+        )
     return text
+
+
+def _stolen_whole_run(results: dict[str, Any]) -> str:
+    """The header's line on the CPU time stolen over the whole run."""
+    stolen = results["stolen_seconds"]
+    duration = max(float(results["duration_seconds"]), 1e-9)
+
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.2f} s ({value / duration:.1%} of the run)"
+
+    if not _stolen_known(stolen):
+        measured = "not measured (no steal column in `/proc/stat`)"
+    elif results["pinned"]:
+        measured = f"{seconds(stolen.get('server'))} from the servers' CPU, {seconds(stolen.get('client'))} from the load generator's"
+    else:
+        measured = f"{seconds(stolen.get('server'))} from all CPUs together"
+    return f"- CPU time the hypervisor stole during the run (`/proc/stat`'s steal, see *Steal time* below): {measured}."
 
 
 def _client(run: dict[str, Any] | None) -> str:
@@ -127,7 +193,7 @@ def budget_rows(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
                 f"{name}: client p99 at 1,000/s <= 1.5x the bare null webhook's and < 1 ms",
                 f"{ms(mine)} ms; bare null webhook {ms(bare)} ms"
                 + (f" ({mine / bare:.2f}x)" if mine is not None and bare else "")
-                + _p99_rounds(pair),
+                + _p99_rounds(pair, results.get("pinned", True)),
                 mine is not None
                 and bare is not None
                 and mine <= bare * CLIENT_P99_RATIO_BUDGET
@@ -305,6 +371,8 @@ def render(results: dict[str, Any], png_name: str) -> str:
         f"{results['busy_after']:.0%} after (load average {results['load_before']:.2f} / {results['load_after']:.2f}): "
         + ("**quiet**." if quiet else "**busy: the figures are noisy**, run it again on a quiet machine.")
     )
+    if "stolen_seconds" in results:
+        add(_stolen_whole_run(results))
     if results["pinned"]:
         add(
             "- Servers pinned to CPU 0, the load generator to CPU 1 (`taskset`): the Python client does not take "
@@ -410,6 +478,8 @@ def render(results: dict[str, Any], png_name: str) -> str:
                 f"{ms(q(real, 'latency_from_schedule', 'p999'))} | {_client(null)} | {_client(bare)} | "
                 f"{ms(q(bare, 'latency_from_schedule', 'p999'))} | {_client(pair.get('floor'))} |"
             )
+    add("")
+    add(STEAL)
     add("")
     add(f"![latency versus load]({png_name})")
     add("")
@@ -524,6 +594,18 @@ def render(results: dict[str, Any], png_name: str) -> str:
     add(METHOD)
     return "\n".join(out) + "\n"
 
+
+STEAL = (
+    "*Steal time.* On a virtual machine, when one of its virtual CPUs wants to run while the host runs "
+    "something else on the physical CPU (another tenant, the hypervisor's own work), the guest waits, and its "
+    "kernel counts the wait as *steal* (the 8th counter of each `cpu` line of `/proc/stat`, in clock "
+    "ticks of 10 ms at the usual USER_HZ of 100). Nothing in the guest runs meanwhile, so a round during which "
+    "time is stolen shows the stall in the tail of every server, the floor's included: it is the machine's, "
+    "not the server's. Each load run records the time stolen from the servers' CPU and from the load "
+    "generator's (from the load generator's start to its end); the budget rows give each round's p99 with the "
+    f"milliseconds stolen during it, and the median p99 of the rounds with less than {QUIET_STEAL * 1000:.0f} ms "
+    "stolen from either CPU. That figure is information: the verdict stays the median round of all rounds."
+)
 
 OPTIMISATIONS = """## What was optimised
 
