@@ -368,6 +368,66 @@ def test_sigterm_finishes_the_review_in_flight(pki: PKI, tmp_path: Path) -> None
         server.stop()
 
 
+def _write_calls(pid: int) -> int:
+    """The write system calls process ``pid`` made so far (``syscw`` in /proc/PID/io)."""
+    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["syscw"])
+
+
+def test_a_reply_leaves_in_one_write(server: Server) -> None:
+    """Head and body of a reply go out as one TLS record and one ``send()`` (webhook/coalesce.py),
+    not one each: half the encryption and system calls per review."""
+    review = load_review("inference-pod-create.json")  # patched: no log line at the default level
+    reviews = 200
+    with server.client() as client:
+        review_roundtrip(client, review)  # connected and warm
+        before = _write_calls(server.process.pid)
+        for _ in range(reviews):
+            review_roundtrip(client, review)
+        writes = _write_calls(server.process.pid) - before
+    assert reviews <= writes < reviews * 1.1, f"{writes} write calls for {reviews} reviews"
+
+
+def _read_reply(sock: ssl.SSLSocket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
+        data = sock.recv(65536)
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+def _content_length(answer: bytes) -> int:
+    head = answer.partition(b"\r\n\r\n")[0]
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(server: Server) -> None:
+    """curl sends ``Expect: 100-continue`` with larger bodies and waits for the interim reply: it
+    must leave at once, not wait for the final reply it would be coalesced with."""
+    review = load_review("training-pod-create.json")
+    body = json.dumps(review).encode()
+    context = ssl.create_default_context(cafile=str(server.ca_file))
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock,
+    ):
+        sock.sendall(
+            b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        interim = sock.recv(65536)  # the socket's 10 s timeout fails the test if it never comes
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        answer = _read_reply(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    verify_response(review, json.loads(answer.partition(b"\r\n\r\n")[2]))
+
+
 def metric_files_mapped(pid: int) -> bool:
     """Whether process ``pid`` maps prometheus-client's multiprocess files (``counter_<pid>.db``, ...)."""
     maps = Path(f"/proc/{pid}/maps").read_text()

@@ -38,12 +38,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from webhook.app import MAX_BODY_BYTES, WebhookService, create_app
 from webhook.cluster import ClusterCache, kubeconfig_available, load_api_client
+from webhook.coalesce import CoalescedWrites
 from webhook.logs import DEFAULT_SUMMARY_SECONDS, configure, uvicorn_log_config
 from webhook.metrics import Metrics
 from webhook.policy import PolicyError
@@ -204,6 +205,9 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Head and body of a response in one TLS record and one send() (webhook/coalesce.py).
+        self._writes = CoalescedWrites(transport, self.loop)
+        self.transport = cast(asyncio.Transport, self._writes)
         if self.read_timeout > 0:
             self._reading_since = self.loop.time()
             self._deadline_timer = self.loop.call_later(self.read_timeout, self._check_read_deadline)
@@ -216,6 +220,10 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_since = None
+
+    def on_response_complete(self) -> None:
+        self._writes.flush()  # the whole response now, not at the end of the turn
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline_timer is not None:
