@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import steal
 from bench.reviews import UID_PLACEHOLDER
 
 SERVER_NAME = "rocm-isolation-webhook.rocm-isolation-system.svc"
@@ -364,7 +365,9 @@ def run(job: Job) -> dict[str, Any]:
     gc.disable()
     try:
         start = time.perf_counter() + 0.05
+        steal_before = steal.read()  # the hypervisor's steal over the timed window only
         finished = runner.execute(start)
+        steal_after = steal.read()
     finally:
         gc.enable()
         runner.poller.close()
@@ -385,6 +388,7 @@ def run(job: Job) -> dict[str, Any]:
         "client_cpu_seconds": time.process_time(),
         "latency_from_send": quantiles(runner.from_send),
         "latency_from_schedule": quantiles(runner.from_schedule),
+        "steal_readings": [steal_before, steal_after],
     }
 
 

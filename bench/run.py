@@ -145,7 +145,7 @@ class Bench:
     ) -> dict[str, Any]:
         """Run the load generator against ``server``; add the server's own view of the same window and the
         CPU time the hypervisor stole meanwhile from the server's CPU and the load generator's
-        (``stolen_seconds``; the window includes the load generator's start, a few tenths of a second)."""
+        (``stolen_seconds``, read by the load generator around its timed window)."""
         # The null webhooks allow everything; the webhook answers as each scenario expects.
         expected = {name: server.name in NULLS or reviews.SCENARIOS.get(name, ("", True))[1] for name in scenarios}
         job = {
@@ -161,7 +161,6 @@ class Bench:
         }
         buckets_before = servers.histogram(server.metrics()) if server.has_metrics else {}
         cpu_before = server.cpu_seconds()
-        steal_before = steal.read()
         done = subprocess.run(
             [*servers.pin(self.client_cpu), sys.executable, "-m", "bench.loadgen"],
             input=json.dumps(job),
@@ -170,13 +169,12 @@ class Bench:
             cwd=servers.REPO,
             check=False,
         )
-        steal_after = steal.read()
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(done.stdout)
         cpu_after = server.cpu_seconds()
         result["server_cpu_per_review"] = (cpu_after - cpu_before) / max(result["requests"], 1)
-        result["stolen_seconds"] = steal.stolen(steal_before, steal_after, self.server_cpu, self.client_cpu)
+        result["stolen_seconds"] = steal.stolen(*result.pop("steal_readings"), self.server_cpu, self.client_cpu)
         result["server_latency"] = {}
         if server.has_metrics:
             buckets_after = servers.histogram(server.metrics())
