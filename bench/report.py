@@ -779,8 +779,8 @@ ms either way) and the p99s of those runs were set by steal (below).
 
 **What limits the client p99 at 1,000/s here.** This machine is a 2-vCPU virtual machine, and the
 host takes its CPUs away now and then: in an ad-hoc run of 6 s rounds at 1,000/s alternating the
-webhook and the floor (bench/floor_app.py), rounds with 0-3 ticks of steal (0-30 ms) had p99s of
-0.94-1.9 ms for both, rounds with 50-80 ticks 8-16 ms for both. Between requests the server's vCPU is
+webhook, the commit before round 4 and the floor (bench/floor_app.py), rounds with 0-3 ticks of steal
+(0-30 ms) had p99s of 0.73-1.65 ms, rounds with 50-80 ticks 8-16 ms, the floor's included. Between requests the server's vCPU is
 idle and halts; the host may run other work on that core, and the next request starts with cold
 caches: at 1,000/s the server's own measure of a small review (p50 0.14 ms, handler only) is about
 twice what it is at saturation, and the floor, with far less code to bring back into cache, answers
