@@ -34,6 +34,8 @@ QUIET_STEAL = 0.010
 # The client p99 < 1 ms budget is judged on the median of the webhook's rounds without steal; fewer
 # than this many such rounds and the run cannot say (the verdict reads "not conclusive").
 MIN_QUIET_ROUNDS = 3
+# The whole run's steal from which the header says the host was busy (a share of the run's time).
+HOST_BUSY_STEAL = 0.005
 BUDGET_RATE = 1000  # the fixed rate of the latency budget, per second
 
 
@@ -131,7 +133,15 @@ def _stolen_whole_run(results: dict[str, Any]) -> str:
         measured = f"{seconds(stolen.get('server'))} from the servers' CPU, {seconds(stolen.get('client'))} from the load generator's"
     else:
         measured = f"{seconds(stolen.get('server'))} from all CPUs together"
-    return f"- CPU time the hypervisor stole during the run (`/proc/stat`'s steal, see *Steal time* below): {measured}."
+    line = f"- CPU time the hypervisor stole during the run (`/proc/stat`'s steal, see *Steal time* below): {measured}."
+    shares = [value / duration for value in stolen.values() if value is not None]
+    if shares and max(shares) >= HOST_BUSY_STEAL:
+        # "quiet" above is the guest's own load: the host's shows only here.
+        line += (
+            " **The host was busy**: the rounds with steal show it in every server's latency tail; ratios of "
+            "alternated rounds still compare the servers, absolute latencies are the host's."
+        )
+    return line
 
 
 def _rules_method(results: dict[str, Any]) -> str:

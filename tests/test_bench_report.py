@@ -216,10 +216,17 @@ def test_without_steal_figures_the_rows_read_as_before() -> None:
 def test_the_header_gives_the_whole_runs_steal_next_to_the_other_load() -> None:
     lines = report.render(results(), "latency.png").splitlines()
     other = next(i for i, line in enumerate(lines) if line.startswith("- Other load on the machine"))
-    assert lines[other + 1] == (
+    assert lines[other + 1].startswith(
         "- CPU time the hypervisor stole during the run (`/proc/stat`'s steal, see *Steal time* below): "
         "12.34 s (0.6% of the run) from the servers' CPU, 1.92 s (0.1% of the run) from the load generator's."
     )
+
+
+def test_the_header_says_the_host_was_busy_when_it_stole_half_a_percent_of_the_run() -> None:
+    data = results()  # 12.34 s of a 1,920 s run: 0.6%
+    assert "**The host was busy**" in report.render(data, "latency.png")
+    data["stolen_seconds"] = {"server": 9.0, "client": 1.92}  # 0.47%
+    assert "**The host was busy**" not in report.render(data, "latency.png")
 
 
 def test_the_header_when_steal_was_not_measured_or_not_pinned() -> None:
