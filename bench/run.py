@@ -28,8 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,19 @@ class Bench:
             cwd=cwd,
         )
 
+    @contextmanager
+    def running(self, starts: Sequence[Callable[[], Server]]) -> Iterator[list[Server]]:
+        """The servers ``starts`` start, in order; all stopped at the end, also those already started
+        when a later one fails to start (none is left behind on the pinned CPU)."""
+        started: list[Server] = []
+        try:
+            for start in starts:
+                started.append(start())
+            yield started
+        finally:
+            for server in started:
+                server.stop()
+
     def load(
         self,
         server: Server,
@@ -178,7 +193,8 @@ class Bench:
         result: dict[str, Any] = json.loads(done.stdout)
         cpu_after = server.cpu_seconds()
         result["server_cpu_per_review"] = (cpu_after - cpu_before) / max(result["requests"], 1)
-        result["stolen_seconds"] = steal.stolen(*result.pop("steal_readings"), self.server_cpu, self.client_cpu)
+        steal_before, steal_after = result.pop("steal_readings")
+        result["stolen_seconds"] = steal.stolen(steal_before, steal_after, self.server_cpu, self.client_cpu)
         result["server_latency"] = {}
         if server.has_metrics:
             buckets_after = servers.histogram(server.metrics())
@@ -229,22 +245,17 @@ class Bench:
         all running together and warmed up, measured in alternated rounds; per server the round with the
         median server CPU per review (what the budget compares)."""
         config = self.config
-        running: list[Server] = []  # stopped in the end even when a later one fails to start
-        try:
-            for count in config.rules:
-                running.append(self.start(f"rules-{count}", "webhook serve", rules=count))
-            for server in running:
+        starts = [partial(self.start, f"rules-{count}", "webhook serve", rules=count) for count in config.rules]
+        with self.running(starts) as started:
+            for server in started:
                 self.warm_up(server)
             runs = self.alternated(
-                running,
+                started,
                 config.saturation_rounds,
                 lambda s: self.load(
                     s, ["inference-small", "training-small"], mode="closed", duration=config.scaling_seconds
                 ),
             )
-        finally:
-            for server in running:
-                server.stop()
         return {count: median_run(runs[f"rules-{count}"], by="server_cpu_per_review") for count in config.rules}
 
     def fixed_rate(self, server: Server, scenarios: list[str], rate: float, seconds: float) -> dict[str, Any]:
@@ -437,18 +448,14 @@ def main() -> int:
         bench.log(f"decide() micro-timings ({'quick' if config.quick else 'full'} run)")
         results["decide"] = bench.decide_timings()
 
-        running: list[Server] = []  # stopped in the end even when a later one fails to start
-        try:
-            for name, module in (
-                ("real", "webhook serve"),
-                ("pure", "webhook serve"),
-                ("null", "bench.null_app"),
-                ("bare", "bench.bare_null_app"),
-                ("floor", "bench.floor_app"),
-            ):
-                cwd = servers.pure_python_tree(bench.work) if name == "pure" else servers.REPO
-                running.append(bench.start(name, module, cwd=cwd))
-            real, pure, null, bare, floor = running
+        starts = [
+            partial(bench.start, "real", "webhook serve"),
+            partial(bench.start, "pure", "webhook serve", cwd=servers.pure_python_tree(bench.work)),
+            partial(bench.start, "null", "bench.null_app"),
+            partial(bench.start, "bare", "bench.bare_null_app"),
+            partial(bench.start, "floor", "bench.floor_app"),
+        ]
+        with bench.running(starts) as (real, pure, null, bare, floor):
             latency_group = [real, null, bare]
             bench.log("warm-up")
             for server in (real, pure, null, bare, floor):
@@ -510,9 +517,6 @@ def main() -> int:
             results["rss"] = rss
             results["rss_target"] = config.rss_reviews
             results["reviews_after_warmup"] = servers.reviews_total(real.metrics()) - warm_reviews
-        finally:
-            for server in running:
-                server.stop()
 
         bench.log(f"namespace rules (one server per policy, {config.saturation_rounds} alternated rounds)")
         results["rules"] = bench.namespace_rules()
