@@ -16,6 +16,7 @@ import ssl
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -220,13 +221,40 @@ def test_bad_inputs_get_their_status_and_the_server_keeps_serving(server: Server
     assert 'rocm_isolation_errors_total{kind="malformed"}' in metrics
 
 
-def test_streamed_body_over_the_limit_is_cut_off_with_413(server: Server) -> None:
-    """A chunked body (no Content-Length) over 7 MiB: answered 413 without reading it all."""
+@contextmanager
+def _tls_connection(server: Server, timeout: float = 30) -> Iterator[ssl.SSLSocket]:
+    """A raw TLS connection to ``server`` (certificate verified for the Service name), for requests
+    the pooled client cannot send: streamed, split, or waiting for an interim reply."""
     context = ssl.create_default_context(cafile=str(server.ca_file))
     with (
-        socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw,
+        socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as raw,
         context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock,
     ):
+        yield sock
+
+
+def _read_reply(sock: ssl.SSLSocket) -> bytes:
+    """One whole reply (head and Content-Length body), or what came before the server closed."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
+        data = sock.recv(65536)
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+def _content_length(answer: bytes) -> int:
+    head = answer.partition(b"\r\n\r\n")[0]
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def test_streamed_body_over_the_limit_is_cut_off_with_413(server: Server) -> None:
+    """A chunked body (no Content-Length) over 7 MiB: answered 413 without reading it all."""
+    with _tls_connection(server) as sock:
         sock.sendall(
             b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
@@ -327,11 +355,7 @@ def test_sigterm_finishes_the_review_in_flight(pki: PKI, tmp_path: Path) -> None
     try:
         review = load_review("training-pod-create.json")
         body = json.dumps(review).encode()
-        context = ssl.create_default_context(cafile=str(pki.ca_file))
-        with (
-            socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw,
-            context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock,
-        ):
+        with _tls_connection(server) as sock:
             head = (
                 f"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n"
@@ -343,21 +367,7 @@ def test_sigterm_finishes_the_review_in_flight(pki: PKI, tmp_path: Path) -> None
             server.process.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             sock.sendall(body[half:])
-            answer = b""
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                answer += data
-                if b"\r\n\r\n" in answer:
-                    head_part, _, rest = answer.partition(b"\r\n\r\n")
-                    length = next(
-                        int(line.split(b":")[1])
-                        for line in head_part.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                    if len(rest) >= length:
-                        break
+            answer = _read_reply(sock)
         assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
         reply = json.loads(answer.partition(b"\r\n\r\n")[2])
         verify_response(review, reply)
@@ -388,34 +398,12 @@ def test_a_reply_leaves_in_one_write(server: Server) -> None:
     assert reviews <= writes < reviews * 1.1, f"{writes} write calls for {reviews} reviews"
 
 
-def _read_reply(sock: ssl.SSLSocket) -> bytes:
-    answer = b""
-    while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
-        data = sock.recv(65536)
-        if not data:
-            break
-        answer += data
-    return answer
-
-
-def _content_length(answer: bytes) -> int:
-    head = answer.partition(b"\r\n\r\n")[0]
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":", 1)[1])
-    return 0
-
-
 def test_expect_100_continue_is_answered_before_the_body_is_sent(server: Server) -> None:
     """curl sends ``Expect: 100-continue`` with larger bodies and waits for the interim reply: it
     must leave at once, not wait for the final reply it would be coalesced with."""
     review = load_review("training-pod-create.json")
     body = json.dumps(review).encode()
-    context = ssl.create_default_context(cafile=str(server.ca_file))
-    with (
-        socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
-        context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock,
-    ):
+    with _tls_connection(server, timeout=10) as sock:
         sock.sendall(
             b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
