@@ -219,6 +219,7 @@ class Run:
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        self.closed = job.mode == "closed"  # closed loop: back to back; open: at the job's rate
         self.templates = [Template.from_file(path, allowed) for path, allowed in job.reviews]
         self.channels = [Channel(i, job) for i in range(job.connections)]
         self.from_send: list[float] = []
@@ -282,7 +283,7 @@ class Run:
         self.free = list(reversed(self.channels))
         self.in_flight = 0
         perf_counter, free, poll = time.perf_counter, self.free, self.poller.poll
-        closed = job.mode == "closed"
+        closed = self.closed
         interval = 0.0 if closed else 1.0 / job.rate
         total = job.max_requests if closed else int(job.duration * job.rate)
         end = start + job.duration
@@ -332,7 +333,7 @@ class Run:
             return None
         arrived = time.perf_counter()
         self.from_send.append(arrived - channel.sent)
-        if self.job.mode == "open":
+        if not self.closed:
             self.from_schedule.append(arrived - channel.scheduled)
         self._check(channel, *reply)
         self._done(channel)
