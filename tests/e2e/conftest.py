@@ -1,0 +1,577 @@
+"""The end-to-end suite: the project against a real Kubernetes v1.36 control plane (controlplane.py).
+
+Without the binaries (``KUBEBUILDER_ASSETS``, see controlplane.HOW_TO_GET_BINARIES) the suite's tests
+are deselected and one notice says so at the end of the run; the rest of ``make test`` is unchanged.
+
+The session's cluster (``e2e``):
+
+- nodes shaped as the AMD GPU operator leaves them (node labeller labels, allocatable ``amd.com/gpu``,
+  Ready, the not-ready taint gone): two MI300X nodes made reserved by the project's own
+  ``pool apply`` (``inf-node-1``, ``inf-node-2``: the names the engine fixtures use), three shared
+  MI300X nodes, and two MI210 nodes that the ``pool`` scenarios reserve and release;
+- DRA as AMD's driver publishes it: DeviceClass ``gpu.amd.com`` and one ResourceSlice per GPU node,
+  driver ``gpu.amd.com``, its pool named after the node;
+- the webhook as a real ``python -m webhook serve`` subprocess on loopback, with certificates from the
+  project's ``certs`` command, authenticated as the webhook's ServiceAccount (so the manifests' RBAC
+  is what it gets), and installed from the project's ``manifests`` output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import (
+    ASSETS_ENV,
+    HOW_TO_GET_BINARIES,
+    LOOPBACK,
+    Component,
+    ControlPlane,
+    KeyPair,
+    free_port,
+    loopback_environment,
+    missing_binaries,
+)
+from kube import ApiError, Kube, Obj, wait_until
+
+E2E_DIR = Path(__file__).parent
+REPO = E2E_DIR.parent.parent
+WEBHOOK_NAMESPACE = "rocm-isolation-system"
+WEBHOOK_SERVICE_ACCOUNT = "rocm-isolation-webhook"
+WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
+DRIVER = "gpu.amd.com"
+GPUS_PER_NODE = 8
+
+MI300X_LABELS = {
+    "feature.node.kubernetes.io/amd-gpu": "true",
+    "amd.com/gpu.device-id": "74a1",
+    "amd.com/gpu.family": "AI",
+    "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+    "amd.com/gpu.vram": "192G",
+    "amd.com/gpu.cu-count": "304",
+    "amd.com/gpu.driver-version": "6.10.5",
+    "amd.com/compute-memory-partition": "spx_nps1",
+}
+MI210_LABELS = {
+    "feature.node.kubernetes.io/amd-gpu": "true",
+    "amd.com/gpu.device-id": "740f",
+    "amd.com/gpu.family": "AI",
+    "amd.com/gpu.product-name": "Instinct_MI210",
+    "amd.com/gpu.vram": "64G",
+    "amd.com/gpu.cu-count": "104",
+    "amd.com/gpu.driver-version": "6.10.5",
+}
+RESERVED_NODES = ("inf-node-1", "inf-node-2")
+SHARED_NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+POOL_NODES = ("mi210-node-1", "mi210-node-2")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The webhook ServiceAccount's username is longer than RFC 5280's CN bound (see controlplane.Pki).
+    config.addinivalue_line("filterwarnings", "ignore:Attribute's length must be:UserWarning")
+    config.addinivalue_line("markers", "e2e: end-to-end test on a real control plane (needs KUBEBUILDER_ASSETS)")
+
+
+def _is_e2e(item: pytest.Item) -> bool:
+    return E2E_DIR in Path(str(item.path)).parents
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    e2e = [item for item in items if _is_e2e(item)]
+    for item in e2e:
+        item.add_marker(pytest.mark.e2e)
+    missing = missing_binaries(os.environ.get(ASSETS_ENV))
+    if not e2e or not missing:
+        return
+    # Deselected, not skipped: one notice for the whole suite instead of a skip line per test (-ra).
+    config.hook.pytest_deselected(items=e2e)
+    items[:] = [item for item in items if not _is_e2e(item)]
+    config.stash[_SKIPPED] = (len(e2e), missing)
+
+
+_SKIPPED = pytest.StashKey[tuple[int, list[str]]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skipped = config.stash.get(_SKIPPED, None)
+    if skipped is None:
+        return
+    count, missing = skipped
+    where = os.environ.get(ASSETS_ENV)
+    why = f"{ASSETS_ENV}={where} lacks {', '.join(missing)}" if where else f"{ASSETS_ENV} is not set"
+    terminalreporter.write_sep("=", "end-to-end suite skipped", yellow=True, bold=True)
+    terminalreporter.write_line(
+        f"NOTE: the {count} end-to-end tests (tests/e2e, a real kube-apiserver) did not run: {why}. "
+        f"To run them, {HOW_TO_GET_BINARIES}.",
+        yellow=True,
+    )
+
+
+# --- the webhook process --------------------------------------------------------------------------
+
+
+def cli(
+    *args: str, kubeconfig: Path | None = None, timeout: float = 120, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m webhook ARGS`` as an operator runs it."""
+    argv = [sys.executable, "-m", "webhook", *args]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    result = subprocess.run(
+        argv, cwd=REPO, env=loopback_environment(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Webhook:
+    """A running ``python -m webhook serve`` (a child of the control plane's process group)."""
+
+    port: int
+    cert_dir: Path
+    policy_file: Path
+    component: Component
+    ca_file: Path
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def get(self, path: str) -> tuple[int, str]:
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.context())
+        )
+        try:
+            with opener.open(f"https://{LOOPBACK}:{self.port}{path}", timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as err:
+            return int(err.code), err.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            status, _ = self.get("/readyz")
+        except OSError:
+            return False
+        return status == 200
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` whose labels include ``labels``."""
+        _, text = self.get("/metrics")
+        return metric_value(text, name, **labels)
+
+    def log(self) -> str:
+        return self.component.log.read_text(encoding="utf-8", errors="replace")
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_text = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{key}="{wanted}"' in label_text for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
+@dataclass
+class Cluster:
+    plane: ControlPlane
+    kube: Kube
+    webhook: Webhook
+    webhook_kubeconfig: Path
+    workdir: Path
+    manifests: list[Obj]
+    reserved: tuple[str, ...] = RESERVED_NODES
+    shared: tuple[str, ...] = SHARED_NODES
+    pool_nodes: tuple[str, ...] = POOL_NODES
+    _namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return cli(*args, kubeconfig=self.kubeconfig, timeout=timeout, check=check)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.plane.binary("kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            env=loopback_environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def start_webhook(
+        self, name: str, *extra: str, policy_file: Path | None = None, cert_dir: Path | None = None
+    ) -> Webhook:
+        return start_webhook(
+            self.plane,
+            self.workdir / name,
+            self.webhook_kubeconfig,
+            *extra,
+            policy_file=policy_file,
+            cert_dir=cert_dir,
+        )
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """A namespace for one test (force-cleaned at the end of the session or by ``cleanup``)."""
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        # The controller-manager creates the namespace's default ServiceAccount; pod creation needs it.
+        wait_until(
+            lambda: self.kube.get_or_none("ServiceAccount", "default", name),
+            what=f"the default ServiceAccount of {name}",
+        )
+        self._namespaces.append(name)
+        return name
+
+    def cleanup(self, namespace: str) -> None:
+        """Pods bound to a node without a kubelet never finish a graceful delete: force them, then
+        delete the namespace (not waited for)."""
+        for kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+            for obj in self.kube.list(kind, namespace):
+                self.kube.delete(kind, obj["metadata"]["name"], namespace)
+        for pod in self.kube.list("Pod", namespace):
+            self.kube.delete("Pod", pod["metadata"]["name"], namespace, force=True)
+        self.kube.delete("Namespace", namespace)
+
+    def pods(self, namespace: str, selector: str | None = None) -> list[Obj]:
+        return self.kube.list("Pod", namespace, selector=selector)
+
+    def wait_bound(self, namespace: str, count: int, selector: str | None = None, timeout: float = 90) -> list[Obj]:
+        """``count`` pods of the namespace with ``spec.nodeName`` set (bound by the scheduler)."""
+
+        def bound() -> list[Obj] | None:
+            pods = [p for p in self.pods(namespace, selector) if not p["metadata"].get("deletionTimestamp")]
+            done = [p for p in pods if p["spec"].get("nodeName")]
+            return done if len(pods) >= count and len(done) >= count else None
+
+        result: list[Obj] = wait_until(bound, timeout=timeout, what=f"{count} pods bound in {namespace}")
+        return result
+
+    def events(self, namespace: str) -> list[Obj]:
+        return self.kube.list("Event", namespace)
+
+    def sync_webhook(self, webhook: Webhook | None = None) -> None:
+        """Wait until the webhook's cluster cache knows the reserved nodes: a training pod naming a
+        reserved node is denied by the webhook itself (not only by the policy)."""
+        wait_reserved_nodes_known(self.kube, self.reserved[0])
+
+
+def wait_reserved_nodes_known(kube: Kube, reserved_node: str, namespace: str = "default") -> None:
+    probe = gpu_pod("sync-probe", namespace, node_name=reserved_node)
+
+    last: list[str] = []
+
+    def denied_by_webhook() -> bool:
+        try:
+            kube.create(probe, dry_run=True)
+        except ApiError as err:
+            last[:] = [err.message]
+            return (
+                "pods.rocm-isolation.io" in err.message
+                and f"spec.nodeName is {reserved_node}, a reserved node" in err.message
+            )
+        last[:] = ["admitted"]
+        return False
+
+    try:
+        wait_until(denied_by_webhook, timeout=60, what="the webhook to know the reserved nodes")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; last answer: {last}") from None
+
+
+def gpu_pod(
+    name: str,
+    namespace: str,
+    *,
+    gpus: int = 1,
+    labels: dict[str, str] | None = None,
+    node_name: str | None = None,
+    **spec: Any,
+) -> Obj:
+    pod: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"limits": {"amd.com/gpu": str(gpus)}}}
+            ],
+            **spec,
+        },
+    }
+    if node_name:
+        pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+def start_webhook(
+    plane: ControlPlane,
+    directory: Path,
+    kubeconfig: Path,
+    *extra: str,
+    policy_file: Path | None = None,
+    cert_dir: Path | None = None,
+    port: int | None = None,
+) -> Webhook:
+    directory.mkdir(parents=True, exist_ok=True)
+    if cert_dir is None:
+        cert_dir = directory / "certs"
+        # The project's own command; its certificate carries the SAN IP:127.0.0.1 the apiserver dials.
+        cli("certs", "--out-dir", str(cert_dir), check=True)
+    if policy_file is None:
+        policy_file = directory / "policy.yaml"
+        from webhook.policy import default_policy_text
+
+        policy_file.write_text(default_policy_text(), encoding="utf-8")
+    port = port or free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "webhook",
+        "serve",
+        "--cert-dir",
+        str(cert_dir),
+        "--policy",
+        str(policy_file),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--cert-poll-seconds",
+        "1",
+        "--policy-poll-seconds",
+        "1",
+        *extra,
+    ]
+    if "--audit-interval-seconds" not in extra:
+        argv += ["--audit-interval-seconds", "0"]
+    env = loopback_environment()
+    env["POD_NAMESPACE"] = WEBHOOK_NAMESPACE
+    component = plane.processes.start(f"webhook-{directory.name}", argv, env=env)
+    webhook = Webhook(port, cert_dir, policy_file, component, cert_dir / "ca.crt")
+    deadline = time.monotonic() + 60
+    while not webhook.ready():
+        if component.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the webhook did not become ready:\n{component.tail()}")
+        time.sleep(0.2)
+    return webhook
+
+
+# --- the cluster ----------------------------------------------------------------------------------
+
+
+def make_node(kube: Kube, name: str, labels: dict[str, str], *, gpus: int = GPUS_PER_NODE) -> None:
+    """A Node as the AMD GPU operator leaves it. No kubelet: the suite writes its status (capacity,
+    allocatable, Ready) and removes the not-ready taint that admission adds at creation."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **labels,
+                },
+            },
+        }
+    )
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "amd.com/gpu": str(gpus)}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kube.patch(
+        "Node",
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "e2e: no kubelet, status written by the test",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+        subresource="status",
+    )
+    node = kube.get("Node", name)
+    taints = [t for t in node["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
+    kube.patch("Node", name, {"spec": {"taints": taints or None}})
+
+
+def resource_slice(node: str, product: str, device_id: str) -> Obj:
+    """What AMD's DRA driver publishes for a node: pool = the node's name, one device per GPU."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{index}-{128 + index}",
+                    "attributes": {
+                        "type": {"string": "amdgpu"},
+                        "deviceID": {"string": f"0x{device_id}"},
+                        "productName": {"string": product},
+                        "cardIndex": {"int": index},
+                        "renderIndex": {"int": 128 + index},
+                        "driverVersion": {"version": "6.10.5"},
+                    },
+                    "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
+                }
+                for index in range(GPUS_PER_NODE)
+            ],
+        },
+    }
+
+
+DEVICE_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+}
+
+
+def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:
+    """The project's ``manifests`` output, made to run against this control plane."""
+    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), check=True)
+    out: list[Obj] = []
+    for doc in yaml.safe_load_all(result.stdout):
+        if not doc:
+            continue
+        if doc["kind"] == "Deployment":
+            # The webhook runs as a host process (below): there is no kubelet to run its pod.
+            continue
+        if doc["kind"] == "MutatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                # envtest has no Service network (no kube-proxy, and Endpoints refuse loopback
+                # addresses), so the apiserver cannot reach clientConfig.service: it calls the same
+                # /mutate on the loopback URL, with the caBundle the manifests carry.
+                service = hook["clientConfig"].pop("service")
+                hook["clientConfig"]["url"] = f"https://{LOOPBACK}:{webhook_port}{service.get('path', '/mutate')}"
+        out.append(doc)
+    return out
+
+
+def install(kube: Kube, manifests: Sequence[Obj]) -> None:
+    order = {"Namespace": 0, "CustomResourceDefinition": 0, "ServiceAccount": 1, "ConfigMap": 1}
+    for doc in sorted(manifests, key=lambda d: order.get(d["kind"], 2)):
+        kube.apply(doc)
+
+
+def service_account_kubeconfig(plane: ControlPlane) -> Path:
+    """A kubeconfig that authenticates as the webhook's ServiceAccount (username
+    system:serviceaccount:NS:NAME, which RBAC's ServiceAccount subjects match): the webhook gets the
+    manifests' RBAC and nothing more."""
+    user = f"system:serviceaccount:{WEBHOOK_NAMESPACE}:{WEBHOOK_SERVICE_ACCOUNT}"
+    pair: KeyPair = plane.pki.issue(
+        "webhook-sa",
+        common_name=user,
+        organizations=["system:serviceaccounts", f"system:serviceaccounts:{WEBHOOK_NAMESPACE}"],
+    )
+    return plane.kubeconfig(user, pair)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    assets = os.environ[ASSETS_ENV]
+    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        os.environ.pop(variable, None)
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = f"{LOOPBACK},localhost"
+    plane = ControlPlane(Path(assets), tmp_path_factory.mktemp("controlplane"))
+    try:
+        plane.start()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    plane = control_plane
+    kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+    workdir = tmp_path_factory.mktemp("e2e")
+    for name in RESERVED_NODES + SHARED_NODES:
+        make_node(kube, name, MI300X_LABELS)
+    for name in POOL_NODES:
+        make_node(kube, name, MI210_LABELS)
+    kube.apply(DEVICE_CLASS)
+    for name in RESERVED_NODES + SHARED_NODES:
+        kube.apply(resource_slice(name, "AMD_Instinct_MI300X_OAM", "74a1"))
+    for name in POOL_NODES:
+        kube.apply(resource_slice(name, "Instinct_MI210", "740f"))
+
+    webhook_kubeconfig = service_account_kubeconfig(plane)
+    cert_dir = workdir / "webhook" / "certs"
+    cli("certs", "--out-dir", str(cert_dir), check=True)
+    # The configuration names the port before the server starts; the server needs the RBAC first.
+    port = free_port()
+    manifests = render_manifests(cert_dir / "ca.crt", port)
+    install(kube, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
+    webhook = start_webhook(plane, workdir / "webhook", webhook_kubeconfig, cert_dir=cert_dir, port=port)
+    install(kube, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
+
+    # The reserved pool, with the project's own command (an operator's kubeconfig: the admin's).
+    result = cli("pool", "apply", "--nodes", ",".join(RESERVED_NODES), kubeconfig=plane.admin_kubeconfig)
+    assert result.returncode == 0, result.stdout + result.stderr
+    wait_reserved_nodes_known(kube, RESERVED_NODES[0])
+    yield Cluster(plane, kube, webhook, webhook_kubeconfig, workdir, manifests)
+    plane.check_alive()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """A factory of namespaces named after the test, cleaned up when it ends."""
+    made: list[str] = []
+    base = request.node.name.replace("_", "-").lower()[:40].strip("-")
+
+    def make(suffix: str = "", labels: dict[str, str] | None = None) -> str:
+        name = f"{base}-{suffix}".strip("-")[:63] if suffix else base
+        made.append(cluster.namespace(name, labels))
+        return name
+
+    yield make
+    for name in made:
+        cluster.cleanup(name)
+
+
+def decode_patch(review_reply: Obj) -> list[Obj]:
+    patch = review_reply.get("response", {}).get("patch")
+    return json.loads(base64.b64decode(patch)) if patch else []
