@@ -1,5 +1,5 @@
-"""Workload CRDs in the dry run: every pod template of Kubeflow, Trainer, JobSet, LWS, KubeRay, KServe and
-Volcano objects is decided and mutated (``webhook/workloads.py``), run through the real CLI on manifests
+"""Workload CRDs in the dry run: every pod template of Kubeflow, Trainer, JobSet, LWS, KubeRay, KServe, Volcano,
+Kaiwo, AIBrix and vLLM production stack objects is decided and mutated (``webhook/workloads.py``), run through the real CLI on manifests
 written from each project's API reference (tests/fixtures/dryrun/crds, the reference cited in each).
 
 Each mutated pod template is validated (kubernetes_validate, Kubernetes 1.37, strict) as the core
@@ -104,6 +104,19 @@ TEMPLATE_FIXTURES: dict[str, dict[str, tuple[str, list[str], list[str]]]] = {
     "volcano.yaml": {
         "mpi-allreduce": ("training", ["spec.tasks.1.template"], ["spec.tasks.0.template"]),
     },
+    "aibrix.yaml": {
+        "qwen-pd": (
+            "inference",
+            ["spec.template.spec.roles.1.template", "spec.template.spec.roles.2.template"],
+            ["spec.template.spec.roles.0.template"],
+        ),
+        # An inference-serving kind in a training namespace: the namespace decides, as for any pod.
+        "qwen-ray": (
+            "training",
+            ["spec.template.spec.workerGroupSpecs.0.template"],
+            ["spec.template.spec.headGroupSpec.template"],
+        ),
+    },
 }
 ALL_FIXTURES = sorted(p.name for p in CRDS.glob("*.yaml"))
 ADMITTED = [name for name in ALL_FIXTURES if "reserved" not in name]
@@ -202,7 +215,8 @@ def test_the_model_check_catches_a_misspelt_field_and_a_wrong_type() -> None:
 def test_stderr_names_each_template_of_the_object() -> None:
     result = mutate("-f", crd("ray.yaml"))
 
-    assert "RayCluster/ml-training/raycluster-train head template: unchanged: the pod requests no GPU" in result.stderr
+    (head,) = stderr_lines(result, "RayCluster/ml-training/raycluster-train head template: unchanged: the pod ")
+    assert "no GPU" in head
     assert "RayCluster/ml-training/raycluster-train worker group mi300x template: mutated: class training" in (
         result.stderr
     )
@@ -384,6 +398,220 @@ def test_namespace_labels_not_given_is_said_once_per_run() -> None:
     assert "labels unknown" not in result.stderr
     labelled = mutate("-f", crd("ray.yaml"), "--namespace-label", f"{CLASS}=training")
     assert "namespace labels not given" not in labelled.stderr
+
+
+# --- Kaiwo, KServe LLMInferenceService, AIBrix, vLLM production stack ---------------------------------
+
+
+def by_name(text: str) -> dict[str, Any]:
+    return {doc["metadata"]["name"]: doc for doc in load_all(text)}
+
+
+def as_pod(spec: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A core PodSpec (KServe's template/worker, a built pod) as the Pod kubernetes_validate reads."""
+    metadata: dict[str, Any] = {"name": "p", **({"labels": labels} if labels else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def test_kaiwo_templates_get_the_gpus_of_the_common_fields() -> None:
+    source = by_name((CRDS / "kaiwo.yaml").read_text())
+    result = mutate("-f", crd("kaiwo.yaml"))
+
+    assert result.returncode == 0, result.stderr
+    out = by_name(result.stdout)
+    # No embedded container asks for a GPU: Kaiwo's gpus/gpusPerReplica make them GPU pods, so they are mutated.
+    job = out["llama-sft"]["spec"]["job"]["spec"]["template"]
+    assert job["metadata"]["annotations"][CLASS] == "training"
+    assert required_terms(job["spec"]) == [{"matchExpressions": [NOT_IN]}]
+    assert job["spec"]["containers"][0]["env"] == [LOW]
+    # The GPU request itself is Kaiwo's to write: it never reaches the output.
+    assert "resources" not in job["spec"]["containers"][0]
+    kubernetes_validate.validate(as_pod_template(job), K8S, strict=True)
+    ray = out["ray-pretrain"]["spec"]["rayJob"]["spec"]["rayClusterSpec"]
+    assert ray["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"] == [LOW]
+    # Kaiwo gives the Ray head no GPU.
+    head = source["ray-pretrain"]["spec"]["rayJob"]["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert ray["headGroupSpec"] == head
+    service = out["qwen-chat"]["spec"]["deployment"]["spec"]["template"]
+    assert required_terms(service["spec"]) == [{"matchExpressions": [IN]}]
+    assert service["spec"]["tolerations"][0]["key"] == "rocm-isolation.io/reserved"
+    # Kaiwo labels its pods with the object's name (docs/reference/labels.md): the spread counts them.
+    assert spread_of(service)["labelSelector"] == {
+        "matchLabels": {"app": "qwen-chat", "kaiwo.silogen.ai/name": "qwen-chat"}
+    }
+    kubernetes_validate.validate(as_pod_template(service), K8S, strict=True)
+    serve = out["ray-serve"]["spec"]["ray"]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]
+    assert serve["spec"]["containers"][0]["env"] == [HIGH]
+    # Nothing embedded: the pod Kaiwo generates is checked, and the object is printed as it was.
+    assert out["quick-eval"] == source["quick-eval"]
+    (generated,) = stderr_lines(result, "KaiwoJob/ml-training/quick-eval")
+    assert "generated job pod: unchanged: checked, class training: not mutated" in generated
+
+
+KAIWO_JOB = """\
+apiVersion: kaiwo.silogen.ai/v1alpha1
+kind: KaiwoJob
+metadata:
+  name: k
+  namespace: ml-training
+spec:
+  {fields}
+  job:
+    spec:
+      template:
+        spec:
+          containers:
+            - name: trainer
+              image: ghcr.io/silogen/rocm-ray:v0.8
+"""
+
+
+@pytest.mark.parametrize(
+    ("fields", "gpu_pod"),
+    [
+        ("gpus: 2", True),
+        ("gpusPerReplica: 1", True),
+        ("gpus: 0", False),
+        ("{gpus: 4, gpuVendor: nvidia}", False),
+        ("{gpus: 4, gpuVendor: AMD}", True),
+        ("user: someone", False),
+    ],
+)
+def test_kaiwo_gpu_fields_decide_whether_the_embedded_template_is_a_gpu_pod(fields: str, gpu_pod: bool) -> None:
+    manifest = KAIWO_JOB.format(fields=fields)
+    if fields.startswith("{"):
+        manifest = manifest.replace(f"  {fields}\n", "".join(f"  {f.strip()}\n" for f in fields[1:-1].split(",")))
+    result = mutate("-f", "-", stdin=manifest)
+
+    assert result.returncode == 0, result.stderr
+    (line,) = stderr_lines(result, "KaiwoJob/ml-training/k job template")
+    assert ("mutated: class training" in line) is gpu_pod, line
+    assert ("unchanged" in line) is not gpu_pod, line
+
+
+def test_kaiwo_workloads_reaching_for_the_inference_pool_are_denied() -> None:
+    source = load_all((CRDS / "kaiwo-reserved.yaml").read_text())
+    result = mutate("-f", crd("kaiwo-reserved.yaml"))
+
+    assert result.returncode == 1
+    assert load_all(result.stdout) == source
+    labelled, selected = stderr_lines(result, "denied [")
+    # podTemplateSpecLabels land on every pod Kaiwo makes: a pod label never grants a class.
+    assert "KaiwoJob/ml-training/label-sneak generated job pod: denied [deny-class-not-allowed]" in labelled
+    assert "KaiwoJob/ml-training/selector-sneak job template: denied [deny-node-selector]" in selected
+    assert "(fields are relative to spec.job.spec.template)" in selected
+
+
+def test_an_llm_inference_service_is_mutated_in_its_pod_specs() -> None:
+    source = by_name((CRDS / "llminferenceservice.yaml").read_text())
+    result = mutate("-f", crd("llminferenceservice.yaml"))
+
+    assert result.returncode == 0, result.stderr
+    out = by_name(result.stdout)
+    single = out["llama3-8b"]["spec"]["template"]
+    assert required_terms(single) == [{"matchExpressions": [IN]}]
+    assert single["containers"][0]["env"] == [HIGH]
+    # template is a core PodSpec: no metadata of its own, so no annotation is written there.
+    assert set(single) == {"containers", "affinity", "tolerations", "topologySpreadConstraints"}
+    assert spread_of({"spec": single})["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/component": "llminferenceservice-workload",
+        "app.kubernetes.io/name": "llama3-8b",
+        "app.kubernetes.io/part-of": "llminferenceservice",
+    }
+    assert out["llama3-8b"]["spec"]["router"] == source["llama3-8b"]["spec"]["router"]
+    pd = out["deepseek-pd"]["spec"]
+    components = {
+        where: spread_of({"spec": spec})["labelSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for where, spec in (
+            ("template", pd["template"]),
+            ("worker", pd["worker"]),
+            ("prefill", pd["prefill"]["template"]),
+        )
+    }
+    # With a worker the pods are a LeaderWorkerSet's; prefill is a Deployment of its own.
+    assert components == {
+        "template": "llminferenceservice-workload-leader",
+        "worker": "llminferenceservice-workload-worker",
+        "prefill": "llminferenceservice-workload-prefill",
+    }
+    assert spread_of({"spec": pd["worker"]})["matchLabelKeys"] == ["controller-revision-hash"]
+    assert spread_of({"spec": pd["prefill"]["template"]})["labelSelector"]["matchLabels"]["tier"] == "prefill"
+    for spec in (single, pd["template"], pd["worker"], pd["prefill"]["template"]):
+        kubernetes_validate.validate(as_pod(spec), K8S, strict=True)
+    # Serving kind, training namespace: the namespace decides.
+    training = out["eval-endpoint"]["spec"]["template"]
+    assert required_terms(training) == [{"matchExpressions": [NOT_IN]}]
+    assert training["containers"][0]["env"] == [LOW]
+
+
+def test_a_vllm_runtime_is_checked_as_the_pod_its_operator_builds_and_never_written() -> None:
+    source = load_all((CRDS / "vllmruntime.yaml").read_text())
+    result = mutate("-f", crd("vllmruntime.yaml"))
+    entries = json.loads(mutate("-f", crd("vllmruntime.yaml"), "-o", "patch").stdout)
+
+    assert result.returncode == 0, result.stderr
+    assert load_all(result.stdout) == source
+    inference, training = stderr_lines(result, "deploymentConfig: unchanged: checked")
+    assert "VLLMRuntime/vllm-serving/llama3-8b" in inference and "class inference" in inference
+    assert "VLLMRuntime/ml-training/ablation-server" in training and "class training" in training
+    assert [(e["templates"][0]["name"], e["patch"]) for e in entries[1:]] == [("deploymentConfig", [])] * 2
+    # Without gpuType the operator asks for nvidia.com/gpu: not an AMD GPU pod.
+    nvidia = copy.deepcopy(source[1])
+    del nvidia["spec"]["deploymentConfig"]["resources"]["gpuType"]
+    other = mutate("-f", "-", stdin=json.dumps(nvidia))
+    (line,) = stderr_lines(other, "deploymentConfig: unchanged: the pod ")
+    assert "no GPU" in line
+
+
+def test_a_vllm_runtime_whose_deployment_config_reaches_the_reserved_nodes_is_denied() -> None:
+    result = mutate("-f", crd("vllmruntime-reserved.yaml"))
+
+    assert result.returncode == 1
+    (denial,) = stderr_lines(result, "denied [")
+    assert "VLLMRuntime/ml-training/borrowed-pool deploymentConfig: denied [deny-node-affinity]" in denial
+    assert "(fields are relative to spec.deploymentConfig)" in denial
+    assert "spec.tolerations[0] tolerates rocm-isolation.io/reserved=inference:NoSchedule" in denial
+
+
+def test_the_pod_a_vllm_runtime_operator_builds() -> None:
+    body = load_all((CRDS / "vllmruntime-reserved.yaml").read_text())[0]
+    body["metadata"]["labels"] = {"team": "eval"}
+    body["spec"]["vllmConfig"]["env"] = [{"name": "AMD_VISIBLE_DEVICES", "value": "0"}]
+    body["spec"]["deploymentConfig"]["sidecarConfig"] = {"enabled": True, "name": "lmcache", "image": {}}
+    found = workloads.workload(body["apiVersion"], body["kind"])
+    assert found is not None
+    (template,) = workloads.templates(body, found)
+
+    pod = workloads.predicted_pod(body, template, frozenset())
+
+    config = body["spec"]["deploymentConfig"]
+    assert pod["metadata"] == {"labels": {"team": "eval", "app": "borrowed-pool"}}
+    assert required_terms(pod["spec"]) == config["nodeSelectorTerms"]
+    assert pod["spec"]["tolerations"] == config["toleration"]
+    vllm, sidecar = pod["spec"]["containers"]
+    gpu = {"amd.com/gpu": "1"}
+    assert vllm["resources"] == {"requests": gpu, "limits": gpu}
+    assert vllm["env"] == [{"name": "AMD_VISIBLE_DEVICES", "value": "0"}]
+    assert sidecar == {"name": "lmcache"}  # the operator's sidecar default is gpu "0": no GPU
+    kubernetes_validate.validate(pod | {"metadata": {"name": "p", **pod["metadata"]}}, K8S, strict=True)
+
+
+def test_kaiwo_limits_go_to_the_first_container_of_the_predicted_pod_only() -> None:
+    body = by_name((CRDS / "kaiwo.yaml").read_text())["llama-sft"]
+    original = copy.deepcopy(body)
+    found = workloads.workload(body["apiVersion"], body["kind"])
+    assert found is not None
+    (template,) = workloads.templates(body, found)  # the generated pod is looked at only without templates
+
+    pod = workloads.predicted_pod(body, template, frozenset({"job-name"}))
+
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"amd.com/gpu": 4}}
+    assert pod["metadata"]["labels"] == {
+        "job-name": workloads.PLACEHOLDER,
+        "team": "nlp",
+        "kaiwo.silogen.ai/name": "llama-sft",
+    }
+    assert body == original
 
 
 # --- the table and template paths, without the CLI ------------------------------------------------

@@ -9,8 +9,10 @@ it has to find the pod templates inside the object and to know how each template
   beside ``containers`` (KServe's predictor/transformer/explainer: ``predictor.model`` is the
   ``kserve-container``); the component's ``labels``/``annotations`` are the pod's metadata;
 - ``OVERRIDE``: fields that shape pods made from a template elsewhere (Kubeflow Trainer's TrainJob
-  ``podTemplateOverrides`` / ``runtimePatches``): checked (denied when they reach the reserved
-  nodes) but never mutated, because the fields the webhook adds have no place there.
+  ``podTemplateOverrides`` / ``runtimePatches``) or by the controller itself from fields that are not
+  a pod spec (vLLM production stack's ``deploymentConfig``, the pod Kaiwo generates from its common
+  fields): checked as the pod the controller will make (denied when it reaches the reserved nodes)
+  but never mutated, because the fields the webhook adds have no place there.
 
 Template paths are dotted, with ``*`` for every value of a map and ``[*]`` for every item of a list
 (``spec.pytorchReplicaSpecs.*.template``, ``spec.replicatedJobs[*].template.spec.template``).
@@ -43,6 +45,12 @@ Path = tuple[str | int, ...]
 LabelRule = Callable[[Mapping[str, Any], Mapping[str, Any], tuple[str, ...]], dict[str, str]]
 
 
+# (the object, the template found) -> the pod's metadata and spec (OVERRIDE: what the controller will make)
+PodBuilder = Callable[[Mapping[str, Any], "Template"], tuple[Any, Any]]
+# the object -> resource limits the controller sets on the template's first container (Kaiwo's ``gpus``)
+LimitsRule = Callable[[Mapping[str, Any]], dict[str, int]]
+
+
 def _no_labels(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
     return {}
 
@@ -59,6 +67,12 @@ class TemplateRule:
     containers: tuple[str, ...] = ()
     # INLINE: False when the component has no metadata fields (the class annotation is not written)
     has_metadata: bool = True
+    # OVERRIDE: how the controller makes the pod (None: a Trainer override, ``_override_pod``)
+    build: PodBuilder | None = None
+    # limits the controller puts on the pod's first container, over the template's own (Kaiwo)
+    limits: LimitsRule | None = None
+    # looked at only when no other rule of the kind finds a template (Kaiwo's generated pod)
+    fallback: bool = False
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -263,6 +277,162 @@ def _volcano(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[st
     return labels
 
 
+def _str_map(value: Any, field: str) -> dict[str, str]:
+    return dict(pods.string_map(value, field))
+
+
+# Kaiwo (kaiwo.silogen.ai): the common fields of KaiwoJob/KaiwoService (CommonMetaSpec) shape every pod it makes.
+KAIWO_LABELS = {"kaiwo.silogen.ai/run-id": PLACEHOLDER, "kaiwo.silogen.ai/user": PLACEHOLDER}
+
+
+def _kaiwo_own(body: Mapping[str, Any]) -> dict[str, str]:
+    """``podTemplateSpecLabels`` and Kaiwo's system labels (docs/reference/labels.md), which take precedence.
+    The user label is derived from ``spec.user`` (an email), so its value is not predicted."""
+    spec = pods.mapping(body.get("spec"), "spec")
+    return {
+        **_str_map(spec.get("podTemplateSpecLabels"), "spec.podTemplateSpecLabels"),
+        **KAIWO_LABELS,
+        "kaiwo.silogen.ai/name": _name(body),
+    }
+
+
+def _kaiwo(inner: LabelRule) -> LabelRule:
+    """The labels of the embedded workload's controller (Job, Deployment, KubeRay), then Kaiwo's own."""
+
+    def rule(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+        return {**inner(body, node, matched), **_kaiwo_own(body)}
+
+    return rule
+
+
+def _kaiwo_count(spec: Mapping[str, Any], field: str) -> int:
+    value = spec.get(field)
+    if value is None:
+        return 0
+    if type(value) is not int:
+        raise pods.MalformedPod(f"spec.{field}", "an integer")
+    return value
+
+
+def _kaiwo_gpus(body: Mapping[str, Any]) -> dict[str, int]:
+    """Kaiwo's GPU request per pod: ``gpusPerReplica`` when > 0, else ``gpus`` (the per-pod count Kaiwo may
+    compute for Ray from node capacity is at most that: it is a GPU pod either way); the resource name from
+    ``gpuVendor`` (default amd). GPU entries of ``spec.resources`` are ignored, as Kaiwo ignores them."""
+    spec = pods.mapping(body.get("spec"), "spec")
+    count = _kaiwo_count(spec, "gpusPerReplica") or _kaiwo_count(spec, "gpus")
+    if count <= 0:
+        return {}
+    vendor = pods.string(spec.get("gpuVendor"), "spec.gpuVendor").lower()
+    return {"nvidia.com/gpu" if vendor == "nvidia" else "amd.com/gpu": count}
+
+
+def _kaiwo_pod(body: Mapping[str, Any], template: Template) -> tuple[Any, Any]:
+    """The pod Kaiwo generates when the object embeds no workload: one container with the common fields'
+    image, env and GPU request; Kaiwo's common fields have no placement field (gpuModels selects Kaiwo's
+    own node label), so this pod can only be denied by its labels (a class its namespace does not allow)."""
+    spec = template.node
+    container: dict[str, Any] = {"name": "workload", "image": spec.get("image") or "ghcr.io/silogen/rocm-ray"}
+    env = pods.sequence(spec.get("env"), "spec.env")
+    if env:
+        container["env"] = env
+    gpus = _kaiwo_gpus(body)
+    if gpus:
+        container["resources"] = {"limits": gpus}
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    secrets = pods.sequence(spec.get("imagePullSecrets"), "spec.imagePullSecrets")
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
+    return None, pod_spec
+
+
+def _llmisvc(workload: tuple[str, ...], role: str) -> LabelRule:
+    """KServe LLMInferenceService (pkg/controller/v1alpha1/llmisvc): a workload's pods are a Deployment's, or a
+    LeaderWorkerSet's when the workload has a ``worker``; the component label says which; the workload's own
+    ``labels`` are added to its pods (releases whose WorkloadSpec has the field)."""
+
+    def rule(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+        where = ".".join(workload)
+        spec = pods.mapping(patch.resolve(body, workload), where)
+        multi = spec.get("worker") is not None
+        component = "llminferenceservice-workload" + (f"-{role}" if multi else "")
+        if workload[-1] == "prefill":
+            component += "-prefill"
+        return {
+            **_str_map(spec.get("labels"), f"{where}.labels"),
+            **(STATEFULSET_LABELS if multi else DEPLOYMENT_LABELS),
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/name": _name(body),
+            "app.kubernetes.io/part-of": "llminferenceservice",
+        }
+
+    return rule
+
+
+def _storm(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+    """AIBrix StormService (pkg/controller/constants/stormservice.go): the service, the role, and per-RoleSet values."""
+    labels = {
+        "storm-service-name": _name(body),
+        "roleset-name": PLACEHOLDER,
+        "storm-service-revision": PLACEHOLDER,
+        "role-template-hash": PLACEHOLDER,
+    }
+    role = _item_named(patch.resolve(body, ("spec", "template", "spec", "roles")), matched[0])
+    if isinstance(role, Mapping) and isinstance(role.get("name"), str) and role["name"]:
+        labels["role-name"] = role["name"]
+    return labels
+
+
+def _vllm_labels(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+    """vLLM production stack: the runtime's Deployment labels its pods ``app: <name>`` and (newer releases)
+    copies the VLLMRuntime's own labels."""
+    own = _str_map(patch.resolve(body, ("metadata", "labels")), "metadata.labels")
+    return {**own, "app": _name(body), **DEPLOYMENT_LABELS}
+
+
+def _vllm_resources(config: Mapping[str, Any], field: str, *, default_gpu: str = "") -> dict[str, Any]:
+    """The controller's ResourceRequirements from ``resources{gpu, gpuType}`` (gpuType default nvidia.com/gpu)."""
+    resources = pods.mapping(config.get("resources"), f"{field}.resources")
+    gpu = pods.string(resources.get("gpu"), f"{field}.resources.gpu") or default_gpu
+    if gpu in ("", "0"):
+        return {}
+    name = pods.string(resources.get("gpuType"), f"{field}.resources.gpuType") or "nvidia.com/gpu"
+    return {"requests": {name: gpu}, "limits": {name: gpu}}
+
+
+def _vllm_pod(body: Mapping[str, Any], template: Template) -> tuple[Any, Any]:
+    """The Deployment pod the VLLMRuntime controller builds (internal/controller/vllmruntime_controller.go):
+    ``nodeSelectorTerms`` become the required node affinity, ``toleration`` the tolerations, the ``vllm``
+    container gets ``resources`` and ``vllmConfig.env``, the sidecar (when enabled) its own resources."""
+    config = template.node
+    terms = pods.sequence(config.get("nodeSelectorTerms"), "spec.deploymentConfig.nodeSelectorTerms")
+    env = pods.sequence(patch.resolve(body, ("spec", "vllmConfig", "env")), "spec.vllmConfig.env")
+    container: dict[str, Any] = {"name": "vllm", "image": "vllm"}
+    resources = _vllm_resources(config, "spec.deploymentConfig")
+    if resources:
+        container["resources"] = resources
+    if env:
+        container["env"] = env
+    spec: dict[str, Any] = {"containers": [container]}
+    sidecar = pods.mapping(config.get("sidecarConfig"), "spec.deploymentConfig.sidecarConfig")
+    if sidecar.get("enabled") is True:
+        side: dict[str, Any] = {"name": pods.string(sidecar.get("name"), "sidecarConfig.name") or "sidecar"}
+        side_resources = _vllm_resources(sidecar, "spec.deploymentConfig.sidecarConfig")
+        if side_resources:
+            side["resources"] = side_resources
+        spec["containers"].append(side)
+    if terms:
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    tolerations = pods.sequence(config.get("toleration"), "spec.deploymentConfig.toleration")
+    if tolerations:
+        spec["tolerations"] = tolerations
+    runtime_class = pods.string(config.get("runtimeClass"), "spec.deploymentConfig.runtimeClass")
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return None, spec
+
+
 # --- the table --------------------------------------------------------------------------------
 
 APPS = frozenset({"apps", "extensions"})
@@ -293,6 +463,51 @@ def _kubeflow_job(kind: str, field_name: str, operator: str, reference: str) -> 
         (TemplateRule(f"spec.{field_name}.*.template", "{} template", labels=_kubeflow(operator)),),
         reference,
     )
+
+
+def _kaiwo_ray(prefix: str) -> tuple[TemplateRule, ...]:
+    """A Ray workload embedded in a Kaiwo object: Kaiwo's GPU request goes to the worker pods."""
+    return (
+        TemplateRule(f"{prefix}headGroupSpec.template", "head template", labels=_kaiwo(_ray(False, "head"))),
+        TemplateRule(
+            f"{prefix}workerGroupSpecs[*].template",
+            "worker group {} template",
+            labels=_kaiwo(_ray(False, "worker")),
+            limits=_kaiwo_gpus,
+        ),
+    )
+
+
+def _kaiwo_generated(kind: str) -> TemplateRule:
+    return TemplateRule(
+        "spec", f"generated {kind} pod", shape=OVERRIDE, labels=_kaiwo(_no_labels), build=_kaiwo_pod, fallback=True
+    )
+
+
+def _kaiwo_job_labels(body: Mapping[str, Any], node: Mapping[str, Any], matched: tuple[str, ...]) -> dict[str, str]:
+    return _job_labels(patch.resolve(body, ("spec", "job", "spec")))
+
+
+def _llmisvc_templates(prefix: str, label: str) -> tuple[TemplateRule, ...]:
+    workload = tuple(prefix.split(".")[:-1])
+    return (
+        TemplateRule(
+            f"{prefix}template",
+            f"{label}template",
+            shape=INLINE,
+            has_metadata=False,
+            labels=_llmisvc(workload, "leader"),
+        ),
+        TemplateRule(
+            f"{prefix}worker", f"{label}worker", shape=INLINE, has_metadata=False, labels=_llmisvc(workload, "worker")
+        ),
+    )
+
+
+KAIWO = frozenset({"kaiwo.silogen.ai"})
+KAIWO_REFERENCE = "https://github.com/silogen/kaiwo/blob/main/docs/docs/reference/crds/kaiwo.silogen.ai.md"
+AIBRIX = frozenset({"orchestration.aibrix.ai"})
+AIBRIX_REFERENCE = "https://github.com/vllm-project/aibrix/tree/main/api/orchestration/v1alpha1"
 
 
 TABLE: tuple[Workload, ...] = (
@@ -417,6 +632,63 @@ TABLE: tuple[Workload, ...] = (
         (TemplateRule("spec.tasks[*].template", "task {} template", labels=_volcano),),
         "https://volcano.sh/en/docs/vcjob/",
     ),
+    Workload(
+        "KaiwoJob",
+        KAIWO,
+        (
+            TemplateRule(
+                "spec.job.spec.template", "job template", labels=_kaiwo(_kaiwo_job_labels), limits=_kaiwo_gpus
+            ),
+            *_kaiwo_ray("spec.rayJob.spec.rayClusterSpec."),
+            TemplateRule("spec.rayJob.spec.submitterPodTemplate", "submitter template", labels=_constant(JOB_LABELS)),
+            _kaiwo_generated("job"),
+        ),
+        KAIWO_REFERENCE,
+    ),
+    Workload(
+        "KaiwoService",
+        KAIWO,
+        (
+            TemplateRule(
+                "spec.deployment.spec.template",
+                "deployment template",
+                labels=_kaiwo(_constant(DEPLOYMENT_LABELS)),
+                limits=_kaiwo_gpus,
+            ),
+            *_kaiwo_ray("spec.rayService.spec.rayClusterConfig."),
+            *_kaiwo_ray("spec.ray.spec.rayClusterConfig."),
+            _kaiwo_generated("service"),
+        ),
+        KAIWO_REFERENCE,
+    ),
+    Workload(
+        "LLMInferenceService",
+        frozenset({"serving.kserve.io"}),
+        (*_llmisvc_templates("spec.", ""), *_llmisvc_templates("spec.prefill.", "prefill ")),
+        "https://github.com/kserve/kserve/blob/master/pkg/apis/serving/v1alpha1/llm_inference_service_types.go",
+    ),
+    Workload(
+        "StormService",
+        AIBRIX,
+        (TemplateRule("spec.template.spec.roles[*].template", "role {} template", labels=_storm),),
+        AIBRIX_REFERENCE,
+    ),
+    Workload(
+        "RayClusterFleet",
+        AIBRIX,
+        _ray_templates("spec.template.spec.", False),
+        AIBRIX_REFERENCE,
+    ),
+    Workload(
+        "VLLMRuntime",
+        frozenset({"production-stack.vllm.ai"}),
+        (
+            TemplateRule(
+                "spec.deploymentConfig", "deploymentConfig", shape=OVERRIDE, labels=_vllm_labels, build=_vllm_pod
+            ),
+        ),
+        "https://github.com/vllm-project/production-stack/blob/main/operator/api/v1alpha1/vllmruntime_types.go",
+    ),
 )
 
 BY_KIND: dict[tuple[str, str], Workload] = {(group, w.kind): w for w in TABLE for group in w.groups}
@@ -470,8 +742,13 @@ def templates(body: Mapping[str, Any], found: Workload) -> list[Template]:
     """Every pod template of the object (absent optional templates are skipped).
 
     Raises ``pods.MalformedPod`` naming the field when a template is not an object."""
+    out = _found(body, [rule for rule in found.templates if not rule.fallback])
+    return out or _found(body, [rule for rule in found.templates if rule.fallback])
+
+
+def _found(body: Mapping[str, Any], rules: list[TemplateRule]) -> list[Template]:
     out = []
-    for rule in found.templates:
+    for rule in rules:
         for path, matched, node in _walk(body, rule.tokens, (), ()):
             out.append(Template(rule, path, matched, pods.mapping(node, _dotted(path) or "the object")))
     return out
@@ -498,7 +775,9 @@ def predicted_pod(body: Mapping[str, Any], template: Template, label_keys: froze
         if extra:
             spec["containers"] = [*pods.sequence(node.get("containers"), f"{template.dotted}.containers"), *extra]
     else:
-        metadata, spec = _override_pod(body, template)
+        metadata, spec = (rule.build or _override_pod)(body, template)
+    if rule.limits is not None:
+        spec = _with_limits(spec, rule.limits(body), template)
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod"}
     if controller and (metadata is None or isinstance(metadata, Mapping)):
         metadata = dict(metadata or {})
@@ -510,6 +789,21 @@ def predicted_pod(body: Mapping[str, Any], template: Template, label_keys: froze
     if spec is not None:
         pod["spec"] = spec
     return pod
+
+
+def _with_limits(spec: Any, limits: Mapping[str, int], template: Template) -> Any:
+    """The spec with ``limits`` set on its first container (copies: the object is never touched). A template
+    without containers is left as it is: the controller adds the container, the webhook decides on its pods."""
+    if not limits or not isinstance(spec, Mapping):
+        return spec
+    containers = pods.sequence(spec.get("containers"), f"{template.dotted}.spec.containers")
+    if not containers:
+        return spec
+    first = pods.mapping(containers[0], f"{template.dotted}.spec.containers[0]")
+    resources = pods.mapping(first.get("resources"), f"{template.dotted}.spec.containers[0].resources")
+    own = pods.mapping(resources.get("limits"), f"{template.dotted}.spec.containers[0].resources.limits")
+    container = {**first, "resources": {**resources, "limits": {**own, **limits}}}
+    return {**spec, "containers": [container, *containers[1:]]}
 
 
 def _override_pod(body: Mapping[str, Any], template: Template) -> tuple[Any, Any]:
