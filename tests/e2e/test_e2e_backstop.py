@@ -1,0 +1,212 @@
+"""Scenario 4: the backstop in the apiserver. The rendered ValidatingAdmissionPolicies compile and
+type-check without warnings, keep training off the reserved nodes with the webhook's configuration
+deleted, and the namespace-label guard refuses a user outside the editor groups."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import WEBHOOK_CONFIGURATION, WEBHOOK_NAMESPACE, Cluster, gpu_pod
+from kube import ApiError, Obj, wait_until
+
+RESERVED_POLICY = "rocm-isolation-reserved-nodes"
+NAMESPACE_POLICY = "rocm-isolation-namespace-class"
+EDITORS_CONFIGMAP = "rocm-isolation-class-label-editors"
+WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
+
+
+def policies(cluster: Cluster) -> list[Obj]:
+    return [doc for doc in cluster.manifests if doc["kind"] == "ValidatingAdmissionPolicy"]
+
+
+def test_every_rendered_policy_type_checks_without_warnings(cluster: Cluster) -> None:
+    rendered = policies(cluster)
+    assert {p["metadata"]["name"] for p in rendered} >= {RESERVED_POLICY, NAMESPACE_POLICY}
+    for policy in rendered:
+        name = policy["metadata"]["name"]
+
+        def checked(name: str = name) -> Obj | None:
+            live = cluster.kube.get("ValidatingAdmissionPolicy", name)
+            status = live.get("status") or {}
+            # The controller-manager's validatingadmissionpolicy-status controller type-checks every
+            # expression against the OpenAPI schema of the matched kinds and writes the result here.
+            if status.get("observedGeneration") == live["metadata"]["generation"] and "typeChecking" in status:
+                return live
+            return None
+
+        live = wait_until(checked, timeout=60, what=f"status.typeChecking of {name}")
+        warnings = live["status"]["typeChecking"].get("expressionWarnings") or []
+        assert warnings == [], f"{name}: {warnings}"
+        conditions = {c["type"]: c for c in live["status"].get("conditions") or []}
+        assert conditions.get("InvalidExpressions", {}).get("status", "False") != "True", conditions
+
+
+@pytest.fixture
+def webhook_configuration_deleted(cluster: Cluster) -> Iterator[None]:
+    configuration = next(d for d in cluster.manifests if d["kind"] == "MutatingWebhookConfiguration")
+    cluster.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+    try:
+        yield
+    finally:
+        cluster.kube.apply(configuration)
+        cluster.sync_webhook()
+
+
+def _denied_by(kube_call: Callable[[], object]) -> str:
+    with pytest.raises(ApiError) as caught:
+        kube_call()
+    assert caught.value.status in (400, 403, 422), caught.value
+    return caught.value.message
+
+
+def test_the_backstop_holds_with_the_webhook_configuration_deleted(
+    cluster: Cluster, namespace: Callable[..., str], webhook_configuration_deleted: None
+) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    kube = cluster.kube
+
+    # The webhook is really out of the path: a plain training GPU pod is admitted untouched.
+    plain = wait_until(
+        lambda: (
+            (p := kube.create(gpu_pod("plain", ns), dry_run=True))
+            and "rocm-isolation.io/class" not in (p["metadata"].get("annotations") or {})
+            and p
+        ),
+        timeout=30,
+        what="the apiserver to stop calling the deleted webhook",
+    )
+    assert not (plain["spec"].get("affinity") or {}).get("nodeAffinity")
+
+    attempts = {
+        "nodeSelector": gpu_pod("selector", ns, nodeSelector={"rocm-isolation.io/pool": "inference"}),
+        "affinity": gpu_pod(
+            "affinity",
+            ns,
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "rocm-isolation.io/pool", "operator": "In", "values": ["inference"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        ),
+        "toleration": gpu_pod(
+            "toleration", ns, tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}]
+        ),
+        "tolerate-everything": gpu_pod("everything", ns, tolerations=[{"operator": "Exists"}]),
+        "opted-out-with-node-name": gpu_pod(
+            "opted-out", ns, labels={"rocm-isolation.io/ignore": "true"}, node_name=cluster.reserved[0]
+        ),
+    }
+    for what, pod in attempts.items():
+        message = _denied_by(lambda pod=pod: kube.create(pod, dry_run=True))
+        assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in message, (what, message)
+        assert WEBHOOK_DENIAL not in message, (what, message)
+
+    # Inference keeps its way in: the same toleration in an inference namespace is admitted.
+    inference = namespace("inference", labels={"rocm-isolation.io/class": "inference"})
+    kube.create(
+        gpu_pod("server", inference, tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}]),
+        dry_run=True,
+    )
+
+
+def test_the_backstop_denies_on_update_too_without_the_webhook(
+    cluster: Cluster, namespace: Callable[..., str], webhook_configuration_deleted: None
+) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    kube = cluster.kube
+    pod = kube.create(gpu_pod("gated", ns, schedulingGates=[{"name": "example.com/queue"}]))
+    pod["spec"]["tolerations"] = [
+        *pod["spec"].get("tolerations", []),
+        {"key": "rocm-isolation.io/reserved", "operator": "Exists"},
+    ]
+    message = _denied_by(lambda: kube.replace(pod))
+    assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in message, message
+
+
+@pytest.fixture
+def namespace_editor_rbac(cluster: Cluster) -> Iterator[None]:
+    """RBAC lets the impersonated users create and label namespaces, so that any refusal is the
+    policy's (not RBAC's)."""
+    kube = cluster.kube
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "e2e-namespace-owner"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "create", "update", "patch"]}
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "e2e-namespace-owner"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-namespace-owner"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "e2e-tenants"}],
+    }
+    kube.apply(role)
+    kube.apply(binding)
+    try:
+        yield
+    finally:
+        kube.delete("ClusterRoleBinding", "e2e-namespace-owner")
+        kube.delete("ClusterRole", "e2e-namespace-owner")
+        kube.patch("ConfigMap", EDITORS_CONFIGMAP, {"data": {"e2e-platform": None}}, WEBHOOK_NAMESPACE)
+
+
+def test_namespace_label_guard_refuses_a_user_outside_the_editor_groups(
+    cluster: Cluster, namespace: Callable[..., str], namespace_editor_rbac: None
+) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    alice = cluster.kube.as_user("alice", ["e2e-tenants", "system:authenticated"])
+
+    # RBAC allows alice to label her namespace: another label goes through.
+    alice.patch("Namespace", ns, {"metadata": {"labels": {"team": "research"}}})
+    assert cluster.kube.get("Namespace", ns)["metadata"]["labels"]["team"] == "research"
+
+    for labels in (
+        {"rocm-isolation.io/class": "inference"},
+        {"rocm-isolation.io/class": None},
+        {"rocm-isolation.io/mode": "audit"},
+    ):
+        message = _denied_by(lambda labels=labels: alice.patch("Namespace", ns, {"metadata": {"labels": labels}}))
+        assert f"ValidatingAdmissionPolicy '{NAMESPACE_POLICY}'" in message, message
+        assert EDITORS_CONFIGMAP in message, message
+    new = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": f"{ns}-x", "labels": {"rocm-isolation.io/class": "inference"}},
+    }
+    message = _denied_by(lambda: alice.create(new))
+    assert f"ValidatingAdmissionPolicy '{NAMESPACE_POLICY}'" in message, message
+    assert cluster.kube.get("Namespace", ns)["metadata"]["labels"]["rocm-isolation.io/class"] == "training"
+
+    # A group listed in the ConfigMap (the policy's params) may.
+    cluster.kube.patch(
+        "ConfigMap", EDITORS_CONFIGMAP, {"data": {"e2e-platform": "e2e-gpu-platform"}}, WEBHOOK_NAMESPACE
+    )
+    bob = cluster.kube.as_user("bob", ["e2e-tenants", "e2e-gpu-platform", "system:authenticated"])
+    wait_until(
+        lambda: _try(
+            lambda: bob.patch("Namespace", ns, {"metadata": {"labels": {"rocm-isolation.io/class": "inference"}}})
+        ),
+        timeout=30,
+        what="the editors ConfigMap to reach the policy",
+    )
+    assert cluster.kube.get("Namespace", ns)["metadata"]["labels"]["rocm-isolation.io/class"] == "inference"
+
+
+def _try(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except ApiError:
+        return False
+    return True
