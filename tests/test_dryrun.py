@@ -166,7 +166,7 @@ def test_unknown_kinds_and_non_gpu_pods_pass_through_as_they_are() -> None:
     assert "example.com/v1 Job" in notes[2]
     (gpu,) = stderr_lines(result, "a GPU request at")
     assert "spec.template.spec.containers[0].resources.limits[amd.com/gpu]" in gpu
-    assert stderr_lines(result, "Pod/ml-training/web: unchanged: the pod requests no GPU resource")
+    assert stderr_lines(result, "Pod/ml-training/web: unchanged: the pod reaches no GPU by any route")
 
 
 def test_a_bad_policy_exits_2_naming_the_file_and_the_field(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from webhook.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
+from webhook.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.engine import decide
 from webhook.policy import Policy, default_policy, load_policy
 
@@ -60,6 +60,12 @@ def facts(case: dict[str, Any]) -> dict[str, Any]:
             claims={name: frozenset(classes) for name, classes in known.get("claims", {}).items()},
             templates={name: frozenset(classes) for name, classes in known.get("templates", {}).items()},
         ),
+        # What the cluster's DeviceClasses add: GPU classes by driver, their extendedResourceNames.
+        "devices": DeviceFacts(
+            frozenset(case.get("devices", {}).get("gpuClasses", [])),
+            frozenset(case.get("devices", {}).get("extendedResources", [])),
+        ),
+        "sub_resource": case.get("subResource", ""),
     }
 
 

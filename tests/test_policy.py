@@ -40,7 +40,10 @@ def test_default_policy_loads_with_its_documented_values() -> None:
     spec = policy.spec
     assert policy.name == "default"
     assert spec.mode == "enforce"
-    assert spec.excluded_namespaces == ["kube-system", "kube-public", "kube-node-lease", "rocm-isolation-system"]
+    system = ["kube-system", "kube-public", "kube-node-lease", "rocm-isolation-system", "kube-amd-gpu"]
+    assert spec.excluded_namespaces == system
+    # The shipped file and the schema's defaults are the same catalogue of GPU routes.
+    assert spec.scope == type(spec.scope)()
     assert spec.reserved_nodes.label == ("rocm-isolation.io/pool", "inference")
     taint = spec.reserved_nodes.taint
     assert taint is not None
@@ -98,11 +101,17 @@ def test_default_policy_overrides_the_priority_variable() -> None:
         ("amd.com/gpu", True),
         ("amd.com/cpx_nps4", True),
         ("amd.com/spx_nps1", True),
-        ("amd.com/gpu.device-id", False),
-        ("amd.com/cpx", False),
+        # Every name under amd.com/: the device plugin's names vary (virtualization, partitions).
+        ("amd.com/gpu_vf", True),
+        ("amd.com/gpu_pf", True),
+        ("amd.com/cpx", True),
+        ("amd.com.evil/gpu", False),
         ("nvidia.com/gpu", False),
         ("cpu", False),
         ("example.com/amd.com/cpx_nps4", False),
+        # DRA extended resources of the GPU DeviceClasses the policy names.
+        ("deviceclass.resource.kubernetes.io/gpu.amd.com", True),
+        ("deviceclass.resource.kubernetes.io/rdma.example.com", False),
     ],
 )
 def test_default_gpu_resources(resource: str, gpu: bool) -> None:
@@ -485,7 +494,7 @@ def test_docs_list_every_rule_id() -> None:
     rules = [
         value for name, value in vars(engine).items() if name.startswith(("RULE_", "DENY_")) and isinstance(value, str)
     ]
-    assert len(rules) == 14
+    assert len(rules) == 16
     for rule in rules:
         assert f"| `{rule}` |" in docs, rule
 

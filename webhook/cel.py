@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from webhook.policy import Policy
+from webhook.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
+
+__all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -34,42 +36,6 @@ def str_list(items: list[str] | tuple[str, ...]) -> str:
     return "[" + ", ".join(quote(item) for item in items) + "]"
 
 
-def glob_regex(pattern: str) -> str:
-    """A shell glob (fnmatch: ``*``, ``?``, ``[...]``, ``[!...]``) as an anchored RE2 expression."""
-    out = ["^"]
-    i, n = 0, len(pattern)
-    while i < n:
-        ch = pattern[i]
-        i += 1
-        if ch == "*":
-            out.append(".*")
-        elif ch == "?":
-            out.append(".")
-        elif ch == "[":
-            # The closing bracket as fnmatch finds it: a leading "!" or "]" belongs to the set.
-            j = i
-            if j < n and pattern[j] == "!":
-                j += 1
-            if j < n and pattern[j] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 1
-            if j >= n:
-                out.append("\\[")
-                continue
-            body = pattern[i:j].replace("\\", "\\\\")
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            elif body.startswith("^"):
-                body = "\\" + body
-            out.append(f"[{body}]")
-            i = j + 1
-        else:
-            out.append(ch if ch.isalnum() or ch in "-_" else re.escape(ch))
-    out.append("$")
-    return "".join(out)
-
-
 def _is_glob(name: str) -> bool:
     return any(ch in name for ch in "*?[")
 
@@ -77,36 +43,79 @@ def _is_glob(name: str) -> bool:
 # --- GPU pods -------------------------------------------------------------------------------------
 
 
-def _gpu_key(var: str, policy: Policy) -> str:
-    scope = policy.spec.scope
+def _gpu_key(var: str, catalogue: RouteCatalogue) -> str:
     parts = []
-    if scope.gpu_resources:
-        parts.append(f"{var} in {str_list(scope.gpu_resources)}")
-    parts.extend(f"{var}.matches({quote(pattern)})" for pattern in scope.gpu_resource_patterns)
-    return " || ".join(parts) if parts else "false"
+    if catalogue.resource_names:
+        parts.append(f"{var} in {str_list(catalogue.resource_names)}")
+    parts.extend(f"{var}.matches({quote(pattern)})" for pattern in catalogue.resource_patterns)
+    return " || ".join(parts)
+
+
+def _container_routes(catalogue: RouteCatalogue) -> str:
+    """A container ``c`` that reaches a GPU by a route of its own (the engine's pods.container_routes)."""
+    parts = []
+    key = _gpu_key("r", catalogue)
+    if key:
+        parts.append(
+            "(has(c.resources) && (\n"
+            f"  (has(c.resources.requests) && c.resources.requests.exists(r, {key})) ||\n"
+            f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
+            "))"
+        )
+    if catalogue.privileged:
+        parts.append("(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged)")
+    variables = [f"e.name in {str_list(catalogue.runtime_variables)}"] if catalogue.runtime_variables else []
+    variables += [f"e.name.matches({quote('^' + re.escape(p))})" for p in catalogue.runtime_variable_prefixes]
+    if variables:
+        parts.append(f"(has(c.env) && c.env.exists(e, {' || '.join(variables)}))")
+    return " ||\n".join(parts)
+
+
+CONTAINER_FIELDS = ("containers", "initContainers", "ephemeralContainers")
 
 
 def gpu_pod(policy: Policy, root: str = "object") -> str:
-    """True when a container or init container requests or limits a GPU resource (like the engine), or
-    when the pod references any Dynamic Resource Allocation claim.
+    """True when the pod reaches a GPU by any route of the policy's catalogue (``Policy.catalogue``,
+    the engine's definition): a container (regular, init, ephemeral) requesting or limiting a GPU
+    resource, privileged, or setting the AMD container runtime's variables; a RuntimeClass of the AMD
+    runtime; or any Dynamic Resource Allocation claim.
 
     CEL in admission cannot read the ResourceClaim(Template) a pod names, so it cannot tell a GPU claim
     from another: every pod with a claim is treated as a GPU pod. The webhook then resolves the claim
     (and leaves a non-GPU one alone); the ValidatingAdmissionPolicy keeps any claim-holding pod of a
-    non-inference class off the reserved nodes (documented in docs/policy.md)."""
-    key = _gpu_key("r", policy)
-    container = (
-        "has(c.resources) && (\n"
-        f"  (has(c.resources.requests) && c.resources.requests.exists(r, {key})) ||\n"
-        f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
-        ")"
+    non-inference class off the reserved nodes (documented in docs/policy.md). Nor can it read
+    DeviceClasses: the DRA extended resources it knows are the policy's (``extendedResourceNames``,
+    ``deviceclass.resource.kubernetes.io/<gpuDeviceClasses>``)."""
+    return gpu_routes(route_catalogue(policy.spec.scope), root)
+
+
+def gpu_routes(catalogue: RouteCatalogue, root: str = "object") -> str:
+    container = _container_routes(catalogue)
+    parts = []
+    if container:
+        parts += [
+            f"(has({root}.spec.{field}) && {root}.spec.{field}.exists(c, {container}))" for field in CONTAINER_FIELDS
+        ]
+    if catalogue.runtime_class_names:
+        runtime_class = f"{root}.spec.runtimeClassName"
+        parts.append(f"(has({runtime_class}) && {runtime_class} in {str_list(catalogue.runtime_class_names)})")
+    if catalogue.resource_claims:
+        parts.append(f"(has({root}.spec.resourceClaims) && size({root}.spec.resourceClaims) > 0)")
+    return " ||\n".join(parts) if parts else "false"
+
+
+def direct_routes(catalogue: RouteCatalogue) -> str:
+    """An ephemeral container ``c`` that reaches GPUs itself (privileged, the runtime's variables)."""
+    without_resources = RouteCatalogue(
+        resource_names=(),
+        resource_patterns=(),
+        resource_claims=False,
+        privileged=catalogue.privileged,
+        runtime_variables=catalogue.runtime_variables,
+        runtime_variable_prefixes=catalogue.runtime_variable_prefixes,
+        runtime_class_names=(),
     )
-    resources = [
-        f"(has({root}.spec.{field}) && {root}.spec.{field}.exists(c, {container}))"
-        for field in ("containers", "initContainers")
-    ]
-    claims = f"(has({root}.spec.resourceClaims) && size({root}.spec.resourceClaims) > 0)"
-    return " ||\n".join([*resources, claims])
+    return _container_routes(without_resources) or "false"
 
 
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:

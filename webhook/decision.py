@@ -72,6 +72,36 @@ class ClaimFacts:
 NO_CLAIMS: Final = ClaimFacts()
 
 
+class DeviceFacts:
+    """What the cluster's DeviceClasses add to the GPU-route catalogue (``webhook.claims.device_facts``):
+    the classes that select a GPU driver whatever they are called, and their ``extendedResourceName``s
+    (DRA extended resources). Empty when unknown: the policy's own names still apply."""
+
+    __slots__ = ("extended_resources", "gpu_classes")
+
+    def __init__(
+        self, gpu_classes: frozenset[str] = frozenset(), extended_resources: frozenset[str] = frozenset()
+    ) -> None:
+        self.gpu_classes: Final = gpu_classes
+        self.extended_resources: Final = extended_resources
+
+    def __repr__(self) -> str:
+        return f"DeviceFacts(gpu_classes={self.gpu_classes!r}, extended_resources={self.extended_resources!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, DeviceFacts)
+            and self.gpu_classes == other.gpu_classes
+            and self.extended_resources == other.extended_resources
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.gpu_classes, self.extended_resources))
+
+
+NO_DEVICES: Final = DeviceFacts()
+
+
 class Violation:
     """One way a pod breaks the policy. ``rule`` is a stable identifier (metrics label, docs)."""
 

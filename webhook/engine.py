@@ -12,8 +12,17 @@ from functools import lru_cache
 from typing import Any, Final, cast, get_args
 
 from webhook import patch, pods, scheduling
-from webhook.decision import NO_CLAIMS, ClaimFacts, Decision, NamespaceFacts, NodeFacts, Violation
-from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass
+from webhook.decision import (
+    NO_CLAIMS,
+    NO_DEVICES,
+    ClaimFacts,
+    Decision,
+    DeviceFacts,
+    NamespaceFacts,
+    NodeFacts,
+    Violation,
+)
+from webhook.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass, route_catalogue, route_matcher
 
 CLASS_ANNOTATION = "rocm-isolation.io/class"
 MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
@@ -41,7 +50,14 @@ DENY_NODE_SELECTOR = "deny-node-selector"
 DENY_NODE_AFFINITY = "deny-node-affinity"
 DENY_TOLERATION = "deny-toleration"
 DENY_CLASS = "deny-class-not-allowed"
-DENY_RULES = (DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS)
+DENY_DIRECT_ACCESS = "deny-direct-gpu-access"
+DENY_EPHEMERAL = "deny-ephemeral-gpu-access"
+DENY_RULES = (
+    DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS, DENY_DIRECT_ACCESS,
+    DENY_EPHEMERAL,
+)  # fmt: skip
+# The one subresource the engine reads: kubectl debug adds containers to a running pod through it.
+EPHEMERAL_CONTAINERS = "ephemeralcontainers"
 
 _MODES: frozenset[str] = frozenset(get_args(Mode))
 # Phrases of two warnings that the offline dry run recognises (it says them its own way): one source.
@@ -58,19 +74,30 @@ def decide(
     nodes: NodeFacts,
     policy: Policy,
     claims: ClaimFacts = NO_CLAIMS,
+    devices: DeviceFacts = NO_DEVICES,
+    sub_resource: str = "",
 ) -> Decision:
     """Decide what to do with one pod. Pure; never raises for any input.
 
     ``claims`` resolves the pod's Dynamic Resource Allocation claims (default: none resolvable, so a
-    pod that references a claim counts as a GPU pod)."""
+    pod that references a claim counts as a GPU pod); ``devices`` is what the cluster's DeviceClasses
+    add to the GPU routes. ``sub_resource`` ``ephemeralcontainers``: an UPDATE adding debug containers
+    (checked, never patched); any other subresource is not the engine's."""
     spec = policy.spec
     mode, mode_warnings = _mode(spec, namespace)
     if operation not in ("CREATE", "UPDATE"):
         return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
     if namespace.name in spec.excluded_namespaces:
         return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
+    matcher = _route_matcher(policy, devices)
     try:
-        return _decide_pod(operation, pod, old_pod, namespace, nodes, policy, claims, mode, mode_warnings)
+        if sub_resource:
+            if sub_resource != EPHEMERAL_CONTAINERS or operation != "UPDATE":
+                return _allow(RULE_OPERATION, f"{operation} of pods/{sub_resource} is not checked", mode)
+            return _decide_ephemeral(pod, old_pod, namespace, nodes, policy, matcher, mode, mode_warnings)
+        return _decide_pod(
+            operation, pod, old_pod, namespace, nodes, policy, claims, devices, matcher, mode, mode_warnings
+        )
     except pods.MalformedPod as err:
         return Decision(
             allowed=False,
@@ -83,6 +110,17 @@ def decide(
 
 
 @lru_cache(maxsize=64)
+def _route_matcher(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
+    """The policy's catalogue of GPU routes with what the cluster's DeviceClasses add to it."""
+    if not devices.gpu_classes and not devices.extended_resources:
+        return policy.routes
+    extra = sorted(devices.extended_resources) + [
+        pods.DEVICE_CLASS_RESOURCE_PREFIX + name for name in sorted(devices.gpu_classes)
+    ]
+    return route_matcher(route_catalogue(policy.spec.scope, extra))
+
+
+@lru_cache(maxsize=64)
 def _reserved(policy: Policy, node_names: frozenset[str] | None) -> scheduling.Reserved:
     key, value = policy.spec.reserved_nodes.label
     return scheduling.Reserved(key, value, node_names)
@@ -92,8 +130,8 @@ class _Review:
     """Working state of one decision."""
 
     __slots__ = (
-        "done", "metadata", "namespace", "operations", "pod", "policy", "reserved", "spec", "terms", "tolerations",
-        "violations", "warnings",
+        "direct", "done", "metadata", "namespace", "operations", "pod", "policy", "reserved", "spec", "terms",
+        "tolerations", "violations", "warnings",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +158,8 @@ class _Review:
         # Read once by the check (in the order its errors are reported), reused by the plan.
         self.terms: list[scheduling.Term] | None = None
         self.tolerations: list[tuple[int, dict[str, Any]]] = []
+        # The routes by which the pod reaches GPUs without the device plugin or DRA (named in denials).
+        self.direct: list[pods.Route] = []
 
 
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
@@ -148,6 +188,8 @@ def _decide_pod(
     nodes: NodeFacts,
     policy: Policy,
     claims: ClaimFacts,
+    devices: DeviceFacts,
+    matcher: pods.RouteMatcher,
     mode: Mode,
     mode_warnings: list[str],
 ) -> Decision:
@@ -160,16 +202,16 @@ def _decide_pod(
     if operation == "UPDATE" and metadata.get("deletionTimestamp"):
         return _allow(RULE_DELETING, "the pod is terminating", mode)
     mirror = MIRROR_ANNOTATION in annotations
-    gpu = pods.gpu_containers(spec, policy.gpu)
+    gpu, routes = pods.gpu_routes(spec, matcher)
     raw_claims = spec.get("resourceClaims")
-    gpu_claim = False
-    if raw_claims is not None:  # Dynamic Resource Allocation: GPUs reached through claims
-        gpu_claim_names = _gpu_claims(pods.resource_claims(raw_claims), claims, policy, mode_warnings)
+    if raw_claims is not None and policy.spec.scope.routes.resource_claims:
+        # Dynamic Resource Allocation: GPUs reached through claims
+        gpu_claim_names = _gpu_claims(pods.resource_claims(raw_claims), claims, devices, policy, mode_warnings)
         if gpu_claim_names:
-            gpu_claim = True
+            routes.append(pods.Route(pods.ROUTE_CLAIM, "spec.resourceClaims"))
             gpu = pods.claim_containers(spec, gpu_claim_names, gpu)
-    if not gpu and not gpu_claim and not policy.spec.scope.all_pods:
-        return _allow(RULE_NOT_GPU, "the pod requests no GPU resource and no GPU device class", mode)
+    if not routes and not policy.spec.scope.all_pods:
+        return _allow(RULE_NOT_GPU, "the pod reaches no GPU by any route the policy knows", mode)
 
     if raw_spec is None:
         # Only reachable with scope.allPods: every patch below needs /spec to exist.
@@ -183,6 +225,7 @@ def _decide_pod(
         reserved=_reserved(policy, nodes.reserved_node_names),
         warnings=list(mode_warnings),
     )
+    review.direct = [route for route in routes if route.direct]
     if operation == "UPDATE":
         old = pods.mapping(old_pod, "oldObject")
         old_metadata = pods.mapping(old.get("metadata"), "oldObject.metadata")
@@ -193,6 +236,7 @@ def _decide_pod(
         return _finish(review, mode, class_name, RULE_CHECKED)
     class_name = _classify(review, labels, None)
     cls = policy.spec.classes[class_name]
+    _check_direct_access(review, cls, class_name)
     _check_create(review, cls, class_name)
     if mirror:
         # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
@@ -202,7 +246,85 @@ def _decide_pod(
     return _finish(review, mode, class_name, RULE_COMPLIANT)
 
 
-def _gpu_claims(refs: list[pods.ClaimRef], claims: ClaimFacts, policy: Policy, warnings: list[str]) -> set[str]:
+def _decide_ephemeral(
+    pod: Any,
+    old_pod: Any,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    matcher: pods.RouteMatcher,
+    mode: Mode,
+    mode_warnings: list[str],
+) -> Decision:
+    """``kubectl debug`` adds containers to a pod that is already placed: one that reaches GPUs
+    (privileged, the AMD runtime's variables) gets the GPUs of whatever node the pod is on, so a pod of a
+    class kept off the reserved nodes may not get one there. Checked, never patched: the subresource
+    takes nothing but ephemeralContainers."""
+    pod = pods.mapping(pod, "the pod")
+    old = pods.mapping(old_pod, "oldObject")
+    metadata = pods.mapping(pod.get("metadata"), "metadata")
+    spec = pods.mapping(pod.get("spec"), "spec")
+    old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
+    labels = pods.string_map(metadata.get("labels"), "metadata.labels")
+    before = {
+        pods.string(body.get("name"), f"oldObject.spec.{pods.EPHEMERAL}[{index}].name")
+        for index, body in pods.objects(old_spec.get(pods.EPHEMERAL), f"oldObject.spec.{pods.EPHEMERAL}")
+    }
+    added: list[pods.Route] = []
+    for container in pods.containers(spec, ephemeral=True):
+        name = pods.string(container.body.get("name"), f"{container.field}.name")
+        if container.list_name == pods.EPHEMERAL and name not in before:
+            added.extend(pods.container_routes(container, matcher))
+    if not added:
+        return _allow(RULE_NOT_GPU, "no added ephemeral container reaches a GPU", mode)
+    review = _Review(
+        pod=pod,
+        spec=spec,
+        metadata=metadata,
+        policy=policy,
+        namespace=namespace,
+        reserved=_reserved(policy, nodes.reserved_node_names),
+        warnings=list(mode_warnings),
+    )
+    review.direct = [route for route in added if route.direct]
+    old_labels = pods.string_map(pods.mapping(old.get("metadata"), "oldObject.metadata").get("labels"), "labels")
+    class_name = _classify(review, labels, old_labels)
+    cls = policy.spec.classes[class_name]
+    if cls.direct_gpu_access == "deny":
+        _check_direct_access(review, cls, class_name)
+    if cls.placement == "unreserved":
+        reach = _ephemeral_reach(review, spec)
+        if reach:
+            route = added[0]
+            key, value = review.reserved.key, review.reserved.value
+            review.violations.append(
+                Violation(
+                    DENY_EPHEMERAL,
+                    route.field,
+                    f"{class_name} pods may not use the GPUs of the reserved nodes ({key}={value}): {route.field} "
+                    f"({route.describe()}) would be added to a pod that {reach}; debug with an unprivileged "
+                    "ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+                )
+            )
+    return _finish(review, mode, class_name, RULE_CHECKED)
+
+
+def _ephemeral_reach(review: _Review, spec: dict[str, Any]) -> str:
+    """How the pod is (or may get) on a reserved node, in words; '' when it is kept off them."""
+    reserved = review.reserved
+    node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
+    if node_name and reserved.node_names is not None:
+        return f"runs on the reserved node {node_name}" if node_name in reserved.node_names else ""
+    if scheduling.affinity_excludes_reserved(scheduling.required_terms(spec), reserved):
+        return ""
+    if node_name:
+        return f"runs on {node_name}, which could not be checked (reserved nodes unknown, no cluster connection)"
+    return "is not scheduled yet and is not kept off the reserved nodes by its node affinity"
+
+
+def _gpu_claims(
+    refs: list[pods.ClaimRef], claims: ClaimFacts, devices: DeviceFacts, policy: Policy, warnings: list[str]
+) -> set[str]:
     """The names (as containers use them) of the pod's claims that reach a GPU device class. A claim that
     cannot be resolved counts as one: failing toward isolation is the safe side."""
     names: set[str] = set()
@@ -224,7 +346,7 @@ def _gpu_claims(refs: list[pods.ClaimRef], claims: ClaimFacts, policy: Policy, w
                 "counted as a GPU request: the pod is placed and checked as a GPU pod"
             )
             names.add(ref.name)
-        elif any(policy.gpu_device_classes(name) for name in classes):
+        elif any(policy.gpu_device_classes(name) or name in devices.gpu_classes for name in classes):
             names.add(ref.name)
     return names
 
@@ -288,9 +410,38 @@ def _denied(review: _Review, class_name: str, rule: str, where: str, what: str) 
             rule,
             where,
             f"{class_name} pods may not use the reserved nodes ({key}={value}): {where} {what}"
+            + _direct_note(review.direct)
             + _reserved_hint(review.policy),
         )
     )
+
+
+def _direct_note(direct: list[pods.Route]) -> str:
+    """Why a pod that asks for no GPU is a GPU pod: the route and the field (first one found)."""
+    if not direct:
+        return ""
+    route = direct[0]
+    return f" (a GPU pod through {route.field}: {route.describe()})"
+
+
+def _check_direct_access(review: _Review, cls: WorkloadClass, class_name: str) -> None:
+    """A container that takes GPUs itself bypasses the device plugin's and DRA's accounting: warned, or
+    denied where the class says so."""
+    for route in review.direct:
+        if cls.direct_gpu_access == "deny":
+            review.violations.append(
+                Violation(
+                    DENY_DIRECT_ACCESS,
+                    route.field,
+                    f"{class_name} pods may not reach GPUs directly: {route.field} ({route.describe()}); "
+                    "request amd.com/gpu or a DRA claim instead",
+                )
+            )
+        else:
+            review.warnings.append(
+                f"{route.field}: {route.describe()}, bypassing GPU accounting (the device plugin and DRA do not "
+                f"count it); the pod is placed and checked as a {class_name} GPU pod"
+            )
 
 
 def _deny_node_selector(review: _Review, class_name: str) -> None:

@@ -12,6 +12,21 @@ from typing import Any, Final
 
 CONTAINER_LISTS = ("initContainers", "containers")
 _CONTAINER_FIELDS = tuple((name, f"spec.{name}") for name in CONTAINER_LISTS)
+# Ephemeral containers (kubectl debug) are added through pods/ephemeralcontainers, never on CREATE:
+# read for GPU routes, never patched.
+EPHEMERAL = "ephemeralContainers"
+_ALL_CONTAINER_FIELDS = (*_CONTAINER_FIELDS, (EPHEMERAL, f"spec.{EPHEMERAL}"))
+# DRA extended resources (KEP-5004): a DeviceClass is requested as this prefix + its name.
+DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+# The routes to a GPU (docs/policy.md "GPU routes"); stable names (messages, metrics, audit).
+ROUTE_RESOURCE = "resource"
+ROUTE_CLAIM = "resource-claim"
+ROUTE_PRIVILEGED = "privileged"
+ROUTE_RUNTIME_VARIABLE = "runtime-variable"
+ROUTE_RUNTIME_CLASS = "runtime-class"
+# Routes that bypass the device plugin's and DRA's accounting: the container takes GPUs itself.
+DIRECT_ROUTES = frozenset({ROUTE_PRIVILEGED, ROUTE_RUNTIME_VARIABLE, ROUTE_RUNTIME_CLASS})
 
 
 class MalformedPod(Exception):
@@ -138,21 +153,153 @@ class GpuResources:
         return False
 
 
-def gpu_containers(spec: dict[str, Any], gpu: GpuResources) -> list[ContainerRef]:
+class RouteMatcher:
+    """The catalogue of GPU routes, compiled (``policy.route_matcher``, extended by the engine with
+    what the cluster knows): which resource names are GPUs (None: no resource route), whether
+    privileged containers count, the AMD container runtime's variables and RuntimeClasses."""
+
+    __slots__ = ("privileged", "resources", "runtime_classes", "variable_prefixes", "variables")
+
+    def __init__(
+        self,
+        resources: GpuResources | None,
+        privileged: bool,
+        variables: tuple[str, ...],
+        variable_prefixes: tuple[str, ...],
+        runtime_classes: frozenset[str],
+    ) -> None:
+        self.resources: Final = resources
+        self.privileged: Final = privileged
+        self.variables: Final = variables
+        self.variable_prefixes: Final = variable_prefixes
+        self.runtime_classes: Final = runtime_classes
+
+    def runtime_variable(self, name: str) -> bool:
+        # Plain loops: compiled, they beat any() over a generator (every env entry of every container).
+        for wanted in self.variables:
+            if name == wanted:
+                return True
+        for prefix in self.variable_prefixes:  # noqa: SIM110
+            if name.startswith(prefix):
+                return True
+        return False
+
+
+class Route:
+    """One way a pod reaches a GPU: the route (``ROUTE_*``) and the field that opens it."""
+
+    __slots__ = ("field", "kind")
+
+    def __init__(self, kind: str, field: str) -> None:
+        self.kind: Final = kind
+        self.field: Final = field
+
+    @property
+    def direct(self) -> bool:
+        return self.kind in DIRECT_ROUTES
+
+    def describe(self) -> str:
+        return _ROUTE_WORDS.get(self.kind, self.kind)
+
+    def __repr__(self) -> str:
+        return f"Route(kind={self.kind!r}, field={self.field!r})"
+
+
+_ROUTE_WORDS = {
+    ROUTE_RESOURCE: "a GPU resource",
+    ROUTE_CLAIM: "a DRA claim of a GPU DeviceClass",
+    ROUTE_PRIVILEGED: "a privileged container sees every GPU of its node",
+    ROUTE_RUNTIME_VARIABLE: "the AMD container runtime hands the GPUs this variable selects to the container",
+    ROUTE_RUNTIME_CLASS: "the AMD container runtime may hand GPUs to every container of the pod",
+}
+
+
+def _gpu_resource(container: ContainerRef, gpu: GpuResources) -> str:
+    """The field of the first GPU resource the container requests or limits ('' when none)."""
+    requests, limits = resource_maps(container)
+    for kind, values in (("requests", requests), ("limits", limits)):
+        if values and gpu.any(values):
+            for name in values:
+                if gpu(name):
+                    return f"{container.field}.resources.{kind}[{name}]"
+    return ""
+
+
+def _runtime_variable(container: ContainerRef, matcher: RouteMatcher) -> str:
+    env = container.body.get("env")
+    if env is None:
+        return ""
+    for index, entry in objects(env, f"{container.field}.env"):
+        name = entry.get("name")
+        # Whatever the value or valueFrom: the runtime reads the variable the container ends up with.
+        if type(name) is str and matcher.runtime_variable(name):
+            return f"{container.field}.env[{index}]({name})"
+    return ""
+
+
+def _privileged(container: ContainerRef) -> str:
+    context = container.body.get("securityContext")
+    if context is None:
+        return ""
+    if type(context) is not dict:
+        context = mapping(context, f"{container.field}.securityContext")
+    value = context.get("privileged")
+    if value is True:
+        return f"{container.field}.securityContext.privileged"
+    if value is not None and type(value) is not bool:
+        raise MalformedPod(f"{container.field}.securityContext.privileged", "a boolean")
+    return ""
+
+
+def container_routes(container: ContainerRef, matcher: RouteMatcher) -> list[Route]:
+    """The routes by which one container reaches a GPU (resources, privileged, runtime variables)."""
+    found: list[Route] = []
+    gpu = matcher.resources
+    if gpu is not None and container.body.get("resources") is not None:
+        where = _gpu_resource(container, gpu)
+        if where:
+            found.append(Route(ROUTE_RESOURCE, where))
+    if matcher.privileged:
+        where = _privileged(container)
+        if where:
+            found.append(Route(ROUTE_PRIVILEGED, where))
+    if matcher.variables or matcher.variable_prefixes:
+        where = _runtime_variable(container, matcher)
+        if where:
+            found.append(Route(ROUTE_RUNTIME_VARIABLE, where))
+    return found
+
+
+def containers(spec: dict[str, Any], *, ephemeral: bool = False) -> list[ContainerRef]:
+    """The pod's containers in pod order (init containers first; ephemeral ones last, when asked for)."""
     found = []
-    for list_name, field in _CONTAINER_FIELDS:
+    for list_name, field in _ALL_CONTAINER_FIELDS if ephemeral else _CONTAINER_FIELDS:
         value = spec.get(list_name)
         if value is None:
             continue
         for index, body in objects(value, field):
-            resources = body.get("resources")
-            if resources is None:
-                continue
-            container = ContainerRef(list_name, index, body)
-            requests, limits = resource_maps(container)
-            if (requests and gpu.any(requests)) or (limits and gpu.any(limits)):
-                found.append(container)
+            found.append(ContainerRef(list_name, index, body))
     return found
+
+
+def gpu_routes(spec: dict[str, Any], matcher: RouteMatcher) -> tuple[list[ContainerRef], list[Route]]:
+    """The containers that reach a GPU (the ones a class's env and mounts go to) and every route found,
+    ephemeral containers' included (they are never patched). A RuntimeClass of the AMD runtime reaches
+    GPUs for the whole pod: every container is then a GPU container."""
+    found: list[ContainerRef] = []
+    routes: list[Route] = []
+    for container in containers(spec, ephemeral=True):
+        hits = container_routes(container, matcher)
+        if hits:
+            routes.extend(hits)
+            if container.list_name != EPHEMERAL:
+                found.append(container)
+    if matcher.runtime_classes:
+        runtime_class = string(spec.get("runtimeClassName"), "spec.runtimeClassName")
+        if runtime_class in matcher.runtime_classes:
+            routes.append(Route(ROUTE_RUNTIME_CLASS, "spec.runtimeClassName"))
+            found = containers(spec)
+    return found, routes
 
 
 class ClaimRef:
@@ -202,7 +349,7 @@ def claim_containers(spec: dict[str, Any], claim_names: set[str], found: list[Co
                 if string(claim.get("name"), f"{container.field}.resources.claims[{j}].name") in claim_names:
                     out.append(container)
                     break
-    # In pod order (init containers first), as gpu_containers lists them.
+    # In pod order (init containers first), as gpu_routes lists them.
     order = {name: i for i, name in enumerate(CONTAINER_LISTS)}
     out.sort(key=lambda c: (order[c.list_name], c.position))
     return out

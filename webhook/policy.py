@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from webhook import rocm
-from webhook.pods import GpuResources
+from webhook.pods import DEVICE_CLASS_RESOURCE_PREFIX, GpuResources, RouteMatcher
 from webhook.scheduling import tolerates
 
 API_VERSION = "rocm-isolation.io/v1alpha1"
@@ -39,6 +39,10 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _DEVICE_CLASS = re.compile(r"^[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?(\.[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?)*$")
 
 
@@ -193,6 +197,10 @@ class WorkloadClass(_Model):
     topology_spread: TopologySpread | None = None
     env: list[EnvVar] = Field(default_factory=list)
     kfd_topology_mount: bool = False
+    # A container that reaches GPUs without the device plugin or DRA (privileged, the AMD container
+    # runtime's variables or RuntimeClass) bypasses GPU accounting. isolate: placed and checked like any
+    # GPU pod, with a warning; deny: refused in this class.
+    direct_gpu_access: Literal["isolate", "deny"] = "isolate"
 
     @model_validator(mode="after")
     def _valid(self) -> WorkloadClass:
@@ -231,13 +239,46 @@ class ReservedNodes(_Model):
         return next(iter(self.node_selector.items()))
 
 
+class Routes(_Model):
+    """Which routes to an AMD GPU make a pod a GPU pod (``spec.scope.routes``). Each one can be switched
+    off; docs/policy.md says when that is safe (it rarely is: a route left out is a way onto the
+    reserved nodes' GPUs that nothing checks)."""
+
+    # resources.requests/limits named in gpuResources or matching gpuResourcePatterns (the device plugin).
+    device_plugin: bool = True
+    # spec.resourceClaims naming a ResourceClaim(Template) of a GPU DeviceClass (Dynamic Resource Allocation).
+    resource_claims: bool = True
+    # DRA extended resources (KEP-5004): deviceclass.resource.kubernetes.io/<GPU class>, or the
+    # extendedResourceName of a GPU DeviceClass; the scheduler makes the claim after admission.
+    dra_extended_resources: bool = True
+    # securityContext.privileged of any container (regular, init, ephemeral): it sees every device of the node.
+    privileged_containers: bool = True
+    # The AMD container runtime's GPU selection variables in a container's env, and runtimeClassNames.
+    container_runtime: bool = True
+
+
 class Scope(_Model):
     gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu"])
-    # Regular expressions (RE2-compatible, searched as CEL's matches() does).
-    gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/[a-z0-9]+_[a-z0-9]+$"])
+    # Regular expressions (RE2-compatible, searched as CEL's matches() does). The device plugin's names
+    # vary (gpu, partitions such as cpx_nps4, gpu_vf/gpu_pf): every name under amd.com/ is a GPU.
+    gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/"])
     # DRA DeviceClasses that hand out GPUs (exact names or shell-style globs): a pod whose
     # ResourceClaim(Template) requests one of them is a GPU pod. gpu.amd.com: AMD's DRA driver.
     gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
+    # DRA drivers that hand out GPUs: a DeviceClass whose selectors name one (or that does not pin a
+    # driver at all) is a GPU class too, whatever it is called (webhook.claims.selects_driver).
+    gpu_drivers: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
+    # extendedResourceNames of GPU DeviceClasses, for what cannot look DeviceClasses up (the webhook's
+    # matchConditions, the ValidatingAdmissionPolicy); the webhook and audit also read them from the
+    # cluster, and audit reports a GPU DeviceClass whose name is missing here.
+    extended_resource_names: list[str] = Field(default_factory=list)
+    # The AMD container runtime (ROCm container toolkit) gives the GPUs these variables select to any
+    # container it runs, unprivileged: exact names, and prefixes.
+    runtime_variables: list[str] = Field(default_factory=lambda: ["AMD_VISIBLE_DEVICES"])
+    runtime_variable_prefixes: list[str] = Field(default_factory=lambda: ["DOCKER_RESOURCE_"])
+    # RuntimeClasses whose handler is the AMD container runtime: every container of such a pod may get GPUs.
+    runtime_class_names: list[str] = Field(default_factory=list)
+    routes: Routes = Field(default_factory=Routes)
     all_pods: bool = False
 
     @model_validator(mode="after")
@@ -253,6 +294,23 @@ class Scope(_Model):
                     f"gpuDeviceClasses: {name!r} is not a DeviceClass name (a DNS subdomain such as gpu.amd.com; "
                     "* and ? may stand for parts of it)"
                 )
+        for name in self.gpu_drivers:
+            if not name or len(name) > 63 or not _DNS_SUBDOMAIN.match(name):
+                raise ValueError(f"gpuDrivers: {name!r} is not a DRA driver name (a DNS subdomain such as gpu.amd.com)")
+        for name in self.extended_resource_names:
+            if not _RESOURCE_NAME.match(name):
+                raise ValueError(
+                    f"extendedResourceNames: {name!r} is not an extended resource name (domain/name, e.g. "
+                    "example.com/amd-gpu)"
+                )
+        for name in (*self.runtime_variables, *self.runtime_variable_prefixes):
+            if not _ENV_NAME.match(name):
+                raise ValueError(
+                    f"{name!r} is not an environment variable name (runtimeVariables, runtimeVariablePrefixes)"
+                )
+        for name in self.runtime_class_names:
+            if not _DNS_SUBDOMAIN.match(name):
+                raise ValueError(f"runtimeClassNames: {name!r} is not a RuntimeClass name")
         return self
 
 
@@ -346,7 +404,13 @@ class PolicySpec(_Model):
     mode: Mode = "enforce"
     scope: Scope = Field(default_factory=Scope)
     excluded_namespaces: list[str] = Field(
-        default_factory=lambda: ["kube-system", "kube-public", "kube-node-lease", "rocm-isolation-system"]
+        default_factory=lambda: [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "rocm-isolation-system",
+            "kube-amd-gpu",
+        ]
     )
     reserved_nodes: ReservedNodes = Field(default_factory=ReservedNodes)
     labels: Labels = Field(default_factory=Labels)
@@ -411,8 +475,12 @@ class Policy:
     warnings: tuple[str, ...] = ()
     # Per namespace rule, its names and globs as one pattern (None: the rule matches by labels only).
     _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
-    # Which resource names are GPUs (compiled, remembered per name).
+    # Which resource names are GPUs by the policy alone (compiled, remembered per name): the device
+    # plugin's names and the DRA extended resources the policy names (the engine adds the cluster's).
     gpu: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
+    # The whole catalogue of GPU routes, by the policy alone (the engine extends it with DeviceFacts).
+    catalogue: RouteCatalogue = field(default_factory=lambda: route_catalogue(Scope()), repr=False)
+    routes: RouteMatcher = field(default_factory=lambda: RouteMatcher(None, False, (), (), frozenset()), repr=False)
     # Which DRA DeviceClasses are GPUs (same matcher: exact names, then the globs as patterns).
     gpu_device_classes: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
     # document.spec, read for every review: an attribute, not a property.
@@ -493,15 +561,114 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
 
 def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Policy:
     digest = hashlib.sha256((text or doc.model_dump_json()).encode()).hexdigest()
+    catalogue = route_catalogue(doc.spec.scope)
     return Policy(
         document=doc,
         source=source,
         digest=digest,
         warnings=tuple(_policy_warnings(doc)),
         _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
-        gpu=GpuResources(doc.spec.scope.gpu_resources, [re.compile(p) for p in doc.spec.scope.gpu_resource_patterns]),
+        gpu=gpu_resource_matcher(catalogue),
         gpu_device_classes=_device_class_matcher(doc.spec.scope.gpu_device_classes),
+        catalogue=catalogue,
+        routes=route_matcher(catalogue),
     )
+
+
+@dataclass(frozen=True)
+class RouteCatalogue:
+    """The GPU routes of a policy as plain data: the one definition that the engine compiles
+    (``route_matcher``) and that ``webhook.cel`` renders into the apiserver's CEL, so both read a pod
+    the same way (tests/test_cel.py proves it on every fixture)."""
+
+    resource_names: tuple[str, ...]  # exact resource names
+    resource_patterns: tuple[str, ...]  # RE2-compatible regular expressions, searched (CEL's matches())
+    resource_claims: bool  # spec.resourceClaims (CEL cannot read the claim: any claim counts there)
+    privileged: bool
+    runtime_variables: tuple[str, ...]
+    runtime_variable_prefixes: tuple[str, ...]
+    runtime_class_names: tuple[str, ...]
+
+
+def route_catalogue(scope: Scope, cluster_names: Iterable[str] = ()) -> RouteCatalogue:
+    """The catalogue, each route as it is switched on. ``cluster_names``: resource names the cluster's
+    DeviceClasses add (DeviceFacts: extendedResourceNames, deviceclass.resource.kubernetes.io/<class>)."""
+    routes = scope.routes
+    names: list[str] = []
+    patterns: list[str] = []
+    if routes.device_plugin:
+        names.extend(scope.gpu_resources)
+        patterns.extend(scope.gpu_resource_patterns)
+    if routes.dra_extended_resources:
+        names.extend(scope.extended_resource_names)
+        names.extend(cluster_names)
+        prefix = re.escape(DEVICE_CLASS_RESOURCE_PREFIX)
+        for name in scope.gpu_device_classes:
+            if any(ch in name for ch in "*?"):
+                patterns.append("^" + prefix + glob_regex(name)[1:])
+            else:
+                names.append(DEVICE_CLASS_RESOURCE_PREFIX + name)
+    runtime = routes.container_runtime
+    return RouteCatalogue(
+        resource_names=tuple(dict.fromkeys(names)),
+        resource_patterns=tuple(dict.fromkeys(patterns)),
+        resource_claims=routes.resource_claims,
+        privileged=routes.privileged_containers,
+        runtime_variables=tuple(scope.runtime_variables) if runtime else (),
+        runtime_variable_prefixes=tuple(scope.runtime_variable_prefixes) if runtime else (),
+        runtime_class_names=tuple(scope.runtime_class_names) if runtime else (),
+    )
+
+
+def gpu_resource_matcher(catalogue: RouteCatalogue) -> GpuResources:
+    return GpuResources(catalogue.resource_names, [re.compile(p) for p in catalogue.resource_patterns])
+
+
+def route_matcher(catalogue: RouteCatalogue) -> RouteMatcher:
+    return RouteMatcher(
+        gpu_resource_matcher(catalogue) if (catalogue.resource_names or catalogue.resource_patterns) else None,
+        catalogue.privileged,
+        catalogue.runtime_variables,
+        catalogue.runtime_variable_prefixes,
+        frozenset(catalogue.runtime_class_names),
+    )
+
+
+def glob_regex(pattern: str) -> str:
+    """A shell glob (fnmatch: ``*``, ``?``, ``[...]``, ``[!...]``) as an anchored RE2 expression (also a
+    Python one: the engine and the apiserver's CEL match with the same string)."""
+    out = ["^"]
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[":
+            # The closing bracket as fnmatch finds it: a leading "!" or "]" belongs to the set.
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append("\\[")
+                continue
+            body = pattern[i:j].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            elif body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{body}]")
+            i = j + 1
+        else:
+            out.append(ch if ch.isalnum() or ch in "-_" else re.escape(ch))
+    out.append("$")
+    return "".join(out)
 
 
 def _device_class_matcher(names: list[str]) -> GpuResources:

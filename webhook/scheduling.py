@@ -135,6 +135,14 @@ def affinity_only_reserved(terms: list[Term] | None, reserved: Reserved) -> bool
     return bool(live) and all(term_only_reserved(term, reserved) for term in live)
 
 
+def affinity_excludes_reserved(terms: list[Term] | None, reserved: Reserved) -> bool:
+    """True when every term that can match a node keeps off the reserved nodes (by their label)."""
+    if not terms:
+        return False
+    live = [term for term in terms if not term.empty]
+    return bool(live) and all(any(reserved.excludes_reserved(e) for e in term.expressions) for term in live)
+
+
 def _same_requirement(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return (
         a.get("key") == b.get("key")
