@@ -525,6 +525,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig", help="kubeconfig to read the cluster with (default: in-cluster, $KUBECONFIG, ~/.kube/config)"
     )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="report the pods and the Namespace of this namespace only (nodes are cluster-scoped: all reported)",
+    )
     parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
     parser.add_argument(
         "-o",
@@ -536,6 +542,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--page-size", type=int, default=500, help="objects per list request (limit/continue; default: 500)"
     )
+
+
+def _in_namespace(finding: Finding, namespace: str) -> bool:
+    """As kubectl's ``-n``: namespaced objects of that namespace, the Namespace itself, cluster-scoped objects."""
+    if finding.namespace is not None:
+        return finding.namespace == namespace
+    return finding.kind != "Namespace" or finding.name == namespace
 
 
 def _explain(err: ApiError) -> str:
@@ -558,11 +571,13 @@ def main(args: argparse.Namespace) -> int:
         print("audit: --page-size must be at least 1", file=sys.stderr)
         return EXIT_ERROR
     try:
-        api = KubeApi.connect(args.kubeconfig, page_size=args.page_size, prefetch=PREFETCH_PAGES)
+        api = KubeApi.connect(args.kubeconfig, context=args.context, page_size=args.page_size, prefetch=PREFETCH_PAGES)
         try:
             report = run_audit(api, policy)
         finally:
             api.close()
+        if args.namespace:
+            report.findings = [f for f in report.findings if _in_namespace(f, args.namespace)]
     except ApiError as err:
         print(_explain(err), file=sys.stderr)
         return EXIT_ERROR

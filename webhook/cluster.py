@@ -496,21 +496,23 @@ class ClusterCache:
         return NodeFacts(reserved_node_names=reserved)
 
 
-def load_api_client(kubeconfig: str | None) -> Any | None:
+def load_api_client(kubeconfig: str | None, context: str | None = None) -> Any | None:
     """An ApiClient from ``kubeconfig``, else in-cluster configuration, else ``$KUBECONFIG`` or
-    ``~/.kube/config``; None when there is no cluster to talk to."""
+    ``~/.kube/config``; None when there is no cluster to talk to. ``context`` picks a kubeconfig context
+    other than its current-context (as kubectl's ``--context``): with it, in-cluster configuration is not
+    used."""
     from kubernetes import client, config
 
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return config.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return client.ApiClient(configuration)
     default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     first = default.split(os.pathsep)[0]
     if first and Path(first).is_file():
-        return config.new_client_from_config(config_file=first)  # type: ignore[no-untyped-call]
+        return config.new_client_from_config(config_file=first, context=context)  # type: ignore[no-untyped-call]
     return None
 
 

@@ -206,12 +206,13 @@ class KubeApi:
         _own_retries(api_client)
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, **kwargs: Any) -> KubeApi:
-        """From ``kubeconfig``, else in-cluster configuration, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    def connect(cls, kubeconfig: str | None = None, *, context: str | None = None, **kwargs: Any) -> KubeApi:
+        """From ``kubeconfig``, else in-cluster configuration, else ``$KUBECONFIG`` / ``~/.kube/config``;
+        ``context``: that kubeconfig context instead of the current one."""
         from webhook.cluster import load_api_client
 
         try:
-            api_client = load_api_client(kubeconfig)
+            api_client = load_api_client(kubeconfig, context)
         except Exception as err:  # the kubernetes client raises several types for a bad kubeconfig
             raise Unreachable(f"cannot load the kubeconfig: {err}") from None
         if api_client is None:

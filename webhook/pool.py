@@ -125,6 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="an operator's kubeconfig (default: $KUBECONFIG or ~/.kube/config; never the in-cluster account)",
     )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="ignored, as kubectl ignores it for cluster-scoped objects: nodes have no namespace (evictions follow "
+        "the pods on the nodes, whatever their namespace)",
+    )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
 
 
@@ -179,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         check_usage(args)
         policy = load_policy(args.policy) if args.policy else default_policy()
-        api = KubeApi.connect(kubeconfig_path(args.kubeconfig))
+        api = KubeApi.connect(kubeconfig_path(args.kubeconfig), context=args.context)
     except (UsageError, PolicyError) as err:
         out.error(str(err))
         return EXIT_BAD
