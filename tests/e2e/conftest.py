@@ -556,11 +556,16 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     plane.check_alive()
 
 
+_namespace_serial = 0
+
+
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
     """A factory of namespaces named after the test, cleaned up when it ends."""
     made: list[str] = []
-    base = request.node.name.replace("_", "-").lower()[:40].strip("-")
+    global _namespace_serial
+    _namespace_serial += 1
+    base = f"{request.node.originalname.replace('_', '-').lower()[:40].strip('-')}-{_namespace_serial}"
 
     def make(suffix: str = "", labels: dict[str, str] | None = None) -> str:
         name = f"{base}-{suffix}".strip("-")[:63] if suffix else base

@@ -141,6 +141,8 @@ class Kube:
                 conn.endheaders(data)
                 response = conn.getresponse()
                 payload = response.read()
+                # Admission warnings reach the client as `Warning: 299 - "text"` headers.
+                self._local.warnings = [_warning_text(v) for k, v in response.getheaders() if k.lower() == "warning"]
                 break
             except (ConnectionError, http.client.HTTPException, TimeoutError):
                 conn.close()
@@ -156,6 +158,12 @@ class Kube:
         if response.status >= 400:
             raise ApiError(response.status, decoded if isinstance(decoded, dict) else {}, method, path)
         return decoded
+
+    @property
+    def last_warnings(self) -> list[str]:
+        """The warnings of this thread's last response."""
+        warnings: list[str] = getattr(self._local, "warnings", [])
+        return warnings
 
     # --- verbs -------------------------------------------------------------------------------------
 
@@ -245,6 +253,15 @@ class Kube:
     def metrics(self) -> str:
         text: str = self.request("GET", "/metrics", raw=True)
         return text
+
+
+def _warning_text(header: str) -> str:
+    _code, _, rest = header.partition(" ")
+    _agent, _, text = rest.partition(" ")
+    text = text.strip()
+    if text.startswith('"') and text.endswith('"'):
+        text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return text
 
 
 def wait_until(condition: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.2, what: str = "") -> Any:

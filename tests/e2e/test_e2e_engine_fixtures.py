@@ -1,0 +1,343 @@
+"""Scenario 1: every engine fixture pod (tests/fixtures/engine/*.yaml, CREATE, default policy) created
+with server-side dry-run through the real webhook. The apiserver's result must equal the engine's
+patched pod under the same facts, and creating that result again adds nothing (what a reinvocation
+would do). UPDATE denials on real pods.
+
+How "the engine's patched pod" is made comparable with the apiserver's: the webhook sees the pod
+after the apiserver decoded and defaulted it and after the built-in mutating plugins ran
+(ServiceAccount, DefaultTolerationSeconds...). The same pod, ``D``, is obtained by a dry-run create
+of the fixture with the opt-out label ``rocm-isolation.io/ignore=true`` (the webhook's objectSelector
+skips it; the label is removed again; ``spec.nodeName`` is taken out for that call, since the backstop
+refuses an opted-out pod with a node name, and put back). The engine's patch is applied to ``D`` and
+the result dry-run created the same way, so that the apiserver defaults what the patch added (e.g.
+a hostPath volume's ``type: ""``) exactly as it does after a webhook's patch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from conftest import RESERVED_NODES, Cluster, gpu_pod
+from kube import ApiError, Obj, wait_until
+
+from webhook.claims import device_classes
+from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.engine import decide
+from webhook.policy import default_policy
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
+OPT_OUT = "rocm-isolation.io/ignore"
+WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request: '
+TOKEN_VOLUME = re.compile(r"kube-api-access-[a-z0-9]{5}")
+VOLATILE_METADATA = ("uid", "creationTimestamp", "resourceVersion", "generation", "managedFields")
+
+
+def create_cases() -> list[Any]:
+    """CREATE cases of the default policy whose pod the apiserver can decode (not the ``raw``
+    malformed ones) and that do not opt out themselves (the webhook never sees those)."""
+    cases = []
+    for path in sorted(FIXTURES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not doc or doc.get("raw") or doc.get("operation", "CREATE") != "CREATE":
+                continue
+            if doc.get("policy", "default") != "default":
+                continue
+            labels = (doc["pod"].get("metadata") or {}).get("labels") or {}
+            if labels.get(OPT_OUT) == "true":
+                continue
+            cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}"))
+    return cases
+
+
+CASES = create_cases()
+
+
+@dataclass
+class World:
+    """Where each case runs: a namespace with the case's labels (one per label set; one of its own
+    for a case with DRA objects), and those objects created for real."""
+
+    namespaces: dict[str, str] = field(default_factory=dict)  # case name -> namespace
+
+    def namespace_for(self, case: Obj) -> str:
+        return self.namespaces[case["name"]]
+
+
+def _labels_key(case: Obj) -> str:
+    return json.dumps(case["namespace"].get("labels") or {}, sort_keys=True)
+
+
+def _claim_objects(case: Obj, namespace: str) -> list[Obj]:
+    objects = []
+    known = case.get("claims") or {}
+    for kind, key in (("ResourceClaimTemplate", "templates"), ("ResourceClaim", "claims")):
+        for name, classes in (known.get(key) or {}).items():
+            requests = [{"name": f"r{i}", "exactly": {"deviceClassName": cls}} for i, cls in enumerate(sorted(classes))]
+            spec: Obj = {"devices": {"requests": requests}}
+            objects.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": kind,
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {"spec": spec} if kind == "ResourceClaimTemplate" else spec,
+                }
+            )
+    return objects
+
+
+@pytest.fixture(scope="module")
+def world(cluster: Cluster) -> Iterator[World]:
+    result = World()
+    by_labels: dict[str, str] = {}
+    made: list[str] = []
+    for index, param in enumerate(CASES):
+        case = param.values[0]
+        if case["namespace"]["name"] in default_policy().spec.excluded_namespaces:
+            result.namespaces[case["name"]] = case["namespace"]["name"]
+            continue
+        labels = case["namespace"].get("labels") or {}
+        if case.get("claims"):
+            name = cluster.namespace(f"fx-dra-{index}", labels)
+            made.append(name)
+            for obj in _claim_objects(case, name):
+                cluster.kube.create(obj)
+        else:
+            key = _labels_key(case)
+            if key not in by_labels:
+                by_labels[key] = cluster.namespace(f"fx-{len(by_labels)}", labels)
+                made.append(by_labels[key])
+            name = by_labels[key]
+        result.namespaces[case["name"]] = name
+    _barrier(cluster)
+    yield result
+    for name in made:
+        cluster.cleanup(name)
+    cluster.cleanup("fx-barrier")
+
+
+def _barrier(cluster: Cluster) -> None:
+    """Wait until the webhook's watch cache has caught up with everything created above: a namespace
+    created last is seen with its labels, and a claim and a template created last are resolved
+    (their class is no GPU class, so a pod using only them is left alone)."""
+    ns = cluster.namespace("fx-barrier", {"rocm-isolation.io/class": "inference"})
+    for obj in _claim_objects({"claims": {"templates": {"cpu": ["not-a-gpu.example.com"]}}}, ns):
+        cluster.kube.create(obj)
+    for obj in _claim_objects({"claims": {"claims": {"cpu": ["not-a-gpu.example.com"]}}}, ns):
+        cluster.kube.create(obj)
+    kube = cluster.kube
+
+    def labelled() -> bool:
+        pod = kube.create(gpu_pod("barrier", ns), dry_run=True)
+        return (pod["metadata"].get("annotations") or {}).get("rocm-isolation.io/class") == "inference"
+
+    def resolved() -> bool:
+        for claim in ({"resourceClaimTemplateName": "cpu"}, {"resourceClaimName": "cpu"}):
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "barrier", "namespace": ns},
+                "spec": {"resourceClaims": [{"name": "c", **claim}], "containers": [{"name": "c", "image": "busybox"}]},
+            }
+            if "rocm-isolation.io/class" in (kube.create(pod, dry_run=True)["metadata"].get("annotations") or {}):
+                return False
+        return True
+
+    wait_until(labelled, timeout=60, what="the webhook to see the fixtures' namespaces")
+    wait_until(resolved, timeout=60, what="the webhook to see the fixtures' ResourceClaims and templates")
+
+
+def as_pod(body: Obj, namespace: str) -> Obj:
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(body)}
+    meta = pod.setdefault("metadata", {})
+    meta.setdefault("name", "pod")
+    meta["namespace"] = namespace
+    return pod
+
+
+def normalised(pod: Obj, *, drop_opt_out: bool = False) -> Obj:
+    """Without what differs between two creations of the same pod: uid, timestamps, and the random
+    suffix of the ServiceAccount token volume (kube-api-access-XXXXX)."""
+    pod = json.loads(TOKEN_VOLUME.sub("kube-api-access", json.dumps(pod)))
+    meta = pod["metadata"]
+    for key in VOLATILE_METADATA:
+        meta.pop(key, None)
+    if drop_opt_out:
+        labels = meta.get("labels") or {}
+        labels.pop(OPT_OUT, None)
+        if not labels:
+            meta.pop("labels", None)
+    return pod
+
+
+def without_webhook(kube: Any, pod: Obj) -> Obj:
+    """What the apiserver makes of ``pod`` before any webhook (see the module docstring)."""
+    body = copy.deepcopy(pod)
+    if not isinstance(body["metadata"].get("labels"), dict):
+        body["metadata"]["labels"] = {}
+    body["metadata"]["labels"][OPT_OUT] = "true"
+    node_name = body["spec"].pop("nodeName", None)
+    result = normalised(kube.create(body, dry_run=True), drop_opt_out=True)
+    if node_name is not None:
+        result["spec"]["nodeName"] = node_name
+    return result
+
+
+def live_facts(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The facts the webhook's cache holds, read from the apiserver."""
+    labels = cluster.kube.get("Namespace", namespace)["metadata"].get("labels") or {}
+    claims = {
+        c["metadata"]["name"]: device_classes(c, "ResourceClaim") for c in cluster.kube.list("ResourceClaim", namespace)
+    }
+    templates = {
+        t["metadata"]["name"]: device_classes(t, "ResourceClaimTemplate")
+        for t in cluster.kube.list("ResourceClaimTemplate", namespace)
+    }
+    reserved = {n["metadata"]["name"] for n in cluster.kube.list("Node", selector="rocm-isolation.io/pool=inference")}
+    assert reserved == set(RESERVED_NODES)
+    return {
+        "namespace": NamespaceFacts(namespace, labels),
+        "nodes": NodeFacts(frozenset(reserved)),
+        "policy": default_policy(),
+        "claims": ClaimFacts(claims=claims, templates=templates),
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixture_pod_through_the_real_webhook_equals_the_engine(cluster: Cluster, world: World, case: Obj) -> None:
+    kube = cluster.kube
+    ns = world.namespace_for(case)
+    pod = as_pod(case["pod"], ns)
+
+    try:
+        before = without_webhook(kube, pod)
+    except ApiError as err:
+        # Refused without the webhook (invalid, Pod Security, the backstop): the webhook must not
+        # let it in (it may refuse it first: webhooks run before validation).
+        with pytest.raises(ApiError):
+            kube.create(pod, dry_run=True)
+        assert WEBHOOK_DENIAL not in err.message
+        return
+
+    decision = decide(operation="CREATE", pod=copy.deepcopy(before), **live_facts(cluster, ns))
+
+    if not decision.allowed:
+        with pytest.raises(ApiError) as denied:
+            kube.create(pod, dry_run=True)
+        assert denied.value.status == decision.code, denied.value
+        assert denied.value.message == WEBHOOK_DENIAL + decision.message
+        return
+
+    try:
+        through_webhook = normalised(kube.create(pod, dry_run=True))
+    except ApiError as err:
+        pytest.fail(f"the engine admits the pod ({decision.outcome}) but the apiserver refused it: {err}")
+    warnings = list(kube.last_warnings)
+    expected = before
+    if decision.patch:
+        expected = without_webhook(kube, jsonpatch.apply_patch(before, list(decision.patch)))
+    assert through_webhook == expected, jsonpatch.make_patch(expected, through_webhook).patch
+    for warning in decision.warnings:
+        assert warning in warnings, (warning, warnings)
+
+    # Reinvocation: the webhook's own output, as a reinvocation sees it (before the registry merges
+    # matchLabelKeys into the labelSelector), created again, comes back unchanged.
+    own_output = unmerged(through_webhook)
+    again = normalised(kube.create(copy.deepcopy(own_output), dry_run=True))
+    assert again == through_webhook, jsonpatch.make_patch(through_webhook, again).patch
+    assert decide(operation="CREATE", pod=own_output, **live_facts(cluster, ns)).patch == ()
+
+
+def unmerged(pod: Obj) -> Obj:
+    """``pod`` without what kube-apiserver adds after admission (v1.34+, MatchLabelKeysInPodTopologySpread
+    SelectorMerge): each ``matchLabelKeys`` key as ``key In [the pod's value]`` in the constraint's
+    labelSelector. The stored form is refused on create ("exists in both matchLabelKeys and
+    labelSelector"), so a pod read back must be un-merged before it is sent again."""
+    pod = copy.deepcopy(pod)
+    labels = pod["metadata"].get("labels") or {}
+    for constraint in pod["spec"].get("topologySpreadConstraints") or []:
+        keys = set(constraint.get("matchLabelKeys") or [])
+        selector = constraint.get("labelSelector") or {}
+        expressions = [
+            e
+            for e in selector.get("matchExpressions") or []
+            if not (e["key"] in keys and e["operator"] == "In" and e.get("values") == [labels.get(e["key"])])
+        ]
+        if expressions:
+            selector["matchExpressions"] = expressions
+        else:
+            selector.pop("matchExpressions", None)
+    return pod
+
+
+def test_the_fixture_run_is_not_vacuous() -> None:
+    """Most cases are mutated, several are denied: a run where the webhook did nothing would fail
+    the parametrized test above, which compares with the engine."""
+    outcomes = [param.values[0]["expect"]["outcome"] for param in CASES]
+    assert outcomes.count("patched") >= 20 and outcomes.count("denied") >= 5, outcomes
+
+
+# --- UPDATE ---------------------------------------------------------------------------------------
+
+
+def _gated_training_pod(cluster: Cluster, ns: str, name: str) -> Obj:
+    pod = cluster.kube.create(gpu_pod(name, ns, schedulingGates=[{"name": "example.com/queue"}]))
+    assert pod["metadata"]["annotations"]["rocm-isolation.io/class"] == "training"
+    return pod
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda spec: spec.setdefault("tolerations", []).append(
+                {"key": "rocm-isolation.io/reserved", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
+            ),
+            id="reserved-toleration-added",
+        ),
+        pytest.param(
+            lambda spec: spec.setdefault("tolerations", []).append({"operator": "Exists"}),
+            id="tolerate-everything-added",
+        ),
+        pytest.param(
+            lambda spec: spec.setdefault("nodeSelector", {}).update({"rocm-isolation.io/pool": "inference"}),
+            id="reserved-node-selector-added",
+        ),
+    ],
+)
+def test_update_toward_the_reserved_nodes_is_denied_by_the_webhook(
+    cluster: Cluster, namespace: Any, change: Any
+) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    pod = _gated_training_pod(cluster, ns, "gated")
+    updated = copy.deepcopy(pod)
+    change(updated["spec"])
+    with pytest.raises(ApiError) as denied:
+        cluster.kube.replace(updated)
+    assert denied.value.message.startswith(WEBHOOK_DENIAL), denied.value
+    assert "reserved" in denied.value.message
+    # Nothing changed.
+    live = cluster.kube.get("Pod", "gated", ns)
+    assert live["spec"].get("tolerations") == pod["spec"].get("tolerations")
+    assert live["spec"].get("nodeSelector") == pod["spec"].get("nodeSelector")
+
+
+def test_update_that_does_not_touch_placement_is_allowed_and_not_patched(cluster: Cluster, namespace: Any) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    pod = _gated_training_pod(cluster, ns, "gated")
+    updated = copy.deepcopy(pod)
+    updated["metadata"]["labels"]["step"] = "2"
+    updated["spec"]["tolerations"].append({"key": "example.com/spot", "operator": "Exists", "effect": "NoSchedule"})
+    live = cluster.kube.replace(updated)
+    assert live["metadata"]["labels"]["step"] == "2"
+    # UPDATE is checked, never mutated: the spec is the one sent.
+    assert live["spec"]["affinity"] == pod["spec"]["affinity"]
+    assert live["spec"]["tolerations"] == updated["spec"]["tolerations"]
