@@ -6,7 +6,9 @@ Each mutated pod template is validated (kubernetes_validate, Kubernetes 1.37, st
 PodTemplate or Pod it becomes. Trainer and JobSet objects are also checked whole against Kubeflow's
 published API models (PyPI kubeflow-trainer-api); the other projects publish no installable schema
 that fits the dev environment (KServe's SDK pulls a model server, the Training Operator SDK pins an
-older kubernetes client), so their objects' own fields are checked only by reading the reference."""
+older kubernetes client), so their objects' own fields are checked only by reading the reference; the
+Kaiwo, LLMInferenceService, AIBrix and VLLMRuntime objects are checked whole, before and after, against a JSON
+Schema written from those projects' Go API types (tests/fixtures/schemas/dryrun-workloads.yaml)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from typing import Any
 
 import crd_models
 import jsonpatch
+import jsonschema
 import kubernetes_validate
 import pytest
 import strategies as S
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubeflow_trainer_api.models import (
@@ -612,6 +616,44 @@ def test_kaiwo_limits_go_to_the_first_container_of_the_predicted_pod_only() -> N
         "kaiwo.silogen.ai/name": "llama-sft",
     }
     assert body == original
+
+
+WORKLOAD_SCHEMA = yaml.safe_load(
+    (Path(__file__).resolve().parent / "fixtures" / "schemas" / "dryrun-workloads.yaml").read_text(encoding="utf-8")
+)
+SCHEMA_FIXTURES = ["kaiwo.yaml", "kaiwo-reserved.yaml", "llminferenceservice.yaml", "aibrix.yaml", "vllmruntime.yaml"]
+
+
+def schema_problems(doc: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft202012Validator({**WORKLOAD_SCHEMA, "$ref": f"#/$defs/{doc['kind']}"})
+    return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc))
+
+
+@pytest.mark.parametrize("fixture", SCHEMA_FIXTURES)
+def test_the_new_workload_objects_keep_to_their_crd_fields_before_and_after(fixture: str) -> None:
+    result = mutate("-f", crd(fixture))
+
+    pairs = zip(load_all((CRDS / fixture).read_text()), load_all(result.stdout), strict=True)
+    checked = 0
+    for before, after in pairs:
+        if before["kind"] == "Namespace":
+            continue
+        assert schema_problems(before) == [], before["metadata"]["name"]
+        assert schema_problems(after) == [], after["metadata"]["name"]
+        checked += 1
+    assert checked >= 2
+
+
+def test_the_crd_schema_catches_a_misspelt_field_where_the_dry_run_could_write() -> None:
+    runtime = load_all((CRDS / "vllmruntime.yaml").read_text())[1]
+    runtime["spec"]["deploymentConfig"]["tolerations"] = []  # the field is `toleration`
+    service = load_all((CRDS / "llminferenceservice.yaml").read_text())[1]
+    service["spec"]["template"] = {"metadata": {}, "spec": service["spec"]["template"]}  # a PodSpec, not a template
+
+    assert schema_problems(runtime) == [
+        "spec.deploymentConfig: Additional properties are not allowed ('tolerations' was unexpected)"
+    ]
+    assert schema_problems(service) == ["spec.template: 'containers' is a required property"]
 
 
 # --- the table and template paths, without the CLI ------------------------------------------------
