@@ -47,7 +47,7 @@ REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY
 # The policy's validations in order: the engine's rules, then the one only the policy has (an
 # opted-out pod never reaches the webhook, see test_bypass.py).
 OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
-VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME)
+VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL)
 # Functions and macros both Kubernetes CEL and cel-python implement; nothing else may appear.
 PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches"})
 
@@ -172,11 +172,12 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
     return True
 
 
-def request(operation: str, namespace: str, groups: list[str] | None = None) -> dict[str, Any]:
+def request(operation: str, namespace: str, groups: list[str] | None = None, sub_resource: str = "") -> dict[str, Any]:
     user: dict[str, Any] = {"username": "someone"}
     if groups is not None:
         user["groups"] = groups
-    return {"operation": operation, "namespace": namespace, "userInfo": user}
+    # The apiserver always sets subResource ('' for the main resource).
+    return {"operation": operation, "namespace": namespace, "userInfo": user, "subResource": sub_resource}
 
 
 def run_policy(spec: Mapping[str, Any], activation: dict[str, Any]) -> tuple[bool, list[int], list[str]]:
@@ -197,13 +198,15 @@ def run_policy(spec: Mapping[str, Any], activation: dict[str, Any]) -> tuple[boo
     return True, failed, messages
 
 
-def pod_activation(case: Mapping[str, Any], pod: Mapping[str, Any], operation: str) -> dict[str, Any]:
+def pod_activation(
+    case: Mapping[str, Any], pod: Mapping[str, Any], operation: str, sub_resource: str = ""
+) -> dict[str, Any]:
     ns = case["namespace"]["name"]
     old = as_pod(case.get("oldPod"), ns) if operation == "UPDATE" else None
     return {
         "object": cel(pod),
         "oldObject": cel(old),
-        "request": cel(request(operation, ns, ["system:authenticated"])),
+        "request": cel(request(operation, ns, ["system:authenticated"], sub_resource)),
         "namespaceObject": cel(namespace_object(case)),
         "params": cel(None),
     }
@@ -216,7 +219,11 @@ def match_conditions_pass(resources: list[dict[str, Any]], pod: Mapping[str, Any
 
 
 def reserved_nodes_verdict(
-    resources: list[dict[str, Any]], case: Mapping[str, Any], pod: Mapping[str, Any], operation: str
+    resources: list[dict[str, Any]],
+    case: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    operation: str,
+    sub_resource: str = "",
 ) -> tuple[list[str], set[str], list[str]]:
     """(actions of the binding that applies, engine rules of the failed validations, messages)."""
     ns = namespace_object(case)
@@ -233,7 +240,7 @@ def reserved_nodes_verdict(
     if not applying:
         return [], set(), []
     spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
-    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation))
+    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource))
     if not matched:
         return applying[0]["spec"]["validationActions"], set(), []
     return applying[0]["spec"]["validationActions"], {VALIDATION_RULES[i] for i in failed}, messages
@@ -299,6 +306,54 @@ def test_reserved_nodes_policy_denies_what_the_engine_denies(case: dict[str, Any
 
     if "reach" in case.get("cel", {}):
         assert sorted(expected) == sorted(case["cel"]["reach"]), "the fixture's stated expectation"
+
+
+EPHEMERAL_CASES = [case for case in POD_CASES if case.get("subResource") == engine.EPHEMERAL_CONTAINERS]
+
+
+def _tolerates_the_reserved_taint(pod: Mapping[str, Any]) -> bool:
+    return any(
+        t.get("operator") == "Exists" and t.get("key") in (None, "", "rocm-isolation.io/reserved")
+        for t in (pod.get("spec") or {}).get("tolerations") or []
+    )
+
+
+@pytest.mark.parametrize("case", EPHEMERAL_CASES, ids=lambda case: case["_id"])
+def test_the_backstop_denies_a_gpu_debug_container_only_where_the_engine_does(case: dict[str, Any]) -> None:
+    """pods/ephemeralcontainers: the backstop knows no node names, so it denies less than the engine does
+    with the nodes unknown (never more); on a pod that tolerates the reserved taint (the way onto a
+    tainted reserved node through the scheduler) both deny alike."""
+    resources = rendered(case.get("policy", "default"))
+    ns = case["namespace"]["name"]
+    pod = as_pod(case["pod"], ns) or {}
+    decision = engine.decide(
+        operation="UPDATE",
+        pod=pod,
+        old_pod=as_pod(case.get("oldPod"), ns),
+        namespace=NamespaceFacts(ns, case["namespace"].get("labels")),
+        nodes=NodeFacts(None),
+        policy=policy_for(case),
+        sub_resource=engine.EPHEMERAL_CONTAINERS,
+    )
+    engine_denies = engine.DENY_EPHEMERAL in {v.rule for v in decision.violations}
+    _, failed, messages = reserved_nodes_verdict(resources, case, pod, "UPDATE", engine.EPHEMERAL_CONTAINERS)
+    backstop_denies = engine.DENY_EPHEMERAL in failed
+    assert engine_denies or not backstop_denies, messages
+    if _tolerates_the_reserved_taint(pod):
+        assert backstop_denies == engine_denies, messages
+    if backstop_denies:
+        assert any("kubectl debug --copy-to" in message for message in messages)
+
+
+def test_the_ephemeral_cases_cover_both_answers_of_the_backstop() -> None:
+    answers = set()
+    for case in EPHEMERAL_CASES:
+        pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+        failed = reserved_nodes_verdict(
+            rendered(case.get("policy", "default")), case, pod, "UPDATE", "ephemeralcontainers"
+        )[1]
+        answers.add(engine.DENY_EPHEMERAL in failed)
+    assert answers == {True, False}
 
 
 def _case(name: str) -> dict[str, Any]:

@@ -90,7 +90,8 @@ def test_limit_the_scope_with_match_conditions(hook: dict[str, Any]) -> None:
 
 def test_match_only_what_is_needed(hook: dict[str, Any]) -> None:
     # Only pods: never node Leases, TokenReviews, SubjectAccessReviews or subresources (pods/status
-    # storms during node incidents); no wildcards; no DELETE or CONNECT.
+    # storms during node incidents) but the one that adds containers to a running pod
+    # (pods/ephemeralcontainers, UPDATE only: kubectl debug); no wildcards; no DELETE or CONNECT.
     assert hook["rules"] == [
         {
             "apiGroups": [""],
@@ -98,7 +99,14 @@ def test_match_only_what_is_needed(hook: dict[str, Any]) -> None:
             "operations": ["CREATE", "UPDATE"],
             "resources": ["pods"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods/ephemeralcontainers"],
+            "scope": "Namespaced",
+        },
     ]
 
 

@@ -100,6 +100,37 @@ def test_pod_without_gpu_is_allowed_untouched(server: Server) -> None:
     assert "patch" not in response and "patchType" not in response
 
 
+def test_a_privileged_debug_container_is_checked_and_never_patched(server: Server) -> None:
+    """kubectl debug adds an ephemeral container through pods/ephemeralcontainers: a privileged one sees
+    every GPU of the node. Without a cluster the node cannot be checked, and the pod is not kept off the
+    reserved nodes by its affinity: denied. The same pod, placed by the webhook (its NotIn), is allowed."""
+    review = load_review("ephemeral-privileged-debug.json")
+    with server.client() as client:
+        denied = review_roundtrip(client, review)
+        placed = copy.deepcopy(review)
+        for pod in (placed["request"]["object"], placed["request"]["oldObject"]):
+            pod["spec"]["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        allowed = review_roundtrip(client, placed)
+    assert denied["allowed"] is False and denied["status"]["code"] == 403
+    message = denied["status"]["message"]
+    assert "spec.ephemeralContainers[0].securityContext.privileged" in message and "could not be checked" in message
+    assert allowed["allowed"] is True
+    for response in (denied, allowed):
+        assert "patch" not in response and "patchType" not in response
+
+
 def test_dry_run_gets_the_same_answer(server: Server) -> None:
     review = load_review("training-pod-create.json")
     dry = copy.deepcopy(review)

@@ -202,22 +202,82 @@ def affinity_only_reserved(policy: Policy, root: str) -> str:
     )
 
 
-def tolerates_reserved(policy: Policy) -> str:
-    """A toleration that tolerates the reserved taint (Kubernetes' ToleratesTaint: an empty key with
-    Exists tolerates every taint) and that the old pod did not already have (on UPDATE only what the
-    update adds is checked, as the engine does)."""
+def affinity_excludes_reserved(policy: Policy, root: str) -> str:
+    """Every non-empty required term keeps off the reserved nodes by their label (``NotIn`` the value,
+    ``DoesNotExist``, or ``In`` other values), as scheduling.affinity_excludes_reserved."""
+    key, value = policy.spec.reserved_nodes.label
+    affinity = f"{root}.spec.affinity"
+    required = f"{affinity}.nodeAffinity.{REQUIRED}"
+    terms = f"{required}.nodeSelectorTerms"
+    live = (
+        "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+    )
+    listed = f"(has(e.values) && {quote(value)} in e.values)"
+    excludes = (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && ("
+        f"e.operator == 'DoesNotExist' || (e.operator == 'NotIn' && {listed}) || "
+        f"(e.operator == 'In' && !{listed}))))"
+    )
+    return (
+        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
+        f"{terms}.exists(t, {live}) &&\n"
+        f"{terms}.all(t, !{live} ||\n  {excludes})"
+    )
+
+
+def ephemeral_gpu_access(policy: Policy) -> str:
+    """pods/ephemeralcontainers: an ephemeral container the old pod did not have reaches GPUs itself
+    (privileged, the AMD runtime's variables), as the engine's _decide_ephemeral reads it."""
+    ephemeral = "object.spec.ephemeralContainers"
+    before = "oldObject.spec.ephemeralContainers"
+    return (
+        "has(request.subResource) && request.subResource == 'ephemeralcontainers' &&\n"
+        f"has({ephemeral}) && {ephemeral}.exists(c,\n  ({direct_routes(route_catalogue(policy.spec.scope))}) &&\n"
+        f"  !(has({before}) && {before}.exists(o, o.name == c.name)))"
+    )
+
+
+def may_be_on_reserved(policy: Policy) -> str:
+    """Whether the pod may be on a reserved node, as far as the pod itself tells (CEL knows no node
+    names): not kept off them by its affinity, and (with a reserved taint) tolerating it or selecting
+    them. A pod pinned with spec.nodeName at creation and not tolerating the taint is the documented gap."""
+    excluded = f"({affinity_excludes_reserved(policy, 'object')})"
+    if policy.spec.reserved_nodes.taint is None:
+        return f"!{excluded}"
+    tolerates = tolerates_any_reserved(policy)
+    selects = f"({node_selector_reserved(policy, 'object')}) ||\n({affinity_only_reserved(policy, 'object')})"
+    return f"!{excluded} &&\n(({tolerates}) ||\n{selects})"
+
+
+def _tolerates_reserved_taint(policy: Policy) -> str:
+    """A toleration ``t`` that tolerates the reserved taint (Kubernetes' ToleratesTaint)."""
     taint = policy.spec.reserved_nodes.taint
-    if taint is None:
-        return "false"
+    assert taint is not None
     effect = f"(!has(t.effect) || t.effect == '' || t.effect == {quote(taint.effect)})"
     exists = "(has(t.operator) && t.operator == 'Exists')"
     equal = "(!has(t.operator) || t.operator == '' || t.operator == 'Equal')"
     value = f"(has(t.value) ? t.value : '') == {quote(taint.value)}"
     keyed = f"t.key == {quote(taint.key)} && ({exists} || ({equal} && {value}))"
+    return f"{effect} &&\n  ((!has(t.key) || t.key == '') ? {exists} : ({keyed}))"
+
+
+def tolerates_any_reserved(policy: Policy) -> str:
+    """Any toleration of the pod tolerates the reserved taint (old or new)."""
+    if policy.spec.reserved_nodes.taint is None:
+        return "false"
+    return f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n  {_tolerates_reserved_taint(policy)})"
+
+
+def tolerates_reserved(policy: Policy) -> str:
+    """A toleration that tolerates the reserved taint (Kubernetes' ToleratesTaint: an empty key with
+    Exists tolerates every taint) and that the old pod did not already have (on UPDATE only what the
+    update adds is checked, as the engine does)."""
+    if policy.spec.reserved_nodes.taint is None:
+        return "false"
     already = "request.operation == 'UPDATE' && has(oldObject.spec.tolerations) && t in oldObject.spec.tolerations"
     return (
         f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n"
-        f"  {effect} &&\n  ((!has(t.key) || t.key == '') ? {exists} : ({keyed})) &&\n  !({already}))"
+        f"  {_tolerates_reserved_taint(policy)} &&\n  !({already}))"
     )
 
 
@@ -309,6 +369,17 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
             f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
         )
     )
+    variables.append({"name": "ephemeralGpuAccess", "expression": ephemeral_gpu_access(policy)})
+    checks.append(
+        (
+            "ephemeralOnReserved",
+            f"variables.ephemeralGpuAccess &&\n{may_be_on_reserved(policy)}",
+            None,
+            "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
+            "of a pod that may be on a reserved node",
+            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+        )
+    )
     validations = []
     for name, current, before, what, fix in checks:
         variables.append({"name": name, "expression": current})
@@ -332,7 +403,14 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
         "failurePolicy": "Fail",
         "matchConstraints": {
             "resourceRules": [
-                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
+                # kubectl debug: the one subresource that adds containers to a running pod.
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["pods/ephemeralcontainers"],
+                },
             ]
         },
     }

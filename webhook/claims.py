@@ -15,14 +15,17 @@ A ResourceClaimTemplate holds the claim's spec one level down (``spec.spec``). P
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from webhook.decision import DeviceFacts
 
 GROUP = "resource.k8s.io"
 # Newest first: the cache lists the first version the cluster serves.
 VERSIONS = ("v1", "v1beta2", "v1beta1")
 CLAIM_KIND = "ResourceClaim"
 TEMPLATE_KIND = "ResourceClaimTemplate"
+DEVICE_CLASS_KIND = "DeviceClass"
 
 
 class MalformedClaim(ValueError):
@@ -84,3 +87,73 @@ def device_classes(obj: Mapping[str, Any], kind: str | None = None) -> frozenset
 def is_claim_kind(api_version: str, kind: str) -> bool:
     group, _, version = api_version.rpartition("/")
     return group == GROUP and version in VERSIONS and kind in (CLAIM_KIND, TEMPLATE_KIND)
+
+
+class DeviceClassInfo:
+    """What a DeviceClass says about the devices it selects: its CEL selectors (as text) and its
+    ``extendedResourceName`` (DRA extended resources, '' when none)."""
+
+    __slots__ = ("extended_resource_name", "selectors")
+
+    def __init__(self, selectors: tuple[str, ...], extended_resource_name: str) -> None:
+        self.selectors = selectors
+        self.extended_resource_name = extended_resource_name
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, DeviceClassInfo)
+            and self.selectors == other.selectors
+            and self.extended_resource_name == other.extended_resource_name
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.selectors, self.extended_resource_name))
+
+    def __repr__(self) -> str:
+        return f"DeviceClassInfo(selectors={self.selectors!r}, extended_resource_name={self.extended_resource_name!r})"
+
+
+def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
+    """A DeviceClass of any served version (``spec.selectors[].cel.expression``, ``spec.extendedResourceName``)."""
+    spec = _object(obj.get("spec"), "spec")
+    expressions: list[str] = []
+    for i, selector in enumerate(_list(spec.get("selectors"), "spec.selectors")):
+        cel = _object(_object(selector, f"spec.selectors[{i}]").get("cel"), f"spec.selectors[{i}].cel")
+        expression = cel.get("expression")
+        if not isinstance(expression, str):
+            raise MalformedClaim(f"spec.selectors[{i}].cel.expression must be a string")
+        expressions.append(expression)
+    name = spec.get("extendedResourceName") or ""
+    if not isinstance(name, str):
+        raise MalformedClaim("spec.extendedResourceName must be a string")
+    return DeviceClassInfo(tuple(expressions), name)
+
+
+def selects_driver(info: DeviceClassInfo, drivers: Iterable[str]) -> bool:
+    """Whether a DeviceClass may hand out devices of one of ``drivers`` (AMD's: ``gpu.amd.com``).
+
+    Its selectors are CEL that only the apiserver evaluates; read as text, failing toward isolation:
+    a class counts when a selector names one of the drivers (``device.driver == 'gpu.amd.com'``, or an
+    attribute of its domain), and also when no selector pins ``device.driver`` at all (no selectors,
+    or only capacity and attribute checks: AMD's devices may match). Only a class that pins another
+    driver and never names ours is left out."""
+    names = tuple(drivers)
+    if any(driver in expression for expression in info.selectors for driver in names):
+        return True
+    return not any("device.driver" in expression for expression in info.selectors)
+
+
+def device_facts(classes: Mapping[str, DeviceClassInfo], drivers: Iterable[str]) -> DeviceFacts:
+    """The DeviceFacts of a cluster's (or a dry run's) DeviceClasses: the GPU classes and their
+    extendedResourceNames."""
+    names = tuple(drivers)
+    gpu = {name: info for name, info in classes.items() if selects_driver(info, names)}
+    return DeviceFacts(
+        frozenset(gpu),
+        frozenset(info.extended_resource_name for info in gpu.values() if info.extended_resource_name),
+    )
+
+
+def is_device_class_kind(api_version: str, kind: str) -> bool:
+    group, _, version = api_version.rpartition("/")
+    return group == GROUP and version in VERSIONS and kind == DEVICE_CLASS_KIND

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from webhook import claims
-from webhook.decision import NO_CLAIMS, NO_DEVICE_CLASSES, ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.decision import (
+    NO_CLAIMS,
+    NO_DEVICE_CLASSES,
+    NO_DEVICES,
+    ClaimFacts,
+    DeviceFacts,
+    NamespaceFacts,
+    NodeFacts,
+)
 from webhook.metrics import Metrics
 from webhook.policy import Policy
 
@@ -351,6 +359,15 @@ def _claim_extract(kind: str) -> Extract:
     return extract
 
 
+def _device_class_extract(obj: Mapping[str, Any]) -> claims.DeviceClassInfo | None:
+    try:
+        return claims.device_class_info(obj)
+    except claims.MalformedClaim as err:
+        # Validated by the apiserver, so not expected. Left out: the policy's own names still apply.
+        log.warning("unreadable DeviceClass left out", extra={"deviceclass": _key(obj)[1], "error": str(err)})
+        return None
+
+
 def _claim_list_call(api_client: Any, method: str) -> FirstServedVersion:
     from kubernetes import client
 
@@ -417,11 +434,29 @@ class ClusterCache:
             namespaced=True,
             **common,
         )
+        # DeviceClasses: which select a GPU driver whatever they are called, and their extendedResourceNames.
+        self.device_classes_reflector = Reflector(
+            "deviceclasses",
+            _claim_list_call(api_client, "list_device_class"),
+            extract=_device_class_extract,
+            on_change=self._invalidate_devices,
+            **common,
+        )
+        # (generation of the DeviceClasses, the policy's drivers, the facts): a change bumps the generation,
+        # so facts worked out from an older copy are never kept.
+        self._device_generation = 0
+        self._devices: tuple[int, tuple[str, ...], DeviceFacts] | None = None
         self.api_client = api_client
 
     @property
     def reflectors(self) -> tuple[Reflector, ...]:
-        return (self.namespaces, self.nodes_reflector, self.claims_reflector, self.claim_templates_reflector)
+        return (
+            self.namespaces,
+            self.nodes_reflector,
+            self.claims_reflector,
+            self.claim_templates_reflector,
+            self.device_classes_reflector,
+        )
 
     def start(self) -> None:
         for reflector in self.reflectors:
@@ -454,6 +489,25 @@ class ClusterCache:
     def _invalidate(self) -> None:
         with self._reserved_lock:
             self._reserved = None
+
+    def _invalidate_devices(self) -> None:
+        self._device_generation += 1
+
+    def devices(self, policy: Policy) -> DeviceFacts:
+        """The cluster's GPU DeviceClasses as the policy's drivers recognise them (worked out once per
+        change of the DeviceClasses or of the drivers, not per review)."""
+        if not self.device_classes_reflector.synced.is_set():
+            return NO_DEVICES
+        drivers = tuple(policy.spec.scope.gpu_drivers)
+        known = self._devices
+        if known is not None and known[0] == self._device_generation and known[1] == drivers:
+            return known[2]
+        with self.device_classes_reflector.lock:
+            generation = self._device_generation
+            classes = dict(self.device_classes_reflector.items)
+        facts = claims.device_facts(classes, drivers)
+        self._devices = (generation, drivers, facts)
+        return facts
 
     def namespace(self, name: str) -> NamespaceFacts:
         if not self.namespaces.synced.is_set():

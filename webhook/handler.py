@@ -9,20 +9,23 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from webhook import review
-from webhook.decision import NO_CLAIMS, ClaimFacts, NamespaceFacts, NodeFacts
-from webhook.engine import decide
+from webhook.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.engine import EPHEMERAL_CONTAINERS, decide
 from webhook.policy import Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
 
 
 class ClusterFacts(Protocol):
-    """Where namespace labels, reserved node names and the namespace's DRA claims come from."""
+    """Where namespace labels, reserved node names, the namespace's DRA claims and the cluster's GPU
+    DeviceClasses come from."""
 
     def namespace(self, name: str) -> NamespaceFacts: ...
 
     def nodes(self, policy: Policy) -> NodeFacts: ...
 
     def claims(self, namespace: str) -> ClaimFacts: ...
+
+    def devices(self, policy: Policy) -> DeviceFacts: ...
 
 
 _UNKNOWN_NODES = NodeFacts(reserved_node_names=None)
@@ -42,6 +45,9 @@ class NoCluster:
 
     def claims(self, namespace: str) -> ClaimFacts:
         return NO_CLAIMS
+
+    def devices(self, policy: Policy) -> DeviceFacts:
+        return NO_DEVICES
 
 
 class Handled:
@@ -80,8 +86,9 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
     mode = policy.spec.mode
     if not request.is_pod:
         return _skip("skip.not-a-pod", mode)
-    if request.sub_resource:
-        # pods/status, pods/binding, pods/ephemeralcontainers, ...: not the pod spec we place.
+    if request.sub_resource and request.sub_resource != EPHEMERAL_CONTAINERS:
+        # pods/status, pods/binding, ...: not the pod spec we place. pods/ephemeralcontainers (kubectl
+        # debug) is checked: an added container may reach the GPUs of the node the pod is on.
         return _skip("skip.subresource", mode)
     if request.operation not in ("CREATE", "UPDATE"):
         return _skip("skip.operation", mode)
@@ -111,6 +118,8 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
         policy=policy,
         # Read only for pods that name claims: the cache lookup is skipped for every other pod.
         claims=facts.claims(namespace) if _names_claims(pod) else NO_CLAIMS,
+        devices=facts.devices(policy),
+        sub_resource=request.sub_resource,
     )
     if not decision.allowed:
         response = review.denied(
