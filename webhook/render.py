@@ -22,7 +22,7 @@ import jsonpatch
 import yaml
 from cryptography import x509
 
-from webhook import __version__, cel
+from webhook import __version__, cel, mutating_policy
 from webhook.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
 
 NAMESPACE = "rocm-isolation-system"
@@ -33,6 +33,7 @@ WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
 WEBHOOK_NAME = "pods.rocm-isolation.io"
 RESERVED_NODES_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_CLASS_POLICY = "rocm-isolation-namespace-class"
+PLACEMENT_POLICY = mutating_policy.POLICY_NAME
 CLASS_LABEL_EDITORS = cel.CLASS_LABEL_EDITORS
 # Pods carrying this label are not sent to the webhook (the ValidatingAdmissionPolicy still applies).
 OPT_OUT_LABEL = cel.OPT_OUT_LABEL
@@ -254,12 +255,14 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "metadata": _metadata(NAMESPACE_CLASS_POLICY),
         "spec": cel.namespace_class_policy_spec(policy),
     }
+    placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
         "generated-webhook-scope.yaml": _GENERATED_HEADER
         + yaml.dump(scope_patch, Dumper=_Dumper, sort_keys=False, width=110),
         "generated-reserved-nodes-policy.yaml": _GENERATED_HEADER + dump(reserved),
         "generated-namespace-class-policy.yaml": _GENERATED_HEADER + dump([guard]),
+        "generated-placement-policy.yaml": _GENERATED_HEADER + dump(placement),
     }
 
 
@@ -289,6 +292,31 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
         }
     guard = _find(resources, "ValidatingAdmissionPolicy", NAMESPACE_CLASS_POLICY)
     guard["spec"] = cel.namespace_class_policy_spec(policy)
+    _find(resources, "MutatingAdmissionPolicy", PLACEMENT_POLICY)["spec"] = mutating_policy.placement_policy_spec(
+        policy
+    )
+    _find(resources, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"] = mutating_policy.binding_spec(
+        policy, excluded
+    )
+
+
+def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:
+    """The MutatingAdmissionPolicy and its binding in API ``version`` (v1: Kubernetes >= 1.36;
+    v1beta1: 1.34 and 1.35 with the feature gate and runtime-config of docs/operations.md), or left
+    out (``none``: older clusters, placement by the webhook only)."""
+    if version not in mutating_policy.VERSIONS:
+        raise RenderError(
+            f"unknown MutatingAdmissionPolicy version {version!r} (one of {', '.join(mutating_policy.VERSIONS)})"
+        )
+    kinds = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+    out = []
+    for resource in resources:
+        if resource.get("kind") in kinds and resource.get("apiVersion", "").startswith(mutating_policy.API_GROUP + "/"):
+            if version == "none":
+                continue
+            resource["apiVersion"] = f"{mutating_policy.API_GROUP}/{version}"
+        out.append(resource)
+    return out
 
 
 def render(
@@ -301,6 +329,7 @@ def render(
     root: Path | None = None,
     monitoring: bool = False,
     runbook_base_url: str | None = None,
+    mutating_admission_policy: str = mutating_policy.DEFAULT_VERSION,
 ) -> list[Resource]:
     if overlay not in OVERLAYS:
         raise RenderError(f"unknown overlay {overlay!r} (one of {', '.join(OVERLAYS)})")
@@ -320,6 +349,7 @@ def render(
         raise RenderError(str(err)) from None
     resources = copy.deepcopy(build((root or manifests_dir()) / "overlays" / overlay))
     apply_policy(resources, policy, text)
+    resources = with_placement_policy_version(resources, mutating_admission_policy)
     if monitoring:
         resources.extend(copy.deepcopy(build(monitoring_dir(root))))
         if runbook_base_url is not None:
@@ -397,6 +427,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "this project's docs are served, e.g. https://git.example.com/org/rocm-isolation-webhook/blob/v0.1.0",
     )
     parser.add_argument(
+        "--mutating-admission-policy",
+        choices=mutating_policy.VERSIONS,
+        default=mutating_policy.DEFAULT_VERSION,
+        help="the placement MutatingAdmissionPolicy (placement in the apiserver while the webhook is down): "
+        "v1 for Kubernetes >= 1.36, v1beta1 for 1.34-1.35 (the apiserver needs "
+        "--feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true), "
+        "none for older clusters. Default: %(default)s",
+    )
+    parser.add_argument(
         "--manifests-dir",
         metavar="DIR",
         type=Path,
@@ -424,6 +463,7 @@ def main(args: argparse.Namespace) -> int:
             root=args.manifests_dir,
             monitoring=args.monitoring,
             runbook_base_url=args.runbook_base_url,
+            mutating_admission_policy=args.mutating_admission_policy,
         )
     except (RenderError, PolicyError) as err:
         print(f"rocm-isolation-webhook manifests: {err}", file=sys.stderr)
@@ -432,7 +472,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     header = (
         f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}"
-        f"{' --monitoring' if args.monitoring else ''}\n"
+        f"{' --monitoring' if args.monitoring else ''}"
+        f" --mutating-admission-policy {args.mutating_admission_policy}\n"
         f"# policy: {source} (sha256 {policy.digest[:16]})\n"
     )
     sys.stdout.write(dump(resources, header=header))
