@@ -369,7 +369,11 @@ def binding_spec(policy: Policy, excluded: dict[str, Any]) -> dict[str, Any]:
 
 
 def resources(
-    policy: Policy, *, excluded: dict[str, Any], version: str = DEFAULT_VERSION, metadata: Any
+    policy: Policy,
+    *,
+    excluded: dict[str, Any],
+    version: str = DEFAULT_VERSION,
+    metadata: Callable[[str], dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """The MutatingAdmissionPolicy and its binding (none for ``version`` none). ``metadata(name)`` gives
     an object's metadata (the manifests' common labels)."""
