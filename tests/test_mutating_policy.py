@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from webhook import cel, engine, mutating_policy, render
-from webhook.policy import default_policy, load_policy, parse_policy
+from webhook.policy import default_policy, load_policy, parse_policy, route_catalogue
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
@@ -64,10 +64,15 @@ def test_the_cli_flag_reaches_the_output(capsys: pytest.CaptureFixture[str]) -> 
         parser.parse_args(["--mutating-admission-policy", "v1alpha1"])
 
 
-def test_the_match_conditions_are_the_gpu_route_catalogue_and_skip_mirror_pods() -> None:
+def test_the_match_conditions_are_the_gpu_route_catalogue_but_claims_and_skip_mirror_pods() -> None:
     policy = default_policy()
     conditions = mutating_policy.placement_policy_spec(policy)["matchConditions"]
-    assert conditions[0] == {"name": "gpu-pods", "expression": cel.gpu_pod(policy)}
+    catalogue = route_catalogue(policy.spec.scope)
+    assert catalogue.resource_claims
+    assert conditions[0] == {"name": "gpu-pods", "expression": cel.gpu_routes(mutating_policy.without_claims(policy))}
+    # The same catalogue as the webhook's and the backstop's, the claim route left out.
+    assert cel.gpu_pod(policy).startswith(conditions[0]["expression"])
+    assert "resourceClaims" in cel.gpu_pod(policy) and "resourceClaims" not in conditions[0]["expression"]
     assert conditions[1]["name"] == "not-mirror-pod" and engine.MIRROR_ANNOTATION in conditions[1]["expression"]
     all_pods = parse_policy(
         "apiVersion: rocm-isolation.io/v1alpha1\nkind: IsolationPolicy\nspec:\n  scope: {allPods: true}\n"

@@ -24,8 +24,8 @@ webhook can run after one another in any order, any number of times (``reinvocat
 IfNeeded`` on both): neither undoes nor repeats the other.
 
 What stays with the webhook (docs/architecture.md, "Who does what"): env variables, topology spread,
-the KFD mount, resolving DRA claims (CEL cannot read a ResourceClaimTemplate, so every pod naming a
-claim is placed as a GPU pod here), warnings and audit annotations. The binding leaves out the
+the KFD mount, pods that reach GPUs only through a DRA claim (CEL cannot read the ResourceClaimTemplate
+to tell a GPU claim from another), warnings and audit annotations. The binding leaves out the
 namespaces whose mode is ``audit`` (nothing is changed there), the excluded namespaces and the pods
 opted out of the webhook.
 
@@ -36,13 +36,14 @@ Kubernetes CEL checks aggregate literals for one element type (``HomogeneousAggr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
 
 from webhook import cel, engine, patch, scheduling
 from webhook.cel import quote, str_list
-from webhook.policy import Policy
+from webhook.policy import Policy, RouteCatalogue, route_catalogue
 
 POLICY_NAME = "rocm-isolation-placement"
 API_GROUP = "admissionregistration.k8s.io"
@@ -287,10 +288,20 @@ def class_variables(policy: Policy) -> list[dict[str, str]]:
     ]
 
 
+def without_claims(policy: Policy) -> RouteCatalogue:
+    """The policy's GPU-route catalogue without the DRA claim route: CEL cannot read the
+    ResourceClaim(Template) a pod names, so a pod that reaches GPUs only through a claim is placed by
+    the webhook, which resolves it (the backstop still treats any claim as a GPU route)."""
+    return dataclasses.replace(route_catalogue(policy.spec.scope), resource_claims=False)
+
+
 def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """GPU pods (the catalogue shared with the webhook and the backstop), never mirror pods (the kubelet
-    owns them: the engine checks them and never mutates them)."""
-    conditions = [] if policy.spec.scope.all_pods else [{"name": "gpu-pods", "expression": cel.gpu_pod(policy)}]
+    """GPU pods by every route of the catalogue shared with the engine, the webhook and the backstop but
+    the claims (``without_claims``); never mirror pods (the kubelet owns them: the engine checks them
+    and never mutates them)."""
+    conditions = []
+    if not policy.spec.scope.all_pods:
+        conditions.append({"name": "gpu-pods", "expression": cel.gpu_routes(without_claims(policy))})
     annotations = "object.metadata.annotations"
     conditions.append(
         {
