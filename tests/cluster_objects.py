@@ -173,13 +173,33 @@ def inference_pod(name: str, namespace: str, *, node: str | None = None, **kwarg
 
 
 def resource_claim(
-    name: str, namespace: str, device_class: str = "gpu.amd.com", *, template: bool = False
+    name: str,
+    namespace: str,
+    device_class: str = "gpu.amd.com",
+    *,
+    template: bool = False,
+    allocated_by: str | None = None,
 ) -> dict[str, Any]:
-    """A resource.k8s.io/v1 ResourceClaim (or Template) as a list item (no kind: lists carry it)."""
+    """A resource.k8s.io/v1 ResourceClaim (or Template) as a list item (no kind: lists carry it);
+    ``allocated_by``: the driver of the device the scheduler allocated (status.allocation)."""
     spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 1}}]}}
-    return {
+    claim: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate" if template else "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-claim-{namespace}-{name}"},
         "spec": {"spec": spec} if template else spec,
     }
+    if allocated_by is not None:
+        result = {"request": "gpu", "driver": allocated_by, "pool": "node-1", "device": "gpu-0"}
+        claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return claim
+
+
+def device_class(name: str, selector: str | None = None, extended_resource_name: str | None = None) -> dict[str, Any]:
+    """A resource.k8s.io/v1 DeviceClass (as AMD's DRA driver installs gpu.amd.com: one CEL selector)."""
+    spec: dict[str, Any] = {}
+    if selector is not None:
+        spec["selectors"] = [{"cel": {"expression": selector}}]
+    if extended_resource_name is not None:
+        spec["extendedResourceName"] = extended_resource_name
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod, resource_claim
+from cluster_objects import INFERENCE_TOLERATION, device_class, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
 
 from webhook import audit, cli
@@ -41,10 +41,21 @@ def populate(fake: FakeCluster) -> None:
     )
     fake.add(
         namespace("serve", {"rocm-isolation.io/class": "inference"}),
-        namespace("ml"),
+        namespace("ml"),  # GPU pods of class training, no Pod Security level: privileged pods allowed
+        namespace("ml-safe", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
         namespace("weird", {"rocm-isolation.io/class": "gpu-party"}),
         namespace("odd-mode", {"rocm-isolation.io/mode": "strict"}),
         namespace("kube-system"),
+    )
+    fake.add(
+        device_class("gpu.amd.com", 'device.driver == "gpu.amd.com"'),  # named in the policy: quiet
+        device_class("big-gpus", 'device.driver == "gpu.amd.com"', extended_resource_name="example.com/amd-gpu"),
+        device_class("nic.example.com", 'device.driver == "nic.example.com"'),  # no GPU: quiet
+        device_class("vendor-x", 'device.driver == "accel.example.com"'),
+        # The allocation is the ground truth: the scheduler gave an AMD GPU through a class the policy
+        # does not count as a GPU class.
+        resource_claim("sneaky", "ml", "vendor-x", allocated_by="gpu.amd.com"),
+        resource_claim("nic", "ml", "nic.example.com", allocated_by="nic.example.com"),
     )
     fake.add(
         pod("trainer-ok", "ml", node="s1"),
@@ -57,6 +68,22 @@ def populate(fake: FakeCluster) -> None:
         inference_pod("llm-shared", "serve", node="s2", affinity=None, tolerations=[], annotations={}),
         inference_pod("llm-unmutated", "serve", node=None, affinity=None, tolerations=[], env=[], spread=False),
         pod("gpu-burn", "kube-system", node="r1", affinity=None),
+        pod(
+            "via-vendor-x",
+            "ml",
+            node="r1",
+            gpus={},
+            affinity=None,
+            resource_claims=[{"name": "a", "resourceClaimName": "sneaky"}],
+        ),
+        pod(
+            "via-nic",
+            "ml",
+            node="r1",
+            gpus={},
+            affinity=None,
+            resource_claims=[{"name": "n", "resourceClaimName": "nic"}],
+        ),
     )
 
 
@@ -89,6 +116,9 @@ EXPECTED = {
     ("inference-pod-outside-reserved-pool", "serve/llm-shared"),
     ("pod-missing-mutations", "serve/llm-shared"),
     ("pod-missing-mutations", "serve/llm-unmutated"),
+    ("namespace-allows-privileged", "ml"),
+    ("deviceclass-not-in-policy", "big-gpus"),
+    ("pod-gpu-allocation-not-recognised", "ml/via-vendor-x"),
 }
 
 
@@ -126,20 +156,20 @@ def test_capacity_per_pool(fake: FakeCluster) -> None:
 def test_pods_are_read_paginated_and_finished_ones_are_filtered_by_the_apiserver(fake: FakeCluster) -> None:
     run(fake, page_size=3)
     requests = fake.requests_to("/api/v1/pods")
-    assert len(requests) == 3  # 9 active pods, 3 per page
+    assert len(requests) == 4  # 11 active pods, 3 per page
     assert all(r.query["fieldSelector"] == "status.phase!=Succeeded,status.phase!=Failed" for r in requests)
     assert all(r.query["limit"] == "3" for r in requests)
 
 
 def test_an_expired_pod_list_restarts_without_counting_twice(fake: FakeCluster) -> None:
     expected = run(fake).to_json()
-    # Pages of 3: nodes (3 pages), namespaces (2), claims and claim templates (1 each); the pod
-    # list's first page is the 8th, and its continue token expires before the second page.
-    fake.expire_after(3 + 2 + 1 + 1 + 1)
+    # Pages of 3: nodes (3 pages), namespaces (2), claims and claim templates (1 each), device classes
+    # (2); the pod list's first page is the 10th, and its continue token expires before the second page.
+    fake.expire_after(3 + 2 + 1 + 1 + 2 + 1)
     restarted = run(fake)
     assert restarted.to_json() == expected  # nothing counted twice, nothing missing
-    queries = [r.query for r in fake.requests_to("/api/v1/pods")][3:]  # the second run's
-    assert ["continue" in q for q in queries] == [False, True, False, True, True]  # 410, then from the top
+    queries = [r.query for r in fake.requests_to("/api/v1/pods")][4:]  # the second run's
+    assert ["continue" in q for q in queries] == [False, True, False, True, True, True]  # 410, then from the top
 
 
 def test_partition_gpus_and_init_containers_in_capacity() -> None:
@@ -315,7 +345,7 @@ def test_dra_pods_are_judged_with_the_namespace_claims() -> None:
             pod("dra-nic", "ml", node=None, gpus={}, tolerations=[TOLERATE_ALL], resource_claims=nic_claim),
         )
         report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
-        assert keyed(report) == {("pod-can-reach-reserved-nodes", "ml/dra-gpu")}
+        assert keyed(report) == {("pod-can-reach-reserved-nodes", "ml/dra-gpu"), ("namespace-allows-privileged", "ml")}
         assert report.pods_checked == 1
         assert report.to_json()["capacity"]["shared"]["pendingPods"] == {
             "training": {"pods": 1, "oldestWaitSeconds": 3600}

@@ -362,3 +362,38 @@ def test_reserved_node_names_make_node_name_checkable() -> None:
     assert "spec.nodeName mi300x-7 could not be checked" in unknown.stderr
     assert reserved.returncode == 1
     assert "denied [deny-node-name]" in reserved.stderr
+
+
+def test_every_gpu_route_is_decided_offline_as_in_the_cluster() -> None:
+    """The catalogue in the dry run: a privileged container and the AMD runtime's variable make GPU
+    pods (placed as training), a DeviceClass of AMD's driver in the input makes its extendedResourceName a
+    GPU resource (the pod aimed at the reserved nodes is denied), and an unknown kind reaching GPUs is
+    reported as uncovered."""
+    result = mutate("-f", fixture("gpu-routes.yaml"))
+    assert result.returncode == 1, result.stderr
+    out = {doc["metadata"]["name"]: doc for doc in load_all(result.stdout)}
+    for name in ("gpu-peek", "runtime-gpus"):
+        pod = pod_of(out[name])
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [
+            {"matchExpressions": [{"key": POOL, "operator": "NotIn", "values": ["inference"]}]}
+        ]
+        assert pod["metadata"]["annotations"][CLASS] == "training"
+        kubernetes_validate.validate(out[name], "1.37.0", strict=True)
+    assert stderr_lines(result, "securityContext.privileged: a privileged container sees every GPU of its node")
+    assert stderr_lines(result, "env[0](AMD_VISIBLE_DEVICES)")
+    (denied,) = stderr_lines(result, "Pod/research/extended-on-reserved: denied")
+    assert "spec.nodeSelector selects rocm-isolation.io/pool=inference" in denied
+    privileged, runtime = stderr_lines(result, "a GPU request at")
+    assert "spec.worker.securityContext.privileged" in privileged
+    assert "spec.worker.env[0](DOCKER_RESOURCE_GPU)" in runtime
+    assert stderr_lines(result, "DeviceClass/big-gpus: passed through: used to tell which DeviceClasses hand out GPUs")
+
+
+def test_without_the_device_class_its_extended_resource_is_no_gpu() -> None:
+    text = (FIXTURES / "gpu-routes.yaml").read_text()
+    documents = text.split("\n---\n")
+    without = "\n---\n".join(doc for doc in documents if "kind: DeviceClass" not in doc)
+    result = mutate("-f", "-", stdin=without)
+    assert result.returncode == 0, result.stderr
+    assert stderr_lines(result, "Pod/research/extended-on-reserved: unchanged")

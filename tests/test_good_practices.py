@@ -199,7 +199,11 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods"], "verbs": read},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"], "verbs": read},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
+            "verbs": read,
+        },
     ]
     # The only write: the background audit's Lease, in the webhook's own namespace.
     roles = [r for r in resources if r["kind"] == "Role"]

@@ -88,8 +88,29 @@ RULES: Final[dict[str, Rule]] = {
             "namespace-unknown-class", "Namespace", "medium", "a namespace's class label names no class of the policy"
         ),
         Rule("namespace-unknown-mode", "Namespace", "low", "a namespace's mode label is not enforce, warn or audit"),
+        Rule(
+            "namespace-allows-privileged",
+            "Namespace",
+            "low",
+            "a namespace of a class kept off the reserved nodes does not enforce Pod Security baseline or restricted: "
+            "its pods may be privileged and see every GPU of their node",
+        ),
+        Rule(
+            "deviceclass-not-in-policy",
+            "DeviceClass",
+            "medium",
+            "a DeviceClass that hands out GPUs is not named in the policy's scope: the backstop and the webhook's "
+            "matchConditions do not see pods that ask for it by its extended resource",
+        ),
+        Rule(
+            "pod-gpu-allocation-not-recognised",
+            "Pod",
+            "high",
+            "a pod holds devices of a GPU driver through a claim that the policy does not count as a GPU request",
+        ),
     )
 }
+PSS_ENFORCE_LABEL: Final = "pod-security.kubernetes.io/enforce"
 
 _REACH_RULES: Final = frozenset({engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION})
 _ANNOTATIONS: Final = "/metadata/annotations"
@@ -247,6 +268,75 @@ def judge_namespace(name: str, labels: Mapping[str, str], policy: Policy) -> lis
     return found
 
 
+def judge_namespace_pod_security(name: str, labels: Mapping[str, str], policy: Policy) -> list[Finding]:
+    """Pod Security baseline closes the privileged route at admission: a namespace whose classes are all
+    kept off the reserved nodes should enforce it (docs/operations.md, "Pod Security"). Judged for the
+    namespaces a class label or rule classifies, and those running GPU pods (not every namespace that
+    falls to the default class)."""
+    if name in policy.spec.excluded_namespaces or not policy.spec.scope.routes.privileged_containers:
+        return []
+    classes = policy.namespace_classes(name, labels)
+    if any(policy.spec.classes[cls].placement != "unreserved" for cls in classes.allowed):
+        return []
+    level = labels.get(PSS_ENFORCE_LABEL)
+    if level in ("baseline", "restricted"):
+        return []
+    return [
+        Finding(
+            "namespace-allows-privileged",
+            "Namespace",
+            name,
+            f"namespace {name} (class {', '.join(classes.allowed)}, {classes.source}) "
+            + (f"enforces Pod Security {level}" if level else "enforces no Pod Security level")
+            + ": its pods may be privileged, and a privileged container sees every GPU of its node; label it "
+            f"(kubectl label namespace {name} {PSS_ENFORCE_LABEL}=baseline)",
+        )
+    ]
+
+
+def judge_device_classes(snapshot: Snapshot, policy: Policy) -> list[Finding]:
+    """GPU DeviceClasses (by driver) that the CEL cannot know: named neither in gpuDeviceClasses nor, for
+    their extendedResourceName, in extendedResourceNames."""
+    scope = policy.spec.scope
+    devices = snapshot.devices
+    found = []
+    for name in sorted(devices.gpu_classes):
+        info = snapshot.device_classes[name]
+        missing = []
+        if not policy.gpu_device_classes(name):
+            missing.append(f"add {name} to spec.scope.gpuDeviceClasses")
+        extended = info.extended_resource_name
+        if extended and extended not in scope.extended_resource_names and not policy.gpu(extended):
+            missing.append(f"add {extended} (its extendedResourceName) to spec.scope.extendedResourceNames")
+        if missing:
+            found.append(
+                Finding(
+                    "deviceclass-not-in-policy",
+                    "DeviceClass",
+                    name,
+                    f"DeviceClass {name} hands out devices of a GPU driver ({', '.join(scope.gpu_drivers)}), but the "
+                    "ValidatingAdmissionPolicy and the webhook's matchConditions cannot look DeviceClasses up: "
+                    + "; ".join(missing),
+                )
+            )
+    return found
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The ResourceClaims a pod holds: named ones, those made from its templates and the one the scheduler
+    made for its DRA extended resources (``status.resourceClaimStatuses``, ``extendedResourceClaimStatus``)."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    names = [str(c.get("resourceClaimName")) for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName")]
+    names += [
+        str(c.get("resourceClaimName")) for c in status.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")
+    ]
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(str(extended))
+    return names
+
+
 def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
     tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
@@ -270,6 +360,8 @@ class PodAudit:
     policy: Policy = field(init=False)
     nodes: NodeFacts = field(init=False)
     reserved: frozenset[str] = field(init=False)
+    # Namespaces with GPU pods: their Pod Security level is judged (docs/operations.md, "Pod Security").
+    gpu_namespaces: set[str] = field(default_factory=set)
     _start: tuple[list[Finding], int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -302,14 +394,18 @@ class PodAudit:
             nodes=self.nodes,
             policy=self.policy,
             claims=self.snapshot.claim_facts(namespace),
+            devices=self.snapshot.devices,
         )
         if decision.rule == engine.RULE_NOT_GPU:
+            if self.snapshot.allocations.get(namespace):
+                self.judge_allocations(pod, namespace)
             return  # most pods of a cluster: nothing more to read
         in_scope = decision.rule != engine.RULE_EXCLUDED
         info = pod_info(pod, self.policy)
         if not in_scope and not info.gpus:
             return
         self.report.pods_checked += 1
+        self.gpu_namespaces.add(namespace)
         class_name = decision.workload_class or UNCLASSIFIED
         if info.bound and info.phase not in ("Succeeded", "Failed"):
             node = self.snapshot.nodes.get(info.node)
@@ -322,6 +418,33 @@ class PodAudit:
             self.report.capacity[pool].pending.setdefault(class_name, Pending()).add(info.created)
         if in_scope and not metadata.get("deletionTimestamp"):
             self.report.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
+
+    def judge_allocations(self, pod: Mapping[str, Any], namespace: str) -> None:
+        """The ground truth for a pod the policy sees as no GPU pod: the drivers of the devices its claims
+        were allocated. A GPU driver there means a DeviceClass the policy does not recognise."""
+        allocated = self.snapshot.allocations.get(namespace, {})
+        drivers = set(self.policy.spec.scope.gpu_drivers)
+        held = [(claim, sorted(allocated[claim] & drivers)) for claim in claim_names(pod) if claim in allocated]
+        held = [(claim, found) for claim, found in held if found]
+        if not held:
+            return
+        metadata = pod.get("metadata") or {}
+        name, uid = str(metadata.get("name", "")), str(metadata.get("uid", ""))
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        where = f" on the reserved node {node}" if node in self.reserved else (f" on {node}" if node else "")
+        claims = ", ".join(f"{claim} ({', '.join(found)})" for claim, found in held)
+        self.report.findings.append(
+            Finding(
+                "pod-gpu-allocation-not-recognised",
+                "Pod",
+                name,
+                f"pod {namespace}/{name}{where} holds GPU devices through ResourceClaim {claims}, but the policy does "
+                "not count its claims as GPU requests, so it was neither placed nor checked: add the claim's "
+                "DeviceClass to spec.scope.gpuDeviceClasses (or its driver to gpuDrivers)",
+                namespace,
+                uid,
+            )
+        )
 
     def judge(
         self, pod: Mapping[str, Any], namespace: str, name: str, uid: str, node: str, decision: Decision
@@ -377,10 +500,15 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
             capacity.gpus_allocatable += node.gpus
     for name, labels in snapshot.namespaces.items():
         report.findings.extend(judge_namespace(name, labels, policy))
+    report.findings.extend(judge_device_classes(snapshot, policy))
     pods = PodAudit(snapshot, report)
     with _collector_paused():
         for pod in Snapshot.pods(api, on_restart=pods.restart):
             pods.add(pod)
+    for name, labels in sorted(snapshot.namespaces.items()):
+        explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
+        if explicit or name in pods.gpu_namespaces:
+            report.findings.extend(judge_namespace_pod_security(name, labels, policy))
     return report
 
 

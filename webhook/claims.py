@@ -157,3 +157,17 @@ def device_facts(classes: Mapping[str, DeviceClassInfo], drivers: Iterable[str])
 def is_device_class_kind(api_version: str, kind: str) -> bool:
     group, _, version = api_version.rpartition("/")
     return group == GROUP and version in VERSIONS and kind == DEVICE_CLASS_KIND
+
+
+def allocated_drivers(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The drivers of the devices allocated to a ResourceClaim (``status.allocation.devices.results[].driver``):
+    the ground truth of what a pod got, whatever its DeviceClass is called."""
+    status = _object(obj.get("status"), "status")
+    allocation = _object(status.get("allocation"), "status.allocation")
+    devices = _object(allocation.get("devices"), "status.allocation.devices")
+    found = set()
+    for i, result in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
+        driver = _object(result, f"status.allocation.devices.results[{i}]").get("driver")
+        if isinstance(driver, str) and driver:
+            found.add(driver)
+    return frozenset(found)

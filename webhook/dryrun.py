@@ -22,8 +22,8 @@ from typing import Any, Literal
 import jsonpatch
 
 from webhook import claims, manifest_yaml, patch, pods, workloads
-from webhook.decision import NO_CLAIMS, ClaimFacts, Decision, NamespaceFacts, NodeFacts
-from webhook.engine import CLAIM_UNRESOLVED, LABELS_UNKNOWN, RULE_MALFORMED, decide
+from webhook.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.engine import CLAIM_UNRESOLVED, LABELS_UNKNOWN, RULE_MALFORMED, decide, route_matcher_for
 from webhook.policy import Policy, PolicyError, default_policy, load_policy
 
 STDIN = "-"
@@ -115,6 +115,8 @@ class Facts:
     given_labels: Mapping[str, str] | None
     namespace_documents: Mapping[str, Mapping[str, str]]
     claim_documents: Mapping[str, ClaimFacts] = field(default_factory=dict)
+    # The DeviceClass documents of the input: GPU classes by driver and their extendedResourceNames.
+    devices: DeviceFacts = NO_DEVICES
 
     def namespace(self, name: str) -> NamespaceFacts:
         if self.given_labels is not None:
@@ -229,6 +231,7 @@ def main(args: argparse.Namespace) -> int:
             given_labels=dict(args.namespace_labels) if args.namespace_labels else None,
             namespace_documents=namespace_labels(documents),
             claim_documents=claim_documents(documents, args.namespace),
+            devices=device_class_documents(documents, policy),
         )
         results = [process_document(doc, facts) for doc in documents]
     except (DryRunError, PolicyError) as err:
@@ -381,6 +384,25 @@ def claim_documents(documents: Iterable[Document], default_namespace: str) -> di
     return {namespace: ClaimFacts(claims=c, templates=t) for namespace, (c, t) in found.items()}
 
 
+def device_class_documents(documents: Iterable[Document], policy: Policy) -> DeviceFacts:
+    """What the DeviceClass documents of the input add to the GPU routes (as the webhook's DeviceClass
+    watch does): classes selecting a GPU driver, whatever they are called, and their extendedResourceNames."""
+    found: dict[str, claims.DeviceClassInfo] = {}
+    for doc in documents:
+        for item in _items(doc):
+            body = item.body
+            if not claims.is_device_class_kind(body["apiVersion"], body["kind"]):
+                continue
+            name = _metadata(body).get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{item.where}: DeviceClass: metadata.name is missing")
+            try:
+                found[name] = claims.device_class_info(body)
+            except claims.MalformedClaim as err:
+                raise InputError(f"{item.where}: DeviceClass {name}: {err}") from None
+    return claims.device_facts(found, policy.spec.scope.gpu_drivers) if found else NO_DEVICES
+
+
 def namespace_labels(documents: Iterable[Document]) -> dict[str, Mapping[str, str]]:
     """Labels of the ``kind: Namespace`` documents in the input, by namespace name."""
     found: dict[str, Mapping[str, str]] = {}
@@ -444,15 +466,24 @@ def process_object(doc: Document, facts: Facts) -> Outcome:
             nodes=facts.nodes,
             policy=facts.policy,
             claims=facts.claims_in(namespace),
+            devices=facts.devices,
         )
         results.append((template, pod, decision))
     return _apply_templates(doc, namespace, pods.pod_name(body), results)
 
 
 def _uncovered(body: Mapping[str, Any], facts: Facts) -> tuple[str, ...]:
-    if claims.is_claim_kind(body["apiVersion"], body["kind"]) or body["kind"] == "Namespace":
+    kind, api_version = body["kind"], body["apiVersion"]
+    if claims.is_claim_kind(api_version, kind) or claims.is_device_class_kind(api_version, kind) or kind == "Namespace":
         return ()
-    return tuple(workloads.uncovered_gpu_paths(body, facts.policy.is_gpu_resource))
+    # The GPU-route catalogue, with what the input's DeviceClasses add.
+    routes = route_matcher_for(facts.policy, facts.devices)
+    is_gpu = routes.resources if routes.resources is not None else _no_resource
+    return tuple(workloads.uncovered_gpu_paths(body, is_gpu, routes))
+
+
+def _no_resource(name: str) -> bool:
+    return False
 
 
 def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
@@ -462,6 +493,8 @@ def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
         return "its labels are not used (--namespace-label given)"
     if claims.is_claim_kind(body["apiVersion"], body["kind"]):
         return "used to resolve the resource claims of the pods in its namespace"
+    if claims.is_device_class_kind(body["apiVersion"], body["kind"]):
+        return "used to tell which DeviceClasses hand out GPUs"
     return f"{body['apiVersion']} {body['kind']} is not a pod or a known workload with a pod template"
 
 
@@ -484,6 +517,8 @@ def _review(doc: Document, facts: Facts) -> Outcome:
         namespace=facts.namespace(namespace),
         nodes=facts.nodes,
         policy=facts.policy,
+        devices=facts.devices,
+        sub_resource=str(request.get("subResource") or ""),
     )
     name = str(request.get("name") or pods.pod_name(_mapping(obj)))
     return _apply(doc, namespace, name, REVIEW_PATH, decision)

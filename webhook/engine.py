@@ -89,7 +89,7 @@ def decide(
         return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
     if namespace.name in spec.excluded_namespaces:
         return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
-    matcher = _route_matcher(policy, devices)
+    matcher = route_matcher_for(policy, devices)
     try:
         if sub_resource:
             if sub_resource != EPHEMERAL_CONTAINERS or operation != "UPDATE":
@@ -110,7 +110,7 @@ def decide(
 
 
 @lru_cache(maxsize=64)
-def _route_matcher(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
+def route_matcher_for(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
     """The policy's catalogue of GPU routes with what the cluster's DeviceClasses add to it."""
     if not devices.gpu_classes and not devices.extended_resources:
         return policy.routes

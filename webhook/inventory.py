@@ -23,7 +23,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
 from webhook import claims as dra
-from webhook.decision import NO_CLAIMS, ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.decision import NO_CLAIMS, ClaimFacts, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.kubeapi import Forbidden, KubeApi, NotFound, api_path
 from webhook.policy import Policy
 
@@ -238,7 +238,12 @@ class Snapshot:
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     claims: dict[str, ClaimFacts] = field(default_factory=dict)
     claims_version: str | None = None  # the resource.k8s.io version read; None when DRA is not served
+    # DeviceClasses (what each selects, its extendedResourceName) and, per namespace and ResourceClaim,
+    # the drivers of the devices allocated to it (the ground truth of what a pod got).
+    device_classes: dict[str, dra.DeviceClassInfo] = field(default_factory=dict)
+    allocations: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    _devices: DeviceFacts | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, api: KubeApi, policy: Policy, *, claims: bool = True) -> Snapshot:
@@ -270,7 +275,9 @@ class Snapshot:
         for version in dra.VERSIONS:
             group_version = f"{dra.GROUP}/{version}"
             try:
-                found_claims = self._device_classes(api, api_path(group_version, "resourceclaims"))
+                found_claims = self._device_classes(
+                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations
+                )
                 found_templates = self._device_classes(api, api_path(group_version, "resourceclaimtemplates"))
             except NotFound:
                 continue
@@ -284,20 +291,49 @@ class Snapshot:
                 self.claims[namespace] = ClaimFacts(
                     claims=found_claims.get(namespace, {}), templates=found_templates.get(namespace, {})
                 )
+            try:
+                self.device_classes = self._read_device_classes(api, api_path(group_version, "deviceclasses"))
+            except (NotFound, Forbidden) as err:
+                self.warnings.append(
+                    f"DeviceClasses not read ({err}): only the policy's gpuDeviceClasses and extendedResourceNames "
+                    "are known as GPU classes"
+                )
             return
 
     @staticmethod
-    def _device_classes(api: KubeApi, path: str) -> dict[str, dict[str, frozenset[str]]]:
+    def _device_classes(
+        api: KubeApi, path: str, allocations: dict[str, dict[str, frozenset[str]]] | None = None
+    ) -> dict[str, dict[str, frozenset[str]]]:
         found: dict[str, dict[str, frozenset[str]]] = {}
         # List items carry no kind (the list does): it comes from the path.
         kind = dra.TEMPLATE_KIND if path.endswith("resourceclaimtemplates") else dra.CLAIM_KIND
-        for obj in api.list(path, on_restart=found.clear):
+
+        def restart() -> None:
+            found.clear()
+            if allocations is not None:
+                allocations.clear()
+
+        for obj in api.list(path, on_restart=restart):
             metadata = obj.get("metadata") or {}
+            namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
             try:
                 classes = dra.device_classes(obj, kind)
+                drivers = dra.allocated_drivers(obj) if allocations is not None else frozenset()
             except dra.MalformedClaim:
                 continue  # left out: the engine counts an unresolvable claim as a GPU request
-            found.setdefault(str(metadata.get("namespace", "")), {})[str(metadata.get("name", ""))] = classes
+            found.setdefault(namespace, {})[name] = classes
+            if drivers and allocations is not None:
+                allocations.setdefault(namespace, {})[name] = drivers
+        return found
+
+    @staticmethod
+    def _read_device_classes(api: KubeApi, path: str) -> dict[str, dra.DeviceClassInfo]:
+        found: dict[str, dra.DeviceClassInfo] = {}
+        for obj in api.list(path, on_restart=found.clear):
+            try:
+                found[str((obj.get("metadata") or {}).get("name", ""))] = dra.device_class_info(obj)
+            except dra.MalformedClaim:
+                continue  # validated by the apiserver: not expected; the policy's own names still apply
         return found
 
     # -- facts for the engine -------------------------------------------------------------------
@@ -315,6 +351,13 @@ class Snapshot:
 
     def claim_facts(self, namespace: str) -> ClaimFacts:
         return self.claims.get(namespace, NO_CLAIMS)
+
+    @property
+    def devices(self) -> DeviceFacts:
+        """The cluster's GPU DeviceClasses as the policy's drivers recognise them (worked out once)."""
+        if self._devices is None:
+            self._devices = dra.device_facts(self.device_classes, self.policy.spec.scope.gpu_drivers)
+        return self._devices
 
     # -- pods -----------------------------------------------------------------------------------
 

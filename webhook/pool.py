@@ -245,6 +245,7 @@ def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
         nodes=snapshot.node_facts(),
         policy=policy,
         claims=snapshot.claim_facts(namespace),
+        devices=snapshot.devices,
     )
     return decision.workload_class or ""
 

@@ -848,8 +848,12 @@ def operation_path(template: Template, pod_pointer: str) -> str | None:
     return prefix + "/" + "/".join(rest)
 
 
-def uncovered_gpu_paths(body: Any, is_gpu: Callable[[str], bool]) -> list[str]:
-    """Where an object asks for a GPU: a GPU resource in a requests/limits map, or a resource claim."""
+def uncovered_gpu_paths(
+    body: Any, is_gpu: Callable[[str], bool], routes: pods.RouteMatcher | None = None
+) -> list[str]:
+    """Where an object reaches a GPU by a route of the catalogue: a GPU resource in a requests/limits map,
+    a resource claim, and (with ``routes``) a privileged security context or a variable of the AMD
+    container runtime in an env list."""
     found: list[str] = []
 
     def visit(node: Any, where: str) -> None:
@@ -860,6 +864,14 @@ def uncovered_gpu_paths(body: Any, is_gpu: Callable[[str], bool]) -> list[str]:
                     found.extend(f"{child}[{name}]" for name in value if isinstance(name, str) and is_gpu(name))
                 elif key == "resourceClaims" and isinstance(value, list) and value:
                     found.append(child)
+                elif routes is not None and key == "securityContext" and isinstance(value, Mapping):
+                    if routes.privileged and value.get("privileged") is True:
+                        found.append(f"{child}.privileged")
+                elif routes is not None and key == "env" and isinstance(value, list):
+                    for index, entry in enumerate(value):
+                        name = entry.get("name") if isinstance(entry, Mapping) else None
+                        if isinstance(name, str) and routes.runtime_variable(name):
+                            found.append(f"{child}[{index}]({name})")
                 else:
                     visit(value, child)
         elif isinstance(node, list):
