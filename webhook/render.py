@@ -22,7 +22,7 @@ import jsonpatch
 import yaml
 from cryptography import x509
 
-from webhook import __version__, cel, mutating_policy
+from webhook import __version__, cel, mutating_policy, reserved_names
 from webhook.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
 
 NAMESPACE = "rocm-isolation-system"
@@ -34,6 +34,7 @@ WEBHOOK_NAME = "pods.rocm-isolation.io"
 RESERVED_NODES_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_CLASS_POLICY = "rocm-isolation-namespace-class"
 PLACEMENT_POLICY = mutating_policy.POLICY_NAME
+RESERVED_NODE_NAMES_POLICY = reserved_names.POLICY_NAME
 CLASS_LABEL_EDITORS = cel.CLASS_LABEL_EDITORS
 # Pods carrying this label are not sent to the webhook (the ValidatingAdmissionPolicy still applies).
 OPT_OUT_LABEL = cel.OPT_OUT_LABEL
@@ -256,6 +257,7 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "spec": cel.namespace_class_policy_spec(policy),
     }
     placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
+    node_names = reserved_names.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
         "generated-webhook-scope.yaml": _GENERATED_HEADER
@@ -263,6 +265,7 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "generated-reserved-nodes-policy.yaml": _GENERATED_HEADER + dump(reserved),
         "generated-namespace-class-policy.yaml": _GENERATED_HEADER + dump([guard]),
         "generated-placement-policy.yaml": _GENERATED_HEADER + dump(placement),
+        "generated-reserved-node-names-policy.yaml": _GENERATED_HEADER + dump(node_names),
     }
 
 
@@ -298,6 +301,10 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
     _find(resources, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"] = mutating_policy.binding_spec(
         policy, excluded
     )
+    for generated in reserved_names.resources(
+        policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata
+    ):
+        _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
 
 
 def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:

@@ -1,0 +1,129 @@
+"""The reserved-node-names backstop as rendered, its params ConfigMap as ``pool`` writes it and what
+``audit`` says when it and the labelled nodes disagree. The policy's verdicts are judged by the real
+apiserver in tests/e2e/test_mutating_policy.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from webhook import render, reserved_names
+from webhook.kubeapi import NotFound
+from webhook.policy import default_policy
+
+PATH = f"{reserved_names.CONFIGMAP_PATH}/{reserved_names.PARAMS_CONFIGMAP}"
+
+
+class Api:
+    """Nodes and one ConfigMap, with the calls ``sync`` makes recorded."""
+
+    def __init__(self, nodes: dict[str, dict[str, str]], data: dict[str, str] | None) -> None:
+        self.nodes = nodes
+        self.data = data
+        self.calls: list[tuple[str, str, Any, bool]] = []
+
+    def list(self, path: str, *, label_selector: str | None = None) -> Iterator[dict[str, Any]]:
+        assert path == "/api/v1/nodes" and label_selector
+        key, _, value = label_selector.partition("=")
+        for name, labels in self.nodes.items():
+            if labels.get(key) == value:
+                yield {"metadata": {"name": name, "labels": labels}}
+
+    def get(self, path: str) -> dict[str, Any]:
+        assert path == PATH
+        if self.data is None:
+            raise NotFound("not found", status=404, method="GET", path=path)
+        return {"metadata": {"name": reserved_names.PARAMS_CONFIGMAP}, "data": dict(self.data)}
+
+    def post(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> Any:
+        self.calls.append(("POST", path, body, dry_run))
+        if not dry_run:
+            self.data = dict(body["data"])
+        return body
+
+    def patch(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        self.calls.append(("PATCH", path, body, dry_run))
+        if not dry_run:
+            assert self.data is not None
+            for key, value in body["data"].items():
+                if value is None:
+                    self.data.pop(key, None)
+                else:
+                    self.data[key] = value
+        return {}
+
+
+POOL = {"rocm-isolation.io/pool": "inference"}
+
+
+def test_sync_creates_the_configmap_with_the_labelled_nodes() -> None:
+    api = Api({"inf-1": POOL, "inf-2": POOL, "gpu-1": {}}, None)
+    synced = reserved_names.sync(api, default_policy())  # type: ignore[arg-type]
+    assert synced.result == "created" and synced.names == ("inf-1", "inf-2")
+    assert api.data == {"inf-1": "rocm-isolation.io/pool=inference", "inf-2": "rocm-isolation.io/pool=inference"}
+    method, path, body, _ = api.calls[0]
+    assert (method, path) == ("POST", reserved_names.CONFIGMAP_PATH)
+    assert body["metadata"]["namespace"] == render.NAMESPACE
+
+
+def test_sync_adds_and_removes_keys_and_leaves_a_matching_configmap_alone() -> None:
+    api = Api({"inf-1": POOL, "inf-3": POOL}, {"inf-1": "x", "inf-2": "x"})
+    synced = reserved_names.sync(api, default_policy())  # type: ignore[arg-type]
+    assert (synced.result, synced.added, synced.removed) == ("updated", ("inf-3",), ("inf-2",))
+    assert sorted(api.data or {}) == ["inf-1", "inf-3"]
+    api.calls.clear()
+    assert reserved_names.sync(api, default_policy()).result == "unchanged"  # type: ignore[arg-type]
+    assert api.calls == []
+
+
+def test_sync_in_server_dry_run_writes_nothing() -> None:
+    api = Api({"inf-1": POOL}, {"inf-2": "x"})
+    synced = reserved_names.sync(api, default_policy(), dry_run=True)  # type: ignore[arg-type]
+    assert synced.result == "updated" and api.data == {"inf-2": "x"}
+    assert api.calls[0][3] is True
+    line = reserved_names.synced_line(synced, True)
+    assert "(server dry run)" in line and "+inf-1" in line and "-inf-2" in line
+
+
+@pytest.mark.parametrize(
+    ("data", "labelled", "expected"),
+    [
+        (None, [], []),
+        (None, ["inf-1"], ["is missing"]),
+        ({"inf-1": ""}, ["inf-1"], []),
+        ({"inf-1": ""}, ["inf-1", "inf-2"], ["inf-2 carry the reserved label but are not in the ConfigMap"]),
+        ({"inf-1": "", "old": ""}, ["inf-1"], ["lists old, which no longer carry the reserved label"]),
+    ],
+)
+def test_audit_reports_when_the_params_and_the_labelled_nodes_disagree(
+    data: dict[str, str] | None, labelled: list[str], expected: list[str]
+) -> None:
+    findings = reserved_names.disagreement(data, labelled)
+    assert len(findings) == len(expected)
+    for finding, text in zip(findings, expected, strict=True):
+        assert text in finding
+
+
+def test_the_manifests_bind_the_policy_per_mode_to_the_params_and_allow_when_it_is_missing() -> None:
+    resources = render.render(overlay="cert-manager")
+    policy = render._find(resources, "ValidatingAdmissionPolicy", reserved_names.POLICY_NAME)
+    assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    reserved = render._find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)
+    assert policy["spec"]["matchConditions"][0] == reserved["spec"]["matchConditions"][0]
+    for mode in render.MODES:
+        binding = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{reserved_names.POLICY_NAME}-{mode}")
+        twin = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
+        assert binding["spec"]["validationActions"] == twin["spec"]["validationActions"]
+        assert binding["spec"]["matchResources"] == twin["spec"]["matchResources"]
+        assert binding["spec"]["paramRef"] == {
+            "name": reserved_names.PARAMS_CONFIGMAP,
+            "namespace": render.NAMESPACE,
+            "parameterNotFoundAction": "Allow",
+        }
+    # Not shipped: re-applying the manifests must not empty what pool apply wrote.
+    assert not [
+        r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == reserved_names.PARAMS_CONFIGMAP
+    ]
