@@ -20,7 +20,7 @@ import pytest
 from cluster_objects import inference_pod, namespace, node, pod
 from fake_cluster import FakeCluster
 
-from webhook import cli, pool
+from webhook import cli, pool, reserved_names
 
 POOL_LABEL = "rocm-isolation.io/pool"
 OURS = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
@@ -111,8 +111,36 @@ def run(cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def writes(cluster: FakeCluster) -> list[Any]:
+    """Writes to nodes and evictions (the backstop's params ConfigMap: ``configmap_writes``)."""
     with cluster.lock:
-        return [r for r in cluster.requests if r.method != "GET"]
+        return [r for r in cluster.requests if r.method != "GET" and "/configmaps" not in r.path]
+
+
+def configmap_writes(cluster: FakeCluster) -> list[Any]:
+    with cluster.lock:
+        return [r for r in cluster.requests if r.method != "GET" and "/configmaps" in r.path]
+
+
+def test_apply_and_release_keep_the_backstops_reserved_node_names(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c")
+    assert code == 0, out
+    stored = cluster.get_object("configmaps", f"{reserved_names.NAMESPACE}/{reserved_names.PARAMS_CONFIGMAP}")
+    assert stored is not None
+    labelled = sorted(
+        name
+        for name in ("gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e")
+        if (cluster.get_object("nodes", name) or {}).get("metadata", {}).get("labels", {}).get(POOL_LABEL)
+        == "inference"
+    )
+    assert "gpu-c" in labelled and sorted(stored["data"]) == labelled
+    assert f"configmap/{reserved_names.PARAMS_CONFIGMAP}" in out
+    code, out, _ = run(cluster, tmp_path, capsys, "release", "--nodes", "gpu-c", "--force")
+    assert code == 0, out
+    stored = cluster.get_object("configmaps", f"{reserved_names.NAMESPACE}/{reserved_names.PARAMS_CONFIGMAP}")
+    assert stored is not None and "gpu-c" not in (stored.get("data") or {})
+    assert [r.method for r in configmap_writes(cluster)] == ["POST", "PATCH"]
 
 
 def stored_node(cluster: FakeCluster, name: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from webhook import engine
+from webhook import engine, reserved_names
 from webhook.eviction import EvictionResult, evict_pods, eviction_body
 from webhook.inventory import NodeInfo, Snapshot, node_info, pod_info
 from webhook.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
@@ -395,6 +395,23 @@ def _eviction_line(result: EvictionResult) -> str:
     return f"{pod} {result.message}"
 
 
+def sync_reserved_names(api: KubeApi, policy: Policy, *, dry_run: bool, out: Output, table: bool) -> dict[str, Any]:
+    """Rewrite the backstop's params ConfigMap from the nodes now carrying the reserved label (see
+    reserved_names.py); a failure is reported, the nodes stay as written."""
+    try:
+        synced = reserved_names.sync(api, policy, dry_run=dry_run)
+    except ApiError as err:
+        if table:
+            out.error(
+                f"configmap/{reserved_names.PARAMS_CONFIGMAP} -n {reserved_names.NAMESPACE} not written: {err}; "
+                "the backstop does not know the reserved node names until it is (audit reports it)"
+            )
+        return {"result": "failed", "message": str(err)}
+    if table:
+        out.line(reserved_names.synced_line(synced, dry_run))
+    return {"result": synced.result, "nodes": list(synced.names)}
+
+
 def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, out: Output) -> int:
     dry_run = args.dry_run == "server"
     table = args.output == "table"
@@ -408,6 +425,7 @@ def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, ou
         written.append(result)
         if table:
             out.line(_written_line(result, _reserve_verb(result.patch or {}), dry_run))
+    names = sync_reserved_names(api, policy, dry_run=dry_run, out=out, table=table)
     evictions: list[EvictionResult] = []
     if args.evict:
         staying = [p for n in plan.nodes for p in n.staying]
@@ -421,7 +439,11 @@ def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, ou
         )
     elif table and any(n.staying for n in plan.nodes):
         out.line("The pods listed above keep running: pool apply --evict evicts them.")
-    ok = all(w.result in ("patched", "unchanged") for w in written) and all(e.done for e in evictions)
+    ok = (
+        all(w.result in ("patched", "unchanged") for w in written)
+        and all(e.done for e in evictions)
+        and names["result"] != "failed"
+    )
     if table and not any(w.result == "patched" for w in written) and ok and not evictions:
         out.line("Nothing changed: the pool was already set up.")
     if not table:
@@ -430,6 +452,7 @@ def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, ou
                 "plan": plan_json(plan),
                 "dryRun": dry_run,
                 "nodes": [{"name": w.node, "result": w.result, "patch": w.patch} for w in written],
+                "reservedNodeNames": names,
                 "evictions": [
                     {
                         "namespace": e.pod.namespace,
@@ -489,16 +512,19 @@ def release(
             out.line(_written_line(w, "released (label and taint removed)", dry_run))
         if homeless:
             out.line(f"warning: --force: {len(homeless)} inference pod(s) have no room left in the pool")
-    else:
+    reserved_node_names = sync_reserved_names(api, policy, dry_run=dry_run, out=out, table=table)
+    if not table:
         out.json(
             {
                 "released": True,
                 "dryRun": dry_run,
                 "homeless": [_pod_ref(p) for p in homeless],
                 "nodes": [{"name": w.node, "result": w.result, "patch": w.patch} for w in written],
+                "reservedNodeNames": reserved_node_names,
             }
         )
-    return EXIT_OK if all(w.result in ("patched", "unchanged") for w in written) else EXIT_NOT_DONE
+    done = all(w.result in ("patched", "unchanged") for w in written) and reserved_node_names["result"] != "failed"
+    return EXIT_OK if done else EXIT_NOT_DONE
 
 
 def _pod_ref(pod: PoolPod) -> dict[str, Any]:
