@@ -19,6 +19,7 @@ The session's cluster (``e2e``):
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import ssl
@@ -274,6 +275,32 @@ class Cluster:
     def events(self, namespace: str) -> list[Obj]:
         return self.kube.list("Event", namespace)
 
+    def webhook_reviews(self) -> float:
+        return self.webhook.metric("rocm_isolation_admission_reviews_total")
+
+    @contextlib.contextmanager
+    def without_webhook_configuration(self) -> Iterator[None]:
+        """The MutatingWebhookConfiguration deleted (what an outage of the webhook looks like to the
+        apiserver with failurePolicy Ignore, or an operator's emergency disable), restored after."""
+        configuration = next(d for d in self.manifests if d["kind"] == "MutatingWebhookConfiguration")
+        self.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+        try:
+            probe = gpu_pod("out-of-path-probe", "default")
+
+            def not_called() -> bool:
+                before = self.webhook_reviews()
+                self.kube.create(probe, dry_run=True)
+                return self.webhook_reviews() == before
+
+            # The apiserver's configuration informer needs a moment to drop the webhook.
+            wait_until(
+                lambda: not_called() and not_called(), timeout=30, what="the apiserver to stop calling the webhook"
+            )
+            yield
+        finally:
+            self.kube.apply(configuration)
+            self.sync_webhook()
+
     def sync_webhook(self, webhook: Webhook | None = None) -> None:
         """Wait until the webhook's cluster cache knows the reserved nodes: a training pod naming a
         reserved node is denied by the webhook itself (not only by the policy)."""
@@ -469,6 +496,15 @@ DEVICE_CLASS: Obj = {
 }
 
 
+# A DeviceClass of another driver (a NIC): claims of it are no GPU route.
+NIC_DEVICE_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "nic.example.com"},
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]},
+}
+
+
 def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:
     """The project's ``manifests`` output, made to run against this control plane."""
     result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), check=True)
@@ -533,6 +569,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     for name in POOL_NODES:
         make_node(kube, name, MI210_LABELS)
     kube.apply(DEVICE_CLASS)
+    kube.apply(NIC_DEVICE_CLASS)
     for name in RESERVED_NODES + SHARED_NODES:
         kube.apply(resource_slice(name, "AMD_Instinct_MI300X_OAM", "74a1"))
     for name in POOL_NODES:

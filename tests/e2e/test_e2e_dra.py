@@ -1,0 +1,169 @@
+"""Scenario 3: Dynamic Resource Allocation with AMD's DeviceClass ``gpu.amd.com`` and the
+ResourceSlices its driver publishes (one pool per node, named after it). The resourceclaim
+controller turns ResourceClaimTemplates into claims, the scheduler's allocator picks the devices,
+and the webhook's placement decides from which pools."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import DRIVER, POOL_NODES, Cluster
+from kube import ApiError, Obj, wait_until
+
+WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
+
+
+def claim_template(ns: str, name: str, device_class: str = DRIVER) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}},
+    }
+
+
+def claim(ns: str, name: str, device_class: str = DRIVER) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}},
+    }
+
+
+def dra_pod(
+    ns: str,
+    name: str,
+    *,
+    template: str | None = None,
+    claim_name: str | None = None,
+    app: str | None = None,
+    **spec: object,
+) -> Obj:
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim_name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": app or name}},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", **source}],
+            "containers": [
+                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            **spec,
+        },
+    }
+
+
+def allocated_pools(cluster: Cluster, ns: str, pod_name: str) -> tuple[str, list[Obj]]:
+    """The pod's node and its claims' allocation results, once the scheduler bound it."""
+
+    def bound() -> Obj | None:
+        pod = cluster.kube.get("Pod", pod_name, ns)
+        return pod if pod["spec"].get("nodeName") and pod.get("status", {}).get("resourceClaimStatuses") else None
+
+    pod = wait_until(bound, timeout=90, what=f"{ns}/{pod_name} bound with its claims")
+    results = []
+    for status in pod["status"]["resourceClaimStatuses"]:
+        live = cluster.kube.get("ResourceClaim", status["resourceClaimName"], ns)
+        allocation = wait_until(
+            lambda name=status["resourceClaimName"]: (
+                cluster.kube.get("ResourceClaim", name, ns).get("status", {}).get("allocation")
+            ),
+            timeout=30,
+            what="the claim's allocation",
+        )
+        assert live["metadata"]["ownerReferences"][0]["name"] == pod_name  # made by the controller
+        results += allocation["devices"]["results"]
+    return pod["spec"]["nodeName"], results
+
+
+@pytest.mark.parametrize("workload_class", ["inference", "training"])
+def test_claims_from_templates_are_allocated_from_the_right_pools(
+    cluster: Cluster, namespace: Callable[..., str], workload_class: str
+) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": workload_class})
+    cluster.kube.create(claim_template(ns, "mi300x"))
+    allowed = set(cluster.reserved) if workload_class == "inference" else set(cluster.shared) | set(POOL_NODES)
+    names = [f"{workload_class}-{i}" for i in range(len(cluster.reserved))]
+    for name in names:
+        # One app: the replicas' spread constraint counts each other.
+        pod = cluster.kube.create(dra_pod(ns, name, template="mi300x", app=f"dra-{workload_class}"))
+        assert pod["metadata"]["annotations"]["rocm-isolation.io/class"] == workload_class
+    nodes = []
+    for name in names:
+        node, results = allocated_pools(cluster, ns, name)
+        nodes.append(node)
+        assert node in allowed, (node, allowed)
+        assert results, "no device allocated"
+        for result in results:
+            assert result["driver"] == DRIVER
+            # AMD's driver names its pool after the node: the device is on the pod's own node.
+            assert result["pool"] == node, result
+    if workload_class == "inference":
+        assert sorted(nodes) == sorted(cluster.reserved)  # spread over the reserved pool
+
+
+def test_dra_training_pods_aimed_at_reserved_nodes_are_denied(cluster: Cluster, namespace: Callable[..., str]) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    cluster.kube.create(claim_template(ns, "mi300x"))
+    attempts = {
+        "nodeSelector": dra_pod(
+            ns, "selector", template="mi300x", nodeSelector={"rocm-isolation.io/pool": "inference"}
+        ),
+        "nodeName": dra_pod(ns, "named", template="mi300x", nodeName=cluster.reserved[0]),
+        "toleration": dra_pod(
+            ns,
+            "tolerating",
+            template="mi300x",
+            tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}],
+        ),
+    }
+    for what, pod in attempts.items():
+        with pytest.raises(ApiError) as denied:
+            cluster.kube.create(pod)
+        assert WEBHOOK_DENIAL in denied.value.message, (what, denied.value)
+    assert cluster.pods(ns) == []
+    # No claim was made for a pod that was never created.
+    assert cluster.kube.list("ResourceClaim", ns) == []
+
+
+def test_a_claim_that_does_not_exist_yet_counts_as_a_gpu(cluster: Cluster, namespace: Callable[..., str]) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    pod = cluster.kube.create(dra_pod(ns, "early", claim_name="later"))
+    warnings = cluster.kube.last_warnings
+    assert pod["metadata"]["annotations"]["rocm-isolation.io/class"] == "training"
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert all(
+        {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]} in t["matchExpressions"]
+        for t in terms
+    )
+    assert any("later" in w for w in warnings), warnings
+    # Nothing to allocate yet: the pod waits. Once the claim exists it is allocated off the reserved pool.
+    assert not cluster.kube.get("Pod", "early", ns)["spec"].get("nodeName")
+    cluster.kube.create(claim(ns, "later"))
+    node = wait_until(
+        lambda: cluster.kube.get("Pod", "early", ns)["spec"].get("nodeName"), timeout=90, what="the pod bound"
+    )
+    assert node not in cluster.reserved
+    allocation = wait_until(
+        lambda: cluster.kube.get("ResourceClaim", "later", ns).get("status", {}).get("allocation"),
+        timeout=30,
+        what="the claim allocated",
+    )
+    assert {r["pool"] for r in allocation["devices"]["results"]} == {node}
+
+
+def test_a_claim_of_another_driver_is_not_a_gpu(cluster: Cluster, namespace: Callable[..., str]) -> None:
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    cluster.kube.create(claim_template(ns, "nic", device_class="nic.example.com"))
+
+    def resolved() -> Obj | None:
+        pod = cluster.kube.create(dra_pod(ns, "nic-user", template="nic"), dry_run=True)
+        return pod if "rocm-isolation.io/class" not in (pod["metadata"].get("annotations") or {}) else None
+
+    pod = wait_until(resolved, timeout=30, what="the webhook to resolve the template")
+    assert not (pod["spec"].get("affinity") or {}).get("nodeAffinity")
