@@ -30,10 +30,10 @@ from typing import Any, Final, TextIO, get_args
 
 import yaml
 
-from webhook import engine, patch
+from webhook import engine, patch, reserved_names
 from webhook.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.inventory import POOLS, NodeInfo, Pool, Snapshot, pod_info
-from webhook.kubeapi import ApiError, Forbidden, KubeApi
+from webhook.kubeapi import ApiError, Forbidden, KubeApi, NotFound
 from webhook.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 
 EXIT_CLEAN: Final = 0
@@ -488,6 +488,30 @@ class PodAudit:
         ]
 
 
+def _judge_reserved_node_names(api: KubeApi, labelled: list[str], report: Report) -> None:
+    """The backstop's params ConfigMap against the labelled nodes (reserved_names.py)."""
+    path = f"{reserved_names.CONFIGMAP_PATH}/{reserved_names.PARAMS_CONFIGMAP}"
+    try:
+        data: dict[str, str] = api.get(path).get("data") or {}
+    except NotFound:
+        # Until the first pool apply (or on a cluster reserved by hand): said, not a finding.
+        report.warnings.extend(reserved_names.disagreement(None, labelled))
+        return
+    except Forbidden as err:
+        report.warnings.append(f"the backstop's reserved node names were not checked: {err}")
+        return
+    for message in reserved_names.disagreement(data, labelled):
+        report.findings.append(
+            Finding(
+                "reserved-node-names-out-of-date",
+                "ConfigMap",
+                reserved_names.PARAMS_CONFIGMAP,
+                message,
+                namespace=reserved_names.NAMESPACE,
+            )
+        )
+
+
 def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
     """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
     snapshot = Snapshot.read(api, policy)
@@ -498,6 +522,7 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
             capacity = report.capacity[node.pool]
             capacity.nodes += 1
             capacity.gpus_allocatable += node.gpus
+    _judge_reserved_node_names(api, [n.name for n in snapshot.nodes.values() if n.labelled], report)
     for name, labels in snapshot.namespaces.items():
         report.findings.extend(judge_namespace(name, labels, policy))
     report.findings.extend(judge_device_classes(snapshot, policy))
