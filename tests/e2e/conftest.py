@@ -1,5 +1,8 @@
 """The end-to-end suite: the project against a real Kubernetes v1.36 control plane (controlplane.py).
 
+Test files here are named ``test_e2e_*.py``: tests/ has no packages, so a basename that is also used
+in tests/ (e.g. test_pool.py) would make pytest refuse to import the second one.
+
 Without the binaries (``KUBEBUILDER_ASSETS``, see controlplane.HOW_TO_GET_BINARIES) the suite's tests
 are deselected and one notice says so at the end of the run; the rest of ``make test`` is unchanged.
 
