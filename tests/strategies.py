@@ -158,7 +158,10 @@ def _put(draw: st.DrawFn, target: dict[str, Any], key: str, value: Any, *, null:
 # Containers
 # ---------------------------------------------------------------------------------------------
 
-GPU_RESOURCES = ("amd.com/gpu", "amd.com/cpx_nps4")
+# Every resource route to a GPU: the device plugin's names (any under amd.com/) and a DRA extended resource.
+GPU_RESOURCES = ("amd.com/gpu", "amd.com/cpx_nps4", "amd.com/gpu_vf", "deviceclass.resource.kubernetes.io/gpu.amd.com")
+# The AMD container runtime's GPU selection variables (a name, and one of the prefix).
+RUNTIME_VARIABLES = ("AMD_VISIBLE_DEVICES", "DOCKER_RESOURCE_GPU0")
 QUANTITIES = {"cpu": ["100m", "1", "2"], "memory": ["128Mi", "1Gi"], "amd.com/gpu": ["1", "2", "8"]}
 
 
@@ -192,6 +195,7 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
 # Since Kubernetes 1.34 an env var name may be any printable ASCII except "=".
 env_names: st.SearchStrategy[str] = st.one_of(
     st.sampled_from(["HSA_QUEUE_PRIORITY", "GPU_MAX_HW_QUEUES", "HIP_FORCE_DEV_KERNARG", "PATH", "HSA_CU_MASK"]),
+    st.sampled_from([*RUNTIME_VARIABLES, "ROCR_VISIBLE_DEVICES", "DOCKER_RESOURCES"]),
     st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,8}\Z"),
     st.text(alphabet=[chr(c) for c in range(0x21, 0x7F) if chr(c) != "="], min_size=1, max_size=8),
 )
@@ -215,6 +219,14 @@ def container(draw: st.DrawFn, name: str, volume_names: list[str]) -> dict[str, 
     body: dict[str, Any] = {"name": name, "image": draw(st.sampled_from(["rocm/pytorch:latest", "busybox"]))}
     _put(draw, body, "resources", draw(resources()), null=False)
     _put(draw, body, "env", draw(st.lists(env_var(), max_size=4)))
+    # A privileged container sees every GPU of its node: a GPU route of its own.
+    context = draw(st.sampled_from(["absent", "absent", "absent", "empty", "unprivileged", "privileged"]))
+    if context != "absent":
+        body["securityContext"] = {
+            "empty": {},
+            "unprivileged": {"privileged": False},
+            "privileged": {"privileged": True},
+        }[context]
     if volume_names:
         mounts: list[dict[str, Any]] = []
         paths: set[str] = set()
@@ -433,7 +445,8 @@ def volumes(draw: st.DrawFn) -> list[dict[str, Any]]:
 def pods(draw: st.DrawFn, *, gpu: bool | None = None) -> dict[str, Any]:
     """A schema-valid Pod as the apiserver sends it on CREATE.
 
-    ``gpu=True`` forces at least one container to limit ``amd.com/gpu``; ``False`` strips GPUs.
+    ``gpu=True`` forces at least one container to reach a GPU (``amd.com/gpu``, the DRA extended resource,
+    privileged, or the AMD runtime's variable); ``False`` strips every route.
     """
     metadata: dict[str, Any] = {"name": draw(dns_labels)}
     _put(draw, metadata, "labels", draw(pod_labels()), null=False)
@@ -457,23 +470,37 @@ def pods(draw: st.DrawFn, *, gpu: bool | None = None) -> dict[str, Any]:
     spec = copy.deepcopy(spec)  # drawn values are never mutated (keeps Hypothesis' reports exact)
     init = spec.get("initContainers") or []
     if gpu is True:
+        # Forced through one route of the catalogue (the others may be there too).
         first = spec["containers"][0]
-        if not isinstance(first.get("resources"), dict):
-            first["resources"] = {}
-        limits = first["resources"].get("limits")
-        if not isinstance(limits, dict):
-            limits = first["resources"]["limits"] = {}
-        limits["amd.com/gpu"] = "1"
-        requests = first["resources"].get("requests")
-        if isinstance(requests, dict) and "amd.com/gpu" in requests:
-            requests["amd.com/gpu"] = "1"
+        route = draw(
+            st.sampled_from(["amd.com/gpu", "deviceclass.resource.kubernetes.io/gpu.amd.com", "privileged", "runtime"])
+        )
+        if route == "privileged":
+            first["securityContext"] = {"privileged": True}
+        elif route == "runtime":
+            env = first.get("env") if isinstance(first.get("env"), list) else []
+            first["env"] = [*env, {"name": draw(st.sampled_from(RUNTIME_VARIABLES)), "value": "all"}]
+        else:
+            if not isinstance(first.get("resources"), dict):
+                first["resources"] = {}
+            limits = first["resources"].get("limits")
+            if not isinstance(limits, dict):
+                limits = first["resources"]["limits"] = {}
+            limits[route] = "1"
+            requests = first["resources"].get("requests")
+            if isinstance(requests, dict) and route in requests:
+                requests[route] = "1"
     elif gpu is False:
+        # No route at all: no GPU resource, not privileged, none of the AMD runtime's variables.
         for body in [*spec["containers"], *init]:
             for kind in ("requests", "limits"):
                 quantities = (body.get("resources") or {}).get(kind)
                 if isinstance(quantities, dict):
                     for name in GPU_RESOURCES:
                         quantities.pop(name, None)
+            body.pop("securityContext", None)
+            if isinstance(body.get("env"), list):
+                body["env"] = [e for e in body["env"] if e.get("name") not in RUNTIME_VARIABLES]
 
     _put(draw, spec, "tolerations", draw(st.lists(toleration(), max_size=3)))
     _put(draw, spec, "nodeSelector", draw(node_selector()))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,6 @@ from webhook.engine import DENY_CLASS, DENY_RULES, DENY_TOLERATION, decide
 from webhook.policy import Policy, WorkloadClass
 
 K8S_VERSION = "1.37.0"
-GPU_PATTERN = re.compile(r"^amd\.com/[a-z0-9]+_[a-z0-9]+$")
 TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 
 # ---------------------------------------------------------------------------------------------
@@ -238,16 +236,29 @@ def run(
 
 
 def is_gpu_resource(name: str) -> bool:
-    return name == "amd.com/gpu" or bool(GPU_PATTERN.search(name))
+    """The catalogue's resource route, written independently: any name under amd.com/ (the device
+    plugin) and the DRA extended resource of AMD's DeviceClass."""
+    return name.startswith("amd.com/") or name == "deviceclass.resource.kubernetes.io/gpu.amd.com"
+
+
+def reaches_gpu(body: Mapping[str, Any]) -> bool:
+    """A container that reaches a GPU by any route of its own: a GPU resource, privileged, or a variable of
+    the AMD container runtime (whatever its value)."""
+    resources = body.get("resources") or {}
+    names = {*(resources.get("requests") or {}), *(resources.get("limits") or {})}
+    if any(is_gpu_resource(name) for name in names):
+        return True
+    if (body.get("securityContext") or {}).get("privileged") is True:
+        return True
+    variables = [e.get("name", "") for e in body.get("env") or []]
+    return any(v == "AMD_VISIBLE_DEVICES" or v.startswith("DOCKER_RESOURCE_") for v in variables)
 
 
 def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
     out = []
     for list_name in ("initContainers", "containers"):
         for index, body in enumerate(pod["spec"].get(list_name) or []):
-            resources = body.get("resources") or {}
-            names = {*(resources.get("requests") or {}), *(resources.get("limits") or {})}
-            if any(is_gpu_resource(name) for name in names):
+            if reaches_gpu(body):
                 out.append((list_name, index, body))
     return out
 
@@ -446,6 +457,9 @@ def test_create_any_pod(pod: dict[str, Any], namespace: NamespaceFacts, nodes: N
     validate(pod)
     policy = S.policy_named(policy_name)
     decision, patched = check_create(pod, namespace, nodes, policy_name)
+    if not policy.spec.scope.all_pods and namespace.name not in policy.spec.excluded_namespaces:
+        # The catalogue, as written independently here: a pod is in scope exactly when it reaches a GPU.
+        assert (decision.rule != "not-gpu-pod") == bool(gpu_containers(pod)), decision
     check_placement(policy, decision, patched)
     check_env(policy, decision, pod, patched)
     check_kfd(policy, decision, namespace, pod, patched)

@@ -848,9 +848,7 @@ def operation_path(template: Template, pod_pointer: str) -> str | None:
     return prefix + "/" + "/".join(rest)
 
 
-def uncovered_gpu_paths(
-    body: Any, is_gpu: Callable[[str], bool], routes: pods.RouteMatcher | None = None
-) -> list[str]:
+def uncovered_gpu_paths(body: Any, is_gpu: Callable[[str], bool], routes: pods.RouteMatcher | None = None) -> list[str]:
     """Where an object reaches a GPU by a route of the catalogue: a GPU resource in a requests/limits map,
     a resource claim, and (with ``routes``) a privileged security context or a variable of the AMD
     container runtime in an env list."""
