@@ -14,6 +14,7 @@ What the policy cannot see that the engine can (documented in docs/operations.md
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from webhook.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
@@ -72,6 +73,8 @@ def _container_routes(catalogue: RouteCatalogue) -> str:
 
 
 CONTAINER_FIELDS = ("containers", "initContainers", "ephemeralContainers")
+# Every extended resource name has a domain prefix (cpu, memory, hugepages-* have none).
+ANY_EXTENDED_RESOURCE = "/"
 
 
 def gpu_pod(policy: Policy, root: str = "object") -> str:
@@ -126,7 +129,13 @@ def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
     """
     conditions = []
     if not policy.spec.scope.all_pods:
-        conditions.append({"name": "gpu-pods", "expression": gpu_pod(policy)})
+        catalogue = route_catalogue(policy.spec.scope)
+        if policy.spec.scope.routes.dra_extended_resources:
+            # The webhook knows the cluster's DeviceClasses (their extendedResourceNames and
+            # deviceclass.resource.kubernetes.io/<class>), CEL does not: a pod asking for any extended
+            # resource is sent, and the engine tells a GPU class's from the others.
+            catalogue = replace(catalogue, resource_patterns=(*catalogue.resource_patterns, ANY_EXTENDED_RESOURCE))
+        conditions.append({"name": "gpu-pods", "expression": gpu_routes(catalogue)})
     return conditions
 
 

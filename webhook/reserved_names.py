@@ -35,8 +35,9 @@ PARAMETER_NOT_FOUND_ACTION = "Allow"
 _LIVE = "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
 
 
-# The reserved node names: the params ConfigMap's keys (a ConfigMap without data lists none).
-_NAMES = "(has(params.data) ? params.data : {})"
+# ``name`` is a reserved node: a key of the params ConfigMap (a ConfigMap without data lists none).
+def _reserved_name(name: str) -> str:
+    return f"(has(params.data) && {name} in params.data)"
 
 
 def policy_spec(policy: Policy) -> dict[str, Any]:
@@ -47,7 +48,6 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     key, value = spec.reserved_nodes.label
-    names = _NAMES
     terms = f"object.spec.affinity.nodeAffinity.{cel.REQUIRED}.nodeSelectorTerms"
     by_label = (
         f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && e.operator == 'In' "
@@ -55,25 +55,36 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     )
     by_name = (
         "(has(t.matchFields) && t.matchFields.exists(f, f.key == 'metadata.name' && f.operator == 'In' && "
-        f"has(f.values) && size(f.values) > 0 && f.values.all(v, v in {names})))"
+        f"has(f.values) && size(f.values) > 0 && f.values.all(v, {_reserved_name('v')})))"
     )
     variables = [
         *mutating_policy.class_variables(policy),
         {"name": "unreservedClass", "expression": f"variables.podClass in {cel.str_list(unreserved)}"},
         {
             "name": "nodeNameReserved",
-            "expression": f"has(object.spec.nodeName) && object.spec.nodeName in {names}",
+            "expression": (
+                f"request.operation == 'CREATE' && has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}"
+            ),
         },
         {
             "name": "affinityNamesReserved",
             "expression": (
-                f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+                f"request.operation == 'CREATE' && has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
                 f"has(object.spec.affinity.nodeAffinity.{cel.REQUIRED}) && has({terms}) &&\n"
                 f"{terms}.exists(t, {_LIVE} && {by_name}) &&\n"
                 f"{terms}.all(t, !{_LIVE} || {by_label} || {by_name})"
             ),
         },
     ]
+    # kubectl debug on a pod bound to a reserved node by spec.nodeName alone (no toleration needed: the
+    # scheduler, and with it the NoSchedule taint, was skipped): only its node's name tells.
+    variables.append(
+        {
+            "name": "ephemeralOnReservedNode",
+            "expression": f"{cel.ephemeral_gpu_access(policy)} &&\n"
+            f"has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}",
+        }
+    )
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
     advice = (
         f"move the pod to a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
@@ -94,6 +105,13 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
             "every term of its required node affinity selects reserved nodes by name",
             "remove that requirement",
         ),
+        (
+            "ephemeralOnReservedNode",
+            "an added ephemeral container reaches the GPUs (privileged, or a variable of the AMD container runtime) "
+            "of the reserved node ' + object.spec.nodeName + '",
+            "an added ephemeral container reaches the GPUs of the reserved node it runs on",
+            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+        ),
     ]
     validations = []
     for name, what_expression, what, fix in checks:
@@ -111,10 +129,17 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-        # nodeName and node affinity cannot change after creation (binding goes through pods/binding).
+        # nodeName and node affinity cannot change after creation (binding goes through pods/binding), so
+        # they are checked on CREATE; pods/ephemeralcontainers (kubectl debug) adds containers to a bound pod.
         "matchConstraints": {
             "resourceRules": [
-                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["pods/ephemeralcontainers"],
+                },
             ]
         },
         "matchConditions": conditions,

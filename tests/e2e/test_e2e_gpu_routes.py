@@ -27,6 +27,7 @@ from kube import ApiError, Obj, wait_until
 
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 RESERVED_POLICY = "rocm-isolation-reserved-nodes"
+NODE_NAMES_POLICY = "rocm-isolation-reserved-node-names"
 TRAINING = {"rocm-isolation.io/class": "training"}
 POOL_KEY, POOL_VALUE = "rocm-isolation.io/pool", "inference"
 RESERVED_TOLERATION = {"key": "rocm-isolation.io/reserved", "operator": "Exists", "effect": "NoSchedule"}
@@ -246,23 +247,10 @@ def _wait_backstop_alone(cluster: Cluster) -> None:
 # --- 1. every row of the table, denied -------------------------------------------------------------
 
 
-# Product finding (issue 18, row b): the webhook's DeviceClass watch knows example.com/amd-gpu (asked
-# directly, it denies the pod: see extended_class), but the apiserver never sends it the pod: the
-# webhook's matchConditions are the policy's catalogue only (cel.webhook_match_conditions =
-# gpu_pod(policy)), whose extendedResourceNames are [] by default, and the backstop knows no more. With
-# the default manifests the pod is admitted (and can be bound to a reserved node); only audit reports the
-# DeviceClass. Strict: an XPASS fails the run once the product is fixed.
-CLASS_NAME_NOT_SENT = pytest.mark.xfail(
-    strict=True,
-    reason="the webhook's matchConditions do not send a pod requesting a DeviceClass's extendedResourceName "
-    "that the policy does not list (default: none), so neither the webhook nor the backstop sees it",
-)
-
-
-@pytest.mark.parametrize(
-    "row",
-    [pytest.param(r, marks=CLASS_NAME_NOT_SENT) if r == "dra-extended-resource-class-name" else r for r in ROWS],
-)
+# Row b: the webhook's DeviceClass watch knows example.com/amd-gpu, and its matchConditions send every pod
+# asking for an extended resource (cel.webhook_match_conditions): it denies the pod although the policy
+# lists no extendedResourceNames. (The backstop knows only listed names: see backstop_only.)
+@pytest.mark.parametrize("row", ROWS)
 def test_each_route_is_denied_by_the_webhook(
     cluster: Cluster, namespace: Callable[..., str], extended_class: str, row: str
 ) -> None:
@@ -353,23 +341,16 @@ def _on_a_reserved_node(cluster: Cluster, ns: str, how: str) -> str:
     return name
 
 
-# Product finding: the backstop cannot read node labels, so its ephemeralOnReserved relies on the pod's
-# toleration, nodeSelector or affinity; a pod put on a reserved node by spec.nodeName alone gets a
-# privileged ephemeral container while the webhook is out of the path. Strict: an XPASS fails the run.
-NODE_NAME_BEYOND_BACKSTOP = pytest.mark.xfail(
-    strict=True,
-    reason="without the webhook, a privileged ephemeral container is admitted on a pod bound to a reserved "
-    "node by spec.nodeName only (the ValidatingAdmissionPolicy cannot tell reserved node names)",
-)
-
-
+# A pod put on a reserved node by spec.nodeName alone needs no toleration: with the webhook out of the
+# path, the backstop that reads the reserved node names (rocm-isolation-reserved-node-names, its params
+# kept by pool apply) denies the GPU debug container; with a toleration, ephemeralOnReserved does.
 @pytest.mark.parametrize(
     ("admission", "how"),
     [
         ("webhook", "tolerated"),
         ("backstop", "tolerated"),
         ("webhook", "named"),
-        pytest.param("backstop", "named", marks=NODE_NAME_BEYOND_BACKSTOP),
+        ("backstop", "named"),
     ],
 )
 def test_a_privileged_ephemeral_container_on_a_reserved_node_is_denied(
@@ -392,9 +373,9 @@ def test_a_privileged_ephemeral_container_on_a_reserved_node_is_denied(
         assert "spec.ephemeralContainers[1].securityContext.privileged" in sysadmin.stderr, sysadmin.stderr
         assert f"runs on the reserved node {live['spec']['nodeName']}" in sysadmin.stderr, sysadmin.stderr
     else:
-        assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in sysadmin.stderr, sysadmin.stderr
+        policy = RESERVED_POLICY if how == "tolerated" else NODE_NAMES_POLICY
+        assert f"ValidatingAdmissionPolicy '{policy}'" in sysadmin.stderr, sysadmin.stderr
         assert WEBHOOK_DENIAL not in sysadmin.stderr, sysadmin.stderr
-        # ephemeralOnReserved: the pod tolerates the reserved taint.
         assert "an added ephemeral container reaches the GPUs" in sysadmin.stderr, sysadmin.stderr
     # The same container through a strategic-merge PATCH of the subresource, AMD runtime variable instead.
     runtime = {"name": "runtime", "image": "busybox", "env": [{"name": "AMD_VISIBLE_DEVICES", "value": "0-3,5"}]}
