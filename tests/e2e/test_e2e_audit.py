@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import GPUS_PER_NODE, Cluster, gpu_pod
-from kube import ApiError, Obj, wait_until
+
+from .harness import GPUS_PER_NODE, Cluster, gpu_pod
+from .kube import ApiError, Obj, wait_until
 
 CRDS = Path(__file__).parent / "fixtures" / "wgpolicyk8s.io-crds.yaml"
 
@@ -91,7 +92,7 @@ def test_audit_exit_codes(cluster: Cluster) -> None:
     result = cluster.cli("audit", "-o", "json", timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["capacity"]["reserved"]["gpusAllocatable"] == len(cluster.reserved) * GPUS_PER_NODE
-    from conftest import cli
+    from .harness import cli
 
     broken = cli("audit", kubeconfig=unreadable, timeout=180)
     assert broken.returncode == 2, broken.stdout + broken.stderr

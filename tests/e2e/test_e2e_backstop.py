@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import WEBHOOK_NAMESPACE, Cluster, gpu_pod
-from kube import ApiError, Obj, wait_until
+
+from .harness import WEBHOOK_NAMESPACE, Cluster, gpu_pod
+from .kube import ApiError, Obj, wait_until
 
 RESERVED_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_POLICY = "rocm-isolation-namespace-class"

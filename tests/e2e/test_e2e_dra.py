@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import DRIVER, POOL_NODES, Cluster
-from kube import ApiError, Obj, wait_until
+
+from .harness import DRIVER, POOL_NODES, Cluster
+from .kube import ApiError, Obj, wait_until
 
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 

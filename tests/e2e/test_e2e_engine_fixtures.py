@@ -28,13 +28,14 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from conftest import RESERVED_NODES, Cluster, gpu_pod
-from kube import ApiError, Obj, wait_until
 
 from webhook.claims import device_class_info, device_classes, device_facts
 from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.engine import CLAIM_UNRESOLVED, decide
 from webhook.policy import default_policy
+
+from .harness import RESERVED_NODES, Cluster, gpu_pod
+from .kube import ApiError, Obj, wait_until
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
 OPT_OUT = "rocm-isolation.io/ignore"

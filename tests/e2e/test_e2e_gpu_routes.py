@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DRIVER, WEBHOOK_CONFIGURATION, Cluster, cli
-from controlplane import LOOPBACK
-from kube import ApiError, Obj, wait_until
+
+from .controlplane import LOOPBACK
+from .harness import DRIVER, WEBHOOK_CONFIGURATION, Cluster, cli
+from .kube import ApiError, Obj, wait_until
 
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 RESERVED_POLICY = "rocm-isolation-reserved-nodes"

@@ -8,8 +8,9 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from conftest import WEBHOOK_NAMESPACE, Cluster, Webhook
-from kube import Obj, wait_until
+
+from .harness import WEBHOOK_NAMESPACE, Cluster, Webhook
+from .kube import Obj, wait_until
 
 LEASE = "rocm-isolation-webhook-audit"
 

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import Cluster, gpu_pod
-from kube import ApiError, Obj, wait_until
+
+from .harness import Cluster, gpu_pod
+from .kube import ApiError, Obj, wait_until
 
 POOL_LABEL = "rocm-isolation.io/pool"
 TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from conftest import POOL_NODES, Cluster
-from kube import Obj, wait_until
+from .harness import POOL_NODES, Cluster
+from .kube import Obj, wait_until
 
 INFERENCE = {"rocm-isolation.io/class": "inference"}
 TRAINING = {"rocm-isolation.io/class": "training"}

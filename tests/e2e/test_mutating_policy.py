@@ -23,12 +23,13 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from conftest import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
-from kube import ApiError, Obj, wait_until
 
 from webhook import engine, mutating_policy, reserved_names
 from webhook.decision import NamespaceFacts, NodeFacts
 from webhook.policy import Policy, default_policy, default_policy_text, parse_policy
+
+from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
+from .kube import ApiError, Obj, wait_until
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
 OPT_OUT = "rocm-isolation.io/ignore"

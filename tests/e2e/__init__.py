@@ -1,0 +1,1 @@
+"""The end-to-end suite on a real Kubernetes control plane (see conftest.py and harness.py)."""

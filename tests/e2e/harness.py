@@ -1,0 +1,495 @@
+"""The end-to-end harness: the session's cluster and the helpers the tests use (the fixtures and
+pytest hooks are in conftest.py).
+
+The session's cluster (``e2e``):
+
+- nodes shaped as the AMD GPU operator leaves them (node labeller labels, allocatable ``amd.com/gpu``,
+  Ready, the not-ready taint gone): two MI300X nodes made reserved by the project's own
+  ``pool apply`` (``inf-node-1``, ``inf-node-2``: the names the engine fixtures use), three shared
+  MI300X nodes, and two MI210 nodes that the ``pool`` scenarios reserve and release;
+- DRA as AMD's driver publishes it: DeviceClass ``gpu.amd.com`` and one ResourceSlice per GPU node,
+  driver ``gpu.amd.com``, its pool named after the node;
+- the webhook as a real ``python -m webhook serve`` subprocess on loopback, with certificates from the
+  project's ``certs`` command, authenticated as the webhook's ServiceAccount (so the manifests' RBAC
+  is what it gets), and installed from the project's ``manifests`` output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .controlplane import (
+    LOOPBACK,
+    Component,
+    ControlPlane,
+    KeyPair,
+    free_port,
+    loopback_environment,
+)
+from .kube import ApiError, Kube, Obj, wait_until
+
+E2E_DIR = Path(__file__).parent
+REPO = E2E_DIR.parent.parent
+WEBHOOK_NAMESPACE = "rocm-isolation-system"
+WEBHOOK_SERVICE_ACCOUNT = "rocm-isolation-webhook"
+WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
+DRIVER = "gpu.amd.com"
+GPUS_PER_NODE = 8
+
+MI300X_LABELS = {
+    "feature.node.kubernetes.io/amd-gpu": "true",
+    "amd.com/gpu.device-id": "74a1",
+    "amd.com/gpu.family": "AI",
+    "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+    "amd.com/gpu.vram": "192G",
+    "amd.com/gpu.cu-count": "304",
+    "amd.com/gpu.driver-version": "6.10.5",
+    "amd.com/compute-memory-partition": "spx_nps1",
+}
+MI210_LABELS = {
+    "feature.node.kubernetes.io/amd-gpu": "true",
+    "amd.com/gpu.device-id": "740f",
+    "amd.com/gpu.family": "AI",
+    "amd.com/gpu.product-name": "Instinct_MI210",
+    "amd.com/gpu.vram": "64G",
+    "amd.com/gpu.cu-count": "104",
+    "amd.com/gpu.driver-version": "6.10.5",
+}
+RESERVED_NODES = ("inf-node-1", "inf-node-2")
+SHARED_NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+POOL_NODES = ("mi210-node-1", "mi210-node-2")
+
+
+def cli(
+    *args: str, kubeconfig: Path | None = None, timeout: float = 120, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python -m webhook ARGS`` as an operator runs it."""
+    argv = [sys.executable, "-m", "webhook", *args]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    result = subprocess.run(
+        argv, cwd=REPO, env=loopback_environment(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Webhook:
+    """A running ``python -m webhook serve`` (a child of the control plane's process group)."""
+
+    port: int
+    cert_dir: Path
+    policy_file: Path
+    component: Component
+    ca_file: Path
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def get(self, path: str) -> tuple[int, str]:
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.context())
+        )
+        try:
+            with opener.open(f"https://{LOOPBACK}:{self.port}{path}", timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as err:
+            return int(err.code), err.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            status, _ = self.get("/readyz")
+        except OSError:
+            return False
+        return status == 200
+
+    def metric(self, metric: str, /, **labels: str) -> float:
+        """The sum of the samples of ``metric`` whose labels include ``labels``."""
+        _, text = self.get("/metrics")
+        return metric_value(text, metric, **labels)
+
+    def log(self) -> str:
+        return self.component.log.read_text(encoding="utf-8", errors="replace")
+
+
+def metric_value(text: str, metric: str, /, **labels: str) -> float:
+    """The sum of the samples of ``metric`` whose labels include ``labels`` (Prometheus text format)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(metric):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, label_text = head.partition("{")
+        if name != metric:
+            continue
+        if all(f'{key}="{wanted}"' in label_text for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
+@dataclass
+class Cluster:
+    plane: ControlPlane
+    kube: Kube
+    webhook: Webhook
+    webhook_kubeconfig: Path
+    workdir: Path
+    manifests: list[Obj]
+    reserved: tuple[str, ...] = RESERVED_NODES
+    shared: tuple[str, ...] = SHARED_NODES
+    pool_nodes: tuple[str, ...] = POOL_NODES
+    _namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return cli(*args, kubeconfig=self.kubeconfig, timeout=timeout, check=check)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.plane.binary("kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            env=loopback_environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def start_webhook(
+        self, name: str, *extra: str, policy_file: Path | None = None, cert_dir: Path | None = None
+    ) -> Webhook:
+        return start_webhook(
+            self.plane,
+            self.workdir / name,
+            self.webhook_kubeconfig,
+            *extra,
+            policy_file=policy_file,
+            cert_dir=cert_dir,
+        )
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """A namespace for one test (force-cleaned at the end of the session or by ``cleanup``)."""
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        # The controller-manager creates the namespace's default ServiceAccount; pod creation needs it.
+        wait_until(
+            lambda: self.kube.get_or_none("ServiceAccount", "default", name),
+            what=f"the default ServiceAccount of {name}",
+        )
+        self._namespaces.append(name)
+        return name
+
+    def cleanup(self, namespace: str) -> None:
+        """Pods bound to a node without a kubelet never finish a graceful delete: force them, then
+        delete the namespace (not waited for)."""
+        for kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+            for obj in self.kube.list(kind, namespace):
+                self.kube.delete(kind, obj["metadata"]["name"], namespace)
+        for pod in self.kube.list("Pod", namespace):
+            self.kube.delete("Pod", pod["metadata"]["name"], namespace, force=True)
+        self.kube.delete("Namespace", namespace)
+
+    def pods(self, namespace: str, selector: str | None = None) -> list[Obj]:
+        return self.kube.list("Pod", namespace, selector=selector)
+
+    def wait_bound(self, namespace: str, count: int, selector: str | None = None, timeout: float = 90) -> list[Obj]:
+        """``count`` pods of the namespace with ``spec.nodeName`` set (bound by the scheduler)."""
+
+        def bound() -> list[Obj] | None:
+            pods = [p for p in self.pods(namespace, selector) if not p["metadata"].get("deletionTimestamp")]
+            done = [p for p in pods if p["spec"].get("nodeName")]
+            return done if len(pods) >= count and len(done) >= count else None
+
+        result: list[Obj] = wait_until(bound, timeout=timeout, what=f"{count} pods bound in {namespace}")
+        return result
+
+    def events(self, namespace: str) -> list[Obj]:
+        return self.kube.list("Event", namespace)
+
+    def webhook_reviews(self) -> float:
+        return self.webhook.metric("rocm_isolation_admission_reviews_total")
+
+    @contextlib.contextmanager
+    def without_webhook_configuration(self) -> Iterator[None]:
+        """The MutatingWebhookConfiguration deleted (what an outage of the webhook looks like to the
+        apiserver with failurePolicy Ignore, or an operator's emergency disable), restored after."""
+        configuration = next(d for d in self.manifests if d["kind"] == "MutatingWebhookConfiguration")
+        self.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+        try:
+            probe = gpu_pod("out-of-path-probe", "default")
+
+            def not_called() -> bool:
+                before = self.webhook_reviews()
+                self.kube.create(probe, dry_run=True)
+                return self.webhook_reviews() == before
+
+            # The apiserver's configuration informer needs a moment to drop the webhook.
+            wait_until(
+                lambda: not_called() and not_called(), timeout=30, what="the apiserver to stop calling the webhook"
+            )
+            yield
+        finally:
+            self.kube.apply(configuration)
+            self.sync_webhook()
+
+    def sync_webhook(self, webhook: Webhook | None = None) -> None:
+        """Wait until the webhook's cluster cache knows the reserved nodes: a training pod naming a
+        reserved node is denied by the webhook itself (not only by the policy)."""
+        wait_reserved_nodes_known(self.kube, self.reserved[0])
+
+
+def wait_reserved_nodes_known(kube: Kube, reserved_node: str, namespace: str = "default") -> None:
+    probe = gpu_pod("sync-probe", namespace, node_name=reserved_node)
+
+    last: list[str] = []
+
+    def denied_by_webhook() -> bool:
+        try:
+            kube.create(probe, dry_run=True)
+        except ApiError as err:
+            last[:] = [err.message]
+            return (
+                "pods.rocm-isolation.io" in err.message
+                and f"spec.nodeName is {reserved_node}, a reserved node" in err.message
+            )
+        last[:] = ["admitted"]
+        return False
+
+    try:
+        wait_until(denied_by_webhook, timeout=60, what="the webhook to know the reserved nodes")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; last answer: {last}") from None
+
+
+def gpu_pod(
+    name: str,
+    namespace: str,
+    *,
+    gpus: int = 1,
+    labels: dict[str, str] | None = None,
+    node_name: str | None = None,
+    **spec: Any,
+) -> Obj:
+    pod: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"limits": {"amd.com/gpu": str(gpus)}}}
+            ],
+            **spec,
+        },
+    }
+    if node_name:
+        pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+def start_webhook(
+    plane: ControlPlane,
+    directory: Path,
+    kubeconfig: Path,
+    *extra: str,
+    policy_file: Path | None = None,
+    cert_dir: Path | None = None,
+    port: int | None = None,
+) -> Webhook:
+    directory.mkdir(parents=True, exist_ok=True)
+    if cert_dir is None:
+        cert_dir = directory / "certs"
+        # The project's own command; its certificate carries the SAN IP:127.0.0.1 the apiserver dials.
+        cli("certs", "--out-dir", str(cert_dir), check=True)
+    if policy_file is None:
+        policy_file = directory / "policy.yaml"
+        from webhook.policy import default_policy_text
+
+        policy_file.write_text(default_policy_text(), encoding="utf-8")
+    port = port or free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "webhook",
+        "serve",
+        "--cert-dir",
+        str(cert_dir),
+        "--policy",
+        str(policy_file),
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--cert-poll-seconds",
+        "1",
+        "--policy-poll-seconds",
+        "1",
+        *extra,
+    ]
+    if "--audit-interval-seconds" not in extra:
+        argv += ["--audit-interval-seconds", "0"]
+    env = loopback_environment()
+    env["POD_NAMESPACE"] = WEBHOOK_NAMESPACE
+    component = plane.processes.start(f"webhook-{directory.name}", argv, env=env)
+    webhook = Webhook(port, cert_dir, policy_file, component, cert_dir / "ca.crt")
+    deadline = time.monotonic() + 60
+    while not webhook.ready():
+        if component.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the webhook did not become ready:\n{component.tail()}")
+        time.sleep(0.2)
+    return webhook
+
+
+# --- the cluster ----------------------------------------------------------------------------------
+
+
+def make_node(kube: Kube, name: str, labels: dict[str, str], *, gpus: int = GPUS_PER_NODE) -> None:
+    """A Node as the AMD GPU operator leaves it. No kubelet: the suite writes its status (capacity,
+    allocatable, Ready) and removes the not-ready taint that admission adds at creation."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **labels,
+                },
+            },
+        }
+    )
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "amd.com/gpu": str(gpus)}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kube.patch(
+        "Node",
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "e2e: no kubelet, status written by the test",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+        subresource="status",
+    )
+    node = kube.get("Node", name)
+    taints = [t for t in node["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
+    kube.patch("Node", name, {"spec": {"taints": taints or None}})
+
+
+def resource_slice(node: str, product: str, device_id: str) -> Obj:
+    """What AMD's DRA driver publishes for a node: pool = the node's name, one device per GPU."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{index}-{128 + index}",
+                    "attributes": {
+                        "type": {"string": "amdgpu"},
+                        "deviceID": {"string": f"0x{device_id}"},
+                        "productName": {"string": product},
+                        "cardIndex": {"int": index},
+                        "renderIndex": {"int": 128 + index},
+                        "driverVersion": {"version": "6.10.5"},
+                    },
+                    "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
+                }
+                for index in range(GPUS_PER_NODE)
+            ],
+        },
+    }
+
+
+DEVICE_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+}
+
+
+# A DeviceClass of another driver (a NIC): claims of it are no GPU route.
+NIC_DEVICE_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "nic.example.com"},
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]},
+}
+
+
+def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:
+    """The project's ``manifests`` output, made to run against this control plane."""
+    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), check=True)
+    out: list[Obj] = []
+    for doc in yaml.safe_load_all(result.stdout):
+        if not doc:
+            continue
+        if doc["kind"] == "Deployment":
+            # The webhook runs as a host process (below): there is no kubelet to run its pod.
+            continue
+        if doc["kind"] == "MutatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                # envtest has no Service network (no kube-proxy, and Endpoints refuse loopback
+                # addresses), so the apiserver cannot reach clientConfig.service: it calls the same
+                # /mutate on the loopback URL, with the caBundle the manifests carry.
+                service = hook["clientConfig"].pop("service")
+                hook["clientConfig"]["url"] = f"https://{LOOPBACK}:{webhook_port}{service.get('path', '/mutate')}"
+        out.append(doc)
+    return out
+
+
+def install(kube: Kube, manifests: Sequence[Obj]) -> None:
+    order = {"Namespace": 0, "CustomResourceDefinition": 0, "ServiceAccount": 1, "ConfigMap": 1}
+    for doc in sorted(manifests, key=lambda d: order.get(d["kind"], 2)):
+        kube.apply(doc)
+
+
+def service_account_kubeconfig(plane: ControlPlane) -> Path:
+    """A kubeconfig that authenticates as the webhook's ServiceAccount (username
+    system:serviceaccount:NS:NAME, which RBAC's ServiceAccount subjects match): the webhook gets the
+    manifests' RBAC and nothing more."""
+    user = f"system:serviceaccount:{WEBHOOK_NAMESPACE}:{WEBHOOK_SERVICE_ACCOUNT}"
+    pair: KeyPair = plane.pki.issue(
+        "webhook-sa",
+        common_name=user,
+        organizations=["system:serviceaccounts", f"system:serviceaccounts:{WEBHOOK_NAMESPACE}"],
+    )
+    return plane.kubeconfig(user, pair)
