@@ -35,7 +35,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kubectl", "kube-scheduler", "kube-controller-manager")
@@ -168,9 +168,7 @@ class Pki:
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.ExtendedKeyUsage(
-                    [x509.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
             )
         )

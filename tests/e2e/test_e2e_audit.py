@@ -5,6 +5,7 @@ PolicyReports accepted by the apiserver with the Policy WG's CRDs installed, not
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -103,12 +104,14 @@ def policy_report_crds(cluster: Cluster) -> Iterator[None]:
     crds = yaml.safe_load(CRDS.read_text(encoding="utf-8"))["items"]
     for crd in crds:
         cluster.kube.apply(crd)
+
+    def established(name: str) -> bool:
+        conditions = cluster.kube.get("CustomResourceDefinition", name).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
     for crd in crds:
         wait_until(
-            lambda name=crd["metadata"]["name"]: any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in cluster.kube.get("CustomResourceDefinition", name).get("status", {}).get("conditions") or []
-            ),
+            functools.partial(established, crd["metadata"]["name"]),
             timeout=60,
             what=f"CRD {crd['metadata']['name']} established",
         )

@@ -4,6 +4,7 @@ deleted, and the namespace-label guard refuses a user outside the editor groups.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -94,7 +95,7 @@ def test_the_backstop_holds_with_the_webhook_configuration_deleted(
         ),
     }
     for what, pod in attempts.items():
-        message = _denied_by(lambda pod=pod: kube.create(pod, dry_run=True))
+        message = _denied_by(functools.partial(kube.create, pod, dry_run=True))
         assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in message, (what, message)
         assert WEBHOOK_DENIAL not in message, (what, message)
     assert cluster.webhook_reviews() == reviews
@@ -166,7 +167,7 @@ def test_namespace_label_guard_refuses_a_user_outside_the_editor_groups(
         {"rocm-isolation.io/class": None},
         {"rocm-isolation.io/mode": "audit"},
     ):
-        message = _denied_by(lambda labels=labels: alice.patch("Namespace", ns, {"metadata": {"labels": labels}}))
+        message = _denied_by(functools.partial(alice.patch, "Namespace", ns, {"metadata": {"labels": labels}}))
         assert f"ValidatingAdmissionPolicy '{NAMESPACE_POLICY}'" in message, message
         assert EDITORS_CONFIGMAP in message, message
     new = {

@@ -68,10 +68,14 @@ def allocated_pools(cluster: Cluster, ns: str, pod_name: str) -> tuple[str, list
     results = []
     for status in pod["status"]["resourceClaimStatuses"]:
         live = cluster.kube.get("ResourceClaim", status["resourceClaimName"], ns)
+        name = status["resourceClaimName"]
+
+        def allocated(name: str = name) -> Obj | None:
+            result: Obj | None = cluster.kube.get("ResourceClaim", name, ns).get("status", {}).get("allocation")
+            return result
+
         allocation = wait_until(
-            lambda name=status["resourceClaimName"]: (
-                cluster.kube.get("ResourceClaim", name, ns).get("status", {}).get("allocation")
-            ),
+            allocated,
             timeout=30,
             what="the claim's allocation",
         )

@@ -18,7 +18,8 @@ from cryptography import x509
 
 from webhook.policy import default_policy_text
 
-from .harness import LOOPBACK, Cluster, cli, gpu_pod, metric_value
+from .controlplane import LOOPBACK
+from .harness import Cluster, cli, gpu_pod, metric_value
 from .kube import ApiError, Kube, Obj, wait_until
 
 WEBHOOK = "pods.rocm-isolation.io"

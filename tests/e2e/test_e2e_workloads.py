@@ -33,7 +33,8 @@ def spread_constraint(pod: Obj) -> Obj:
         c for c in pod["spec"].get("topologySpreadConstraints") or [] if c["topologyKey"] == "kubernetes.io/hostname"
     ]
     assert len(constraints) == 1, pod["spec"].get("topologySpreadConstraints")
-    return constraints[0]
+    constraint: Obj = constraints[0]
+    return constraint
 
 
 def test_inference_deployment_binds_only_to_reserved_nodes_and_spreads(
