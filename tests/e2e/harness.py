@@ -17,6 +17,9 @@ The session's cluster (``e2e``):
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
+import re
 import ssl
 import subprocess
 import sys
@@ -29,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from webhook.claims import device_class_info, device_classes, device_facts
+from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.policy import default_policy
 
 from .controlplane import (
     LOOPBACK,
@@ -493,3 +500,70 @@ def service_account_kubeconfig(plane: ControlPlane) -> Path:
         organizations=["system:serviceaccounts", f"system:serviceaccounts:{WEBHOOK_NAMESPACE}"],
     )
     return plane.kubeconfig(user, pair)
+
+
+# --- comparing pods -------------------------------------------------------------------------------
+
+OPT_OUT = "rocm-isolation.io/ignore"
+TOKEN_VOLUME = re.compile(r"kube-api-access-[a-z0-9]{5}")
+VOLATILE_METADATA = ("uid", "creationTimestamp", "resourceVersion", "generation", "managedFields")
+
+
+def normalised(pod: Obj, *, drop_opt_out: bool = False) -> Obj:
+    """Without what differs between two creations of the same pod: uid, timestamps, and the random
+    suffix of the ServiceAccount token volume (kube-api-access-XXXXX)."""
+    pod = json.loads(TOKEN_VOLUME.sub("kube-api-access", json.dumps(pod)))
+    meta = pod["metadata"]
+    for key in VOLATILE_METADATA:
+        meta.pop(key, None)
+    if drop_opt_out:
+        labels = meta.get("labels") or {}
+        labels.pop(OPT_OUT, None)
+        if not labels:
+            meta.pop("labels", None)
+    return pod
+
+
+def unmerged(pod: Obj) -> Obj:
+    """``pod`` without what kube-apiserver adds after admission (v1.34+, MatchLabelKeysInPodTopologySpread
+    SelectorMerge): each ``matchLabelKeys`` key as ``key In [the pod's value]`` in the constraint's
+    labelSelector. The stored form is refused on create ("exists in both matchLabelKeys and
+    labelSelector"), so a pod read back must be un-merged before it is sent again."""
+    pod = copy.deepcopy(pod)
+    labels = pod["metadata"].get("labels") or {}
+    for constraint in pod["spec"].get("topologySpreadConstraints") or []:
+        keys = set(constraint.get("matchLabelKeys") or [])
+        selector = constraint.get("labelSelector") or {}
+        expressions = [
+            e
+            for e in selector.get("matchExpressions") or []
+            if not (e["key"] in keys and e["operator"] == "In" and e.get("values") == [labels.get(e["key"])])
+        ]
+        if expressions:
+            selector["matchExpressions"] = expressions
+        else:
+            selector.pop("matchExpressions", None)
+    return pod
+
+
+def live_facts(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The facts the webhook's cache holds, read from the apiserver."""
+    labels = cluster.kube.get("Namespace", namespace)["metadata"].get("labels") or {}
+    claims = {
+        c["metadata"]["name"]: device_classes(c, "ResourceClaim") for c in cluster.kube.list("ResourceClaim", namespace)
+    }
+    templates = {
+        t["metadata"]["name"]: device_classes(t, "ResourceClaimTemplate")
+        for t in cluster.kube.list("ResourceClaimTemplate", namespace)
+    }
+    reserved = {n["metadata"]["name"] for n in cluster.kube.list("Node", selector="rocm-isolation.io/pool=inference")}
+    assert reserved == set(RESERVED_NODES)
+    policy = default_policy()
+    classes = {d["metadata"]["name"]: device_class_info(d) for d in cluster.kube.list("DeviceClass")}
+    return {
+        "devices": device_facts(classes, policy.spec.scope.gpu_drivers),
+        "namespace": NamespaceFacts(namespace, labels),
+        "nodes": NodeFacts(frozenset(reserved)),
+        "policy": policy,
+        "claims": ClaimFacts(claims=claims, templates=templates),
+    }

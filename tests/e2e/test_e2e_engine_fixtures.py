@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,20 +28,15 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook.claims import device_class_info, device_classes, device_facts
-from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.engine import CLAIM_UNRESOLVED, decide
 from webhook.policy import default_policy
 
-from .harness import RESERVED_NODES, Cluster, gpu_pod
+from .harness import OPT_OUT, Cluster, gpu_pod, live_facts, normalised, unmerged
 from .kube import ApiError, Obj, wait_until
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
-OPT_OUT = "rocm-isolation.io/ignore"
 MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request: '
-TOKEN_VOLUME = re.compile(r"kube-api-access-[a-z0-9]{5}")
-VOLATILE_METADATA = ("uid", "creationTimestamp", "resourceVersion", "generation", "managedFields")
 
 
 def create_cases() -> list[Any]:
@@ -182,21 +176,6 @@ def as_pod(body: Obj, namespace: str) -> Obj:
     return pod
 
 
-def normalised(pod: Obj, *, drop_opt_out: bool = False) -> Obj:
-    """Without what differs between two creations of the same pod: uid, timestamps, and the random
-    suffix of the ServiceAccount token volume (kube-api-access-XXXXX)."""
-    pod = json.loads(TOKEN_VOLUME.sub("kube-api-access", json.dumps(pod)))
-    meta = pod["metadata"]
-    for key in VOLATILE_METADATA:
-        meta.pop(key, None)
-    if drop_opt_out:
-        labels = meta.get("labels") or {}
-        labels.pop(OPT_OUT, None)
-        if not labels:
-            meta.pop("labels", None)
-    return pod
-
-
 def without_webhook(kube: Any, pod: Obj) -> Obj:
     """What the apiserver makes of ``pod`` before any webhook (see the module docstring)."""
     body = copy.deepcopy(pod)
@@ -208,29 +187,6 @@ def without_webhook(kube: Any, pod: Obj) -> Obj:
     if node_name is not None:
         result["spec"]["nodeName"] = node_name
     return result
-
-
-def live_facts(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    """The facts the webhook's cache holds, read from the apiserver."""
-    labels = cluster.kube.get("Namespace", namespace)["metadata"].get("labels") or {}
-    claims = {
-        c["metadata"]["name"]: device_classes(c, "ResourceClaim") for c in cluster.kube.list("ResourceClaim", namespace)
-    }
-    templates = {
-        t["metadata"]["name"]: device_classes(t, "ResourceClaimTemplate")
-        for t in cluster.kube.list("ResourceClaimTemplate", namespace)
-    }
-    reserved = {n["metadata"]["name"] for n in cluster.kube.list("Node", selector="rocm-isolation.io/pool=inference")}
-    assert reserved == set(RESERVED_NODES)
-    policy = default_policy()
-    classes = {d["metadata"]["name"]: device_class_info(d) for d in cluster.kube.list("DeviceClass")}
-    return {
-        "devices": device_facts(classes, policy.spec.scope.gpu_drivers),
-        "namespace": NamespaceFacts(namespace, labels),
-        "nodes": NodeFacts(frozenset(reserved)),
-        "policy": policy,
-        "claims": ClaimFacts(claims=claims, templates=templates),
-    }
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -326,28 +282,6 @@ def test_the_mutations_annotation_records_what_was_done_with_the_placement_polic
     assert pod["spec"]["affinity"]["nodeAffinity"]  # placed (by the policy, the webhook or both)
     recorded = pod["metadata"]["annotations"][MUTATIONS_ANNOTATION].split(",")
     assert {"node-affinity", "tolerations"} <= set(recorded), recorded
-
-
-def unmerged(pod: Obj) -> Obj:
-    """``pod`` without what kube-apiserver adds after admission (v1.34+, MatchLabelKeysInPodTopologySpread
-    SelectorMerge): each ``matchLabelKeys`` key as ``key In [the pod's value]`` in the constraint's
-    labelSelector. The stored form is refused on create ("exists in both matchLabelKeys and
-    labelSelector"), so a pod read back must be un-merged before it is sent again."""
-    pod = copy.deepcopy(pod)
-    labels = pod["metadata"].get("labels") or {}
-    for constraint in pod["spec"].get("topologySpreadConstraints") or []:
-        keys = set(constraint.get("matchLabelKeys") or [])
-        selector = constraint.get("labelSelector") or {}
-        expressions = [
-            e
-            for e in selector.get("matchExpressions") or []
-            if not (e["key"] in keys and e["operator"] == "In" and e.get("values") == [labels.get(e["key"])])
-        ]
-        if expressions:
-            selector["matchExpressions"] = expressions
-        else:
-            selector.pop("matchExpressions", None)
-    return pod
 
 
 def test_the_fixture_run_is_not_vacuous() -> None:
