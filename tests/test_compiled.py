@@ -30,7 +30,7 @@ from test_engine import as_pod, facts, load_cases
 from test_properties import DRA_TEMPLATES, dra_pods
 
 from webhook import engine
-from webhook.decision import NO_CLAIMS, ClaimFacts
+from webhook.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, DeviceFacts
 from webhook.policy import Policy
 
 ROOT = Path(__file__).parent.parent
@@ -83,12 +83,29 @@ def test_every_compiled_module_is_the_compiled_one() -> None:
 
 
 def outcome(
-    module: Any, pod: Any, old: Any, operation: str, namespace: Any, nodes: Any, policy: Policy, claims: Any
+    module: Any,
+    pod: Any,
+    old: Any,
+    operation: str,
+    namespace: Any,
+    nodes: Any,
+    policy: Policy,
+    claims: Any,
+    devices: Any = NO_DEVICES,
+    sub_resource: str = "",
 ) -> Any:
     """What ``decide`` returns, as plain data (the compiled and pure records are different classes)."""
     try:
         decision = module.decide(
-            operation=operation, pod=pod, old_pod=old, namespace=namespace, nodes=nodes, policy=policy, claims=claims
+            operation=operation,
+            pod=pod,
+            old_pod=old,
+            namespace=namespace,
+            nodes=nodes,
+            policy=policy,
+            claims=claims,
+            devices=devices,
+            sub_resource=sub_resource,
         )
     except Exception as err:  # decide() never raises: if one does, both must raise alike
         return ("raised", type(err).__name__, str(err))
@@ -115,11 +132,13 @@ def assert_same(
     nodes: Any,
     policy: Policy,
     claims: ClaimFacts = NO_CLAIMS,
+    devices: DeviceFacts = NO_DEVICES,
+    sub_resource: str = "",
 ) -> Any:
     before = copy.deepcopy((pod, old))
-    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy, claims)
+    compiled = outcome(engine, pod, old, operation, namespace, nodes, policy, claims, devices, sub_resource)
     assert (pod, old) == before, "decide must not modify its input"
-    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy, claims)
+    assert compiled == outcome(pure, pod, old, operation, namespace, nodes, policy, claims, devices, sub_resource)
     return compiled
 
 
@@ -129,7 +148,7 @@ def test_same_decision_on_every_engine_fixture(pure: ModuleType, case: dict[str,
     pod = as_pod(case["pod"]) if case.get("raw") is not True else case["pod"]
     result = assert_same(
         pure, pod, as_pod(case.get("oldPod")), inputs["operation"], inputs["namespace"], inputs["nodes"],
-        inputs["policy"], inputs["claims"],
+        inputs["policy"], inputs["claims"], inputs["devices"], inputs["sub_resource"],
     )  # fmt: skip
     assert result[0] is (case["expect"]["outcome"] != "denied")
 
