@@ -35,7 +35,7 @@ import yaml
 
 from webhook.claims import device_class_info, device_classes, device_facts
 from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
-from webhook.policy import default_policy
+from webhook.policy import Policy, default_policy
 
 from .controlplane import (
     LOOPBACK,
@@ -546,7 +546,7 @@ def unmerged(pod: Obj) -> Obj:
     return pod
 
 
-def live_facts(cluster: Cluster, namespace: str) -> dict[str, Any]:
+def live_facts(cluster: Cluster, namespace: str, policy: Policy | None = None) -> dict[str, Any]:
     """The facts the webhook's cache holds, read from the apiserver."""
     labels = cluster.kube.get("Namespace", namespace)["metadata"].get("labels") or {}
     claims = {
@@ -558,7 +558,7 @@ def live_facts(cluster: Cluster, namespace: str) -> dict[str, Any]:
     }
     reserved = {n["metadata"]["name"] for n in cluster.kube.list("Node", selector="rocm-isolation.io/pool=inference")}
     assert reserved == set(RESERVED_NODES)
-    policy = default_policy()
+    policy = policy or default_policy()
     classes = {d["metadata"]["name"]: device_class_info(d) for d in cluster.kube.list("DeviceClass")}
     return {
         "devices": device_facts(classes, policy.spec.scope.gpu_drivers),
