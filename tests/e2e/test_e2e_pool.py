@@ -63,7 +63,9 @@ def test_plan_apply_status_release_on_real_nodes(cluster: Cluster, pool_nodes_re
     plan = cluster.cli("pool", "plan", "--selector", "amd.com/gpu.device-id=740f", "--count", "1", "-o", "json")
     assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
-    assert set(json.dumps(planned).split('"')) & {first, second}, planned  # one of the MI210 nodes
+    chosen = [n["name"] for n in planned["nodes"]]
+    assert len(chosen) == 1 and chosen[0] in (first, second), planned  # one of the two MI210 nodes
+    assert planned["reserved"]["after"]["gpusAllocatable"] == planned["reserved"]["before"]["gpusAllocatable"] + 8
     assert not is_reserved(cluster, first) and not is_reserved(cluster, second)  # a plan writes nothing
 
     _, _, version = node_state(cluster, first)
@@ -84,9 +86,12 @@ def test_plan_apply_status_release_on_real_nodes(cluster: Cluster, pool_nodes_re
     assert node_state(cluster, first)[2] == version  # idempotent: no write at all
 
     status = cluster.cli("pool", "status", "-o", "json")
-    assert status.returncode in (0, 1), status.stderr
-    text = status.stdout
-    assert first in text and cluster.reserved[0] in text, text
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    states = {n["name"]: (n["labelled"], n["tainted"], n["state"]) for n in report["nodes"]}
+    assert states == {name: (True, True, "ok") for name in (*cluster.reserved, first)}, states
+    assert report["reserved"]["nodes"] == len(cluster.reserved) + 1
+    assert report["reserved"]["gpusAllocatable"] == 8 * (len(cluster.reserved) + 1)
 
     released = cluster.cli("pool", "release", "--nodes", first)
     assert released.returncode == 0, released.stdout + released.stderr
