@@ -117,9 +117,9 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     # The configuration names the port before the server starts; the server needs the RBAC first.
     port = free_port()
     manifests = render_manifests(cert_dir / "ca.crt", port)
-    install(kube, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
+    install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
     webhook = start_webhook(plane, workdir / "webhook", webhook_kubeconfig, cert_dir=cert_dir, port=port)
-    install(kube, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
+    install(plane, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
 
     # The reserved pool, with the project's own command (an operator's kubeconfig: the admin's).
     result = cli("pool", "apply", "--nodes", ",".join(RESERVED_NODES), kubeconfig=plane.admin_kubeconfig)

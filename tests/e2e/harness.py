@@ -11,7 +11,7 @@ The session's cluster (``e2e``):
   driver ``gpu.amd.com``, its pool named after the node;
 - the webhook as a real ``python -m webhook serve`` subprocess on loopback, with certificates from the
   project's ``certs`` command, authenticated as the webhook's ServiceAccount (so the manifests' RBAC
-  is what it gets), and installed from the project's ``manifests`` output.
+  is what it gets), and installed from the project's ``manifests`` output with ``kubectl apply``.
 """
 
 from __future__ import annotations
@@ -483,10 +483,30 @@ def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:
     return out
 
 
-def install(kube: Kube, manifests: Sequence[Obj]) -> None:
-    order = {"Namespace": 0, "CustomResourceDefinition": 0, "ServiceAccount": 1, "ConfigMap": 1}
-    for doc in sorted(manifests, key=lambda d: order.get(d["kind"], 2)):
-        kube.apply(doc)
+def install(plane: ControlPlane, manifests: Sequence[Obj]) -> None:
+    """What an operator runs: the rendered manifests through ``kubectl apply`` (server-side), with the
+    kubectl of KUBEBUILDER_ASSETS and the admin's kubeconfig."""
+    result = subprocess.run(
+        [
+            plane.binary("kubectl"),
+            "--kubeconfig",
+            str(plane.admin_kubeconfig),
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=rocm-isolation-e2e",
+            "-f",
+            "-",
+        ],
+        input=yaml.safe_dump_all(manifests),
+        env=loopback_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl apply of the manifests failed:\n{result.stdout}\n{result.stderr}")
 
 
 def service_account_kubeconfig(plane: ControlPlane) -> Path:
