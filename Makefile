@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions fuzz soak certs manifests clean
 
 all: test
 
@@ -82,6 +82,10 @@ bench: $(COMPILED)
 # audit on 5,000 nodes and 150,000 pods (fake API): writes the "Audit at scale" section of docs/benchmarks.md
 bench-audit: $(COMPILED)
 	$(PY) -m bench.audit_scale
+
+# instructions per decide() call, counted by callgrind (needs valgrind): repeatable on a busy machine
+bench-instructions: $(COMPILED)
+	$(PY) -m bench.instructions
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)

@@ -89,7 +89,12 @@ def decide(
         return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
     if namespace.name in spec.excluded_namespaces:
         return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
-    matcher = route_matcher_for(policy, devices)
+    # Most clusters (and every review without a DeviceClass watch) add nothing: no cache lookup then.
+    matcher = (
+        policy.routes
+        if not devices.gpu_classes and not devices.extended_resources
+        else route_matcher_for(policy, devices)
+    )
     try:
         if sub_resource:
             if sub_resource != EPHEMERAL_CONTAINERS or operation != "UPDATE":
@@ -236,6 +241,13 @@ def _decide_pod(
         return _finish(review, mode, class_name, RULE_CHECKED)
     class_name = _classify(review, labels, None)
     cls = policy.spec.classes[class_name]
+    if cls.direct_gpu_access == "deny":
+        # gpu_routes did not read the env of containers that a GPU resource already made GPU containers.
+        for route in routes:
+            if route.kind == pods.ROUTE_RESOURCE and route.container is not None:
+                found = pods.runtime_variable_route(route.container, matcher)
+                if found is not None:
+                    review.direct.append(found)
     _check_direct_access(review, cls, class_name)
     _check_create(review, cls, class_name)
     if mirror:

@@ -158,7 +158,7 @@ class RouteMatcher:
     what the cluster knows): which resource names are GPUs (None: no resource route), whether
     privileged containers count, the AMD container runtime's variables and RuntimeClasses."""
 
-    __slots__ = ("privileged", "resources", "runtime_classes", "variable_prefixes", "variables")
+    __slots__ = ("privileged", "resources", "runtime_classes", "variable_names", "variable_prefixes", "variables")
 
     def __init__(
         self,
@@ -171,28 +171,36 @@ class RouteMatcher:
         self.resources: Final = resources
         self.privileged: Final = privileged
         self.variables: Final = variables
+        self.variable_names: Final = frozenset(variables)
         self.variable_prefixes: Final = variable_prefixes
         self.runtime_classes: Final = runtime_classes
 
     def runtime_variable(self, name: str) -> bool:
-        # Plain loops: compiled, they beat any() over a generator (every env entry of every container).
-        for wanted in self.variables:
-            if name == wanted:
-                return True
-        for prefix in self.variable_prefixes:  # noqa: SIM110
+        # Read for every env entry of every container: one hash lookup, then str.startswith per prefix
+        # (compiled, startswith(str) is a native call where startswith(tuple) is a generic one).
+        if name in self.variable_names:
+            return True
+        for prefix in self.variable_prefixes:  # noqa: SIM110 - a plain loop, for the same reason
             if name.startswith(prefix):
                 return True
         return False
 
 
 class Route:
-    """One way a pod reaches a GPU: the route (``ROUTE_*``) and the field that opens it."""
+    """One way a pod reaches a GPU: the route (``ROUTE_*``) and the field that opens it (``detail`` under
+    ``container``, or the whole field without one). The field is formatted only when a message needs it:
+    every GPU container of every review has a route."""
 
-    __slots__ = ("field", "kind")
+    __slots__ = ("container", "detail", "kind")
 
-    def __init__(self, kind: str, field: str) -> None:
+    def __init__(self, kind: str, detail: str, container: ContainerRef | None = None) -> None:
         self.kind: Final = kind
-        self.field: Final = field
+        self.detail: Final = detail
+        self.container: Final = container
+
+    @property
+    def field(self) -> str:
+        return self.detail if self.container is None else self.container.field + self.detail
 
     @property
     def direct(self) -> bool:
@@ -214,26 +222,37 @@ _ROUTE_WORDS = {
 }
 
 
-def _gpu_resource(container: ContainerRef, gpu: GpuResources) -> str:
-    """The field of the first GPU resource the container requests or limits ('' when none)."""
+def _gpu_resource(container: ContainerRef, gpu: GpuResources) -> bool:
     requests, limits = resource_maps(container)
-    for kind, values in (("requests", requests), ("limits", limits)):
-        if values and gpu.any(values):
-            for name in values:
-                if gpu(name):
-                    return f"{container.field}.resources.{kind}[{name}]"
-    return ""
+    return bool((requests and gpu.any(requests)) or (limits and gpu.any(limits)))
 
 
 def _runtime_variable(container: ContainerRef, matcher: RouteMatcher) -> str:
+    """``.env[i](NAME)`` of the first variable of the AMD container runtime ('' when none)."""
     env = container.body.get("env")
     if env is None:
         return ""
-    for index, entry in objects(env, f"{container.field}.env"):
-        name = entry.get("name")
+    if type(env) is not list:
+        env = sequence(env, f"{container.field}.env")
+    # A plain loop over what JSON decoding gives: env lists of a hundred variables are common, and this
+    # reads every one of every container (field names are only formatted for a hit or a bad item). Typed
+    # locals: compiled, dict.get and str.startswith on them are native calls, not generic ones.
+    names: frozenset[str] = matcher.variable_names
+    prefixes: tuple[str, ...] = matcher.variable_prefixes
+    for index, item in enumerate(env):
+        entry: dict[str, Any] = item if type(item) is dict else mapping(item, f"{container.field}.env[{index}]")
+        value = entry.get("name")
         # Whatever the value or valueFrom: the runtime reads the variable the container ends up with.
-        if type(name) is str and matcher.runtime_variable(name):
-            return f"{container.field}.env[{index}]({name})"
+        if type(value) is str:
+            name: str = value
+            hit = name in names
+            if not hit:
+                for prefix in prefixes:
+                    if name.startswith(prefix):
+                        hit = True
+                        break
+            if hit:
+                return f".env[{index}]({name})"
     return ""
 
 
@@ -245,29 +264,37 @@ def _privileged(container: ContainerRef) -> str:
         context = mapping(context, f"{container.field}.securityContext")
     value = context.get("privileged")
     if value is True:
-        return f"{container.field}.securityContext.privileged"
+        return ".securityContext.privileged"
     if value is not None and type(value) is not bool:
         raise MalformedPod(f"{container.field}.securityContext.privileged", "a boolean")
     return ""
 
 
-def container_routes(container: ContainerRef, matcher: RouteMatcher) -> list[Route]:
-    """The routes by which one container reaches a GPU (resources, privileged, runtime variables)."""
+def container_routes(container: ContainerRef, matcher: RouteMatcher, *, complete: bool = True) -> list[Route]:
+    """The routes by which one container reaches a GPU (resources, privileged, runtime variables).
+
+    ``complete=False`` skips the scan of the env for the AMD runtime's variables when a GPU resource
+    already makes the container a GPU container: the scan reads every variable of every container (the
+    costliest part of a large pod's decision), and for such a container it only adds a warning (the
+    engine scans it where a class denies direct access: ``runtime_variable_route``)."""
     found: list[Route] = []
     gpu = matcher.resources
-    if gpu is not None and container.body.get("resources") is not None:
-        where = _gpu_resource(container, gpu)
-        if where:
-            found.append(Route(ROUTE_RESOURCE, where))
+    if gpu is not None and container.body.get("resources") is not None and _gpu_resource(container, gpu):
+        found.append(Route(ROUTE_RESOURCE, ".resources", container))
     if matcher.privileged:
         where = _privileged(container)
         if where:
-            found.append(Route(ROUTE_PRIVILEGED, where))
-    if matcher.variables or matcher.variable_prefixes:
-        where = _runtime_variable(container, matcher)
-        if where:
-            found.append(Route(ROUTE_RUNTIME_VARIABLE, where))
+            found.append(Route(ROUTE_PRIVILEGED, where, container))
+    if (complete or not found) and (matcher.variables or matcher.variable_prefixes):
+        route = runtime_variable_route(container, matcher)
+        if route is not None:
+            found.append(route)
     return found
+
+
+def runtime_variable_route(container: ContainerRef, matcher: RouteMatcher) -> Route | None:
+    where = _runtime_variable(container, matcher)
+    return Route(ROUTE_RUNTIME_VARIABLE, where, container) if where else None
 
 
 def containers(spec: dict[str, Any], *, ephemeral: bool = False) -> list[ContainerRef]:
@@ -289,7 +316,7 @@ def gpu_routes(spec: dict[str, Any], matcher: RouteMatcher) -> tuple[list[Contai
     found: list[ContainerRef] = []
     routes: list[Route] = []
     for container in containers(spec, ephemeral=True):
-        hits = container_routes(container, matcher)
+        hits = container_routes(container, matcher, complete=False)
         if hits:
             routes.extend(hits)
             if container.list_name != EPHEMERAL:
