@@ -234,8 +234,11 @@ def test_cli_json(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert set(document) == {"findings", "capacity"}
     assert set(document["capacity"]) == {"reserved", "shared"}
     for finding in document["findings"]:
-        assert set(finding) in ({"rule", "kind", "name", "message"}, {"rule", "kind", "namespace", "name", "message"})
+        keys = set(finding) - {"uid"}  # the object's uid, when it has one (what reports name it by)
+        assert keys in ({"rule", "kind", "name", "message"}, {"rule", "kind", "namespace", "name", "message"})
         assert ("namespace" in finding) == (finding["kind"] == "Pod")
+        if finding["kind"] == "Pod":
+            assert finding["uid"] == f"uid-pod-{finding['namespace']}-{finding['name']}"
     assert {
         (f["rule"], f"{f['namespace']}/{f['name']}" if "namespace" in f else f["name"]) for f in document["findings"]
     } == EXPECTED
@@ -251,7 +254,9 @@ def test_cli_policyreport_validates_against_the_crd_schema(
     assert kinds == [("ClusterPolicyReport", None), ("PolicyReport", "ml"), ("PolicyReport", "serve")]
     for document in documents:
         jsonschema.validate(document, {**SCHEMA, "$ref": f"#/$defs/{document['kind']}"})
-        assert document["summary"]["fail"] == len(document["results"])
+        summary = document["summary"]
+        assert summary["fail"] + summary["warn"] == len(document["results"])
+        assert summary["warn"] == sum(r["result"] == "warn" for r in document["results"])
     cluster = documents[0]
     assert {r["rule"] for r in cluster["results"]} == {rule for rule, name in EXPECTED if "/" not in name}
     result = next(r for r in documents[1]["results"] if r["rule"] == "pod-on-reserved-node")

@@ -204,8 +204,19 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
             "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
             "verbs": read,
         },
+        # The background audit's reports: listed (compared, stale ones found), server-side applied, deleted.
+        {
+            "apiGroups": ["wgpolicyk8s.io"],
+            "resources": ["policyreports", "clusterpolicyreports"],
+            "verbs": ["list", "patch", "delete"],
+        },
+        {
+            "apiGroups": ["openreports.io"],
+            "resources": ["reports", "clusterreports"],
+            "verbs": ["list", "patch", "delete"],
+        },
     ]
-    # The only write: the background audit's Lease, in the webhook's own namespace.
+    # The other write: the background audit's Lease, in the webhook's own namespace.
     roles = [r for r in resources if r["kind"] == "Role"]
     assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
         (

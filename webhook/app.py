@@ -144,6 +144,9 @@ class WebhookService:
             checks["cluster"] = {"ok": True, "detail": "no cluster configured: namespace labels and nodes unknown"}
         else:
             checks["cluster"] = {"ok": self.cluster.synced, **self.cluster.status()}
+        if self.auditor is not None:
+            # Informational: where the background audit's findings go never makes a replica unready.
+            checks["auditReports"] = {"ok": True, **self.auditor.reports_status()}
         missing = [name for name, check in checks.items() if not check["ok"]]
         return not missing, {"ready": not missing, "missing": missing, "checks": checks}
 

@@ -133,6 +133,8 @@ class Finding:
             out["namespace"] = self.namespace
         out["name"] = self.name
         out["message"] = self.message
+        if self.uid:
+            out["uid"] = self.uid
         return out
 
 
@@ -591,62 +593,13 @@ def write_table(report: Report, out: TextIO) -> None:
     _table(rows, out)
 
 
-def _result(finding: Finding, seconds: int) -> dict[str, Any]:
-    rule = RULES[finding.rule]
-    resource: dict[str, Any] = {"apiVersion": "v1", "kind": finding.kind, "name": finding.name}
-    if finding.namespace is not None:
-        resource["namespace"] = finding.namespace
-    if finding.uid:
-        resource["uid"] = finding.uid
-    return {
-        "policy": POLICY_NAME,
-        "rule": finding.rule,
-        "result": "fail",
-        "severity": rule.severity,
-        "category": "GPU isolation",
-        "source": SOURCE,
-        "scored": True,
-        "message": finding.message,
-        "timestamp": {"seconds": seconds, "nanos": 0},
-        "resources": [resource],
-    }
-
-
 def policy_reports(report: Report) -> list[dict[str, Any]]:
-    """A PolicyReport per namespace with pod findings, and one ClusterPolicyReport (nodes,
-    namespaces), in ``wgpolicyk8s.io/v1alpha2`` as Kyverno and Policy Reporter read them.
-    Only failures are listed (one result per finding)."""
-    seconds = int(report.now.timestamp())
-    labels = {"app.kubernetes.io/managed-by": SOURCE}
-    by_namespace: dict[str, list[dict[str, Any]]] = {}
-    cluster: list[dict[str, Any]] = []
-    for finding in report.findings:
-        target = by_namespace.setdefault(finding.namespace, []) if finding.namespace is not None else cluster
-        target.append(_result(finding, seconds))
+    """A PolicyReport per namespace with findings, and one ClusterPolicyReport (nodes, namespaces,
+    DeviceClasses), in ``wgpolicyk8s.io/v1alpha2`` as Kyverno and Policy Reporter read them: what the
+    background audit writes to the cluster (``webhook.reports``)."""
+    from webhook import reports
 
-    def summary(results: list[dict[str, Any]]) -> dict[str, int]:
-        return {"pass": 0, "fail": len(results), "warn": 0, "error": 0, "skip": 0}
-
-    documents = [
-        {
-            "apiVersion": "wgpolicyk8s.io/v1alpha2",
-            "kind": "ClusterPolicyReport",
-            "metadata": {"name": "rocm-isolation-audit", "labels": dict(labels)},
-            "summary": summary(cluster),
-            "results": cluster,
-        }
-    ]
-    for namespace, results in sorted(by_namespace.items()):
-        documents.append(
-            {
-                "apiVersion": "wgpolicyk8s.io/v1alpha2",
-                "kind": "PolicyReport",
-                "metadata": {"name": "rocm-isolation-audit", "namespace": namespace, "labels": dict(labels)},
-                "summary": summary(results),
-                "results": results,
-            }
-        )
-    return documents
+    return reports.documents(report.findings, int(report.now.timestamp()), reports.WGPOLICY)
 
 
 def write_output(report: Report, output: str, out: TextIO) -> None:

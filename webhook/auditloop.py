@@ -13,6 +13,10 @@ reads, and its JSON report (``findings``, ``capacity``) becomes the gauges. A fa
 child exits 2: cluster unreadable, RBAC, invalid policy file) counts
 ``rocm_isolation_audit_runs_total{result="failure"}``; the last success's timestamp then ages,
 which is what an "audit stale" alert watches.
+
+The findings are also written to the cluster as reports (``webhook.reportwriter``: PolicyReport /
+ClusterPolicyReport and openreports.io Report / ClusterReport, whichever the cluster serves) by the
+leader, after each successful run, unless ``serve --no-audit-reports``.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from webhook.audit import EXIT_CLEAN, EXIT_FINDINGS, RULES
 from webhook.inventory import POOLS
 from webhook.lease import LeaderElector
 from webhook.metrics import Metrics
+from webhook.reports import finding_from_json
+
+if TYPE_CHECKING:
+    from webhook.reportwriter import ReportWriter
 
 log = logging.getLogger("webhook.auditloop")
 
@@ -94,6 +102,7 @@ class BackgroundAudit:
         timeout: float | None = None,
         poll: float = 1.0,
         clock: Callable[[], float] = time.time,
+        reports: ReportWriter | None = None,
     ) -> None:
         self.command = list(command)
         self.metrics = metrics
@@ -102,6 +111,7 @@ class BackgroundAudit:
         self.timeout = timeout if timeout is not None else max(interval, 600.0)
         self.poll = poll
         self._clock = clock
+        self.reports = reports
         self._next_run = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,6 +146,16 @@ class BackgroundAudit:
         if self.elector is not None:
             self.elector.stop(release=release)
             self.elector.api.close()
+        if self.reports is not None:
+            self.reports.close()
+
+    def reports_status(self) -> dict[str, Any]:
+        """For ``/readyz``: whether and where the findings are written as reports."""
+        if self.reports is None:
+            return {"apis": [], "detail": "off (serve --no-audit-reports)"}
+        if not self.leading:
+            return {"apis": [], "detail": "written by the replica holding the audit Lease"}
+        return self.reports.status()
 
     @property
     def leading(self) -> bool:
@@ -171,6 +191,12 @@ class BackgroundAudit:
         self.metrics.audit_runs.labels("success").inc()
         self.metrics.audit_last_success.set(self._clock())
         self.last_report = document
+        if self.reports is not None and self.leading:
+            findings = [finding_from_json(f) for f in document.get("findings") or [] if isinstance(f, dict)]
+            try:
+                self.reports.write(findings)
+            except Exception:  # reports never fail the audit (or stop the loop)
+                log.exception("audit reports: unexpected error")
         log.info(
             "background audit",
             extra={"findings": len(document.get("findings") or []), "seconds": round(time.perf_counter() - started, 2)},

@@ -45,6 +45,7 @@ MAX_RETRY_WAIT: Final = 10.0
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"  # server-side apply (a JSON body is valid YAML)
 
 
 class ApiError(Exception):
@@ -306,7 +307,7 @@ class KubeApi:
             if not continue_token:
                 return
 
-    # -- writes (pool: patch, post) go below ------------------------------------------------------
+    # -- writes (pool: patch, post; the background audit's reports: apply, delete) ----------------
 
     def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST ``body`` to the collection at ``path``; the created object."""
@@ -331,6 +332,20 @@ class KubeApi:
         if not isinstance(document, dict):
             raise ApiError(f"PATCH {path}: the answer is not a JSON object", method="PATCH", path=path)
         return document
+
+    def apply(self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False) -> dict[str, Any]:
+        """Server-side apply of ``body`` (the whole intent of ``field_manager``) to the object at ``path``,
+        created when it does not exist; the object after it. ``force`` takes over fields another
+        manager owns instead of answering 409 ``Conflict``."""
+        query = {"fieldManager": field_manager, **({"force": "true"} if force else {})}
+        document = self.request("PATCH", path, query=query, body=body, content_type=APPLY_PATCH)
+        if not isinstance(document, dict):
+            raise ApiError(f"PATCH {path}: the answer is not a JSON object", method="PATCH", path=path)
+        return document
+
+    def delete(self, path: str) -> None:
+        """DELETE the object at ``path`` (``NotFound`` when it is already gone)."""
+        self.request("DELETE", path)
 
     def post(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> Any:
         """POST ``body`` to ``path`` (a collection or a subresource such as ``pods/NAME/eviction``);

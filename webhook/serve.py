@@ -82,6 +82,7 @@ class Settings:
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
     audit_interval_seconds: float = 300.0
+    audit_reports: bool = True
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -142,11 +143,20 @@ def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
         name=LEASE_NAME,
         identity=f"{socket.gethostname()}_{os.getpid()}",
     )
+    writer = None
+    if settings.audit_reports:
+        from webhook.reportwriter import ReportWriter
+
+        reports_client = load_api_client(settings.kubeconfig)
+        if reports_client is None:
+            raise RuntimeError("no kubeconfig and not running in a cluster")
+        writer = ReportWriter(KubeApi(reports_client))
     return BackgroundAudit(
         audit_command(settings.kubeconfig, settings.policy),
         metrics,
         interval=settings.audit_interval_seconds,
         elector=elector,
+        reports=writer,
     )
 
 
@@ -303,6 +313,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(a Lease in the webhook's namespace); 0 disables it (default: 300; needs a cluster)",
     )
     parser.add_argument(
+        "--audit-reports",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the background audit's findings to the cluster as PolicyReport/ClusterPolicyReport "
+        "(wgpolicyk8s.io/v1alpha2) and Report/ClusterReport (openreports.io/v1alpha1), whichever CRDs it "
+        "serves (default: on)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -335,6 +353,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_summary_seconds=args.log_summary_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
         audit_interval_seconds=args.audit_interval_seconds,
+        audit_reports=args.audit_reports,
     )
 
 
