@@ -148,9 +148,26 @@ def test_a_class_without_requirements_or_tolerations_only_gets_its_annotation() 
     assert engine.CLASS_ANNOTATION in mutations[0]["jsonPatch"]["expression"]
 
 
+def test_the_mutations_record_comes_first_and_only_for_the_classes_that_place() -> None:
+    """The annotations mutation reads what the placement mutations after it will change off the pod as
+    it arrives; a class that never adds affinity or tolerations records neither (``false``)."""
+    spec = mutating_policy.placement_policy_spec(default_policy())
+    first = spec["mutations"][0]["jsonPatch"]["expression"]
+    assert engine.MUTATIONS_ANNOTATION in first and "variables.addedMutations" in first
+    assert all(engine.MUTATIONS_ANNOTATION not in m["jsonPatch"]["expression"] for m in spec["mutations"][1:])
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "'node-affinity'" in variables["addedMutations"] and "'tolerations'" in variables["addedMutations"]
+    # training adds no toleration: only inference is listed, every other class falls to false.
+    assert "'training'" not in variables["addsTolerations"] and variables["addsTolerations"].endswith("false")
+    assert "'training'" in variables["addsNodeAffinity"]
+
+
 def test_key_aliases_render_one_variant_per_spelling() -> None:
     policy = load_policy(FIXTURES / "policies" / "engine-aliases.yaml")
-    affinity = mutating_policy.placement_policy_spec(policy)["mutations"][0]["jsonPatch"]["expression"]
+    annotations, affinity, _ = (
+        m["jsonPatch"]["expression"] for m in mutating_policy.placement_policy_spec(policy)["mutations"]
+    )
+    assert engine.CLASS_ANNOTATION in annotations and "nodeSelectorTerms" not in annotations
     for key in ("amd.com/compute-memory-partition", "amd.com/gpu.compute-memory-partition"):
         assert cel.quote(key) in affinity
     # No list of typed objects travels as a bare JSONPatch value (it panics kube-apiserver 1.36's cel-go).

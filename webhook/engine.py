@@ -586,8 +586,25 @@ def _plan(
     # when something was (so that a reinvocation on our own output yields no operation).
     entries = {CLASS_ANNOTATION: class_name}
     if review.operations:
-        entries[MUTATIONS_ANNOTATION] = ",".join(review.done)
+        recorded = _recorded_mutations(review.metadata.get("annotations"), review.done)
+        if recorded is not None:
+            entries[MUTATIONS_ANNOTATION] = recorded
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
+
+
+def _recorded_mutations(annotations: Any, done: list[str]) -> str | None:
+    """The mutations annotation with ``done`` merged in, or None when it already lists all of it.
+
+    The MutatingAdmissionPolicy records what it did in the same annotation before the webhook is
+    called (``mutating_policy._mutations_annotation_patch``, the same merge in CEL): the entries are a
+    union, the existing ones first and in their order, nothing listed twice, so that neither
+    overwrites the other's record and a reinvocation adds nothing."""
+    current = annotations.get(MUTATIONS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not current:
+        return ",".join(done)
+    listed = current.split(",")
+    added = [entry for entry in done if entry not in listed]
+    return current + "," + ",".join(added) if added else None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ webhook is called:
   per spelling; a term created when there is none (``scheduling.narrow_terms``);
 - the reserved toleration unless a toleration already tolerates the taint, then the class's own
   tolerations unless the pod has the same one (``engine._plan_tolerations``);
-- the class annotation ``rocm-isolation.io/class``.
+- the class annotation ``rocm-isolation.io/class``, and ``node-affinity`` / ``tolerations`` in the
+  ``rocm-isolation.io/mutations`` record when it changes them (the webhook merges its own entries into
+  that value, ``engine._recorded_mutations``; both append only what is missing).
 
 Everything is a ``JSONPatch`` mutation: ``nodeSelectorTerms``, ``matchExpressions`` and
 ``tolerations`` are atomic lists, which an ``ApplyConfiguration`` can only replace wholesale. A
@@ -183,6 +185,16 @@ def _affinity_patch(requirements: tuple[scheduling.Requirement, ...]) -> str:
     )
 
 
+def _adds_node_affinity(requirements: tuple[scheduling.Requirement, ...]) -> str:
+    """Whether ``_affinity_patch`` yields an operation (a pod without terms gets one; a live term
+    lacking a requirement is narrowed)."""
+    all_satisfied = " && ".join(_satisfied(r) for r in requirements)
+    return (
+        "size(variables.nodeSelectorTerms) == 0 || "
+        f"variables.nodeSelectorTerms.exists(t, {_LIVE} && !({all_satisfied}))"
+    )
+
+
 # --- tolerations ----------------------------------------------------------------------------------
 
 
@@ -207,15 +219,16 @@ def _existing(condition: str) -> str:
     return f"(has(object.spec.tolerations) && object.spec.tolerations.exists(t, {condition}))"
 
 
-def _tolerations_wanted(policy: Policy, class_name: str) -> str | None:
-    """The tolerations the engine appends for the class, in its order (None: it never adds any)."""
+def _tolerations_wanted(policy: Policy, class_name: str) -> list[tuple[str, str]]:
+    """The tolerations the engine appends for the class, in its order, each as (the condition under
+    which it is added, its typed value); an empty list when the class never adds any."""
     plan = engine._class_plan(policy, class_name)
     parts = []
     reserved = plan.reserved_toleration
     reserved_wanted = None
     if reserved is not None:
         reserved_wanted = "!" + _existing(_tolerates(reserved["key"], reserved["value"], reserved["effect"]))
-        parts.append(f"({reserved_wanted} ? [{_typed(_T_TOLERATION, reserved)}] : [])")
+        parts.append((reserved_wanted, _typed(_T_TOLERATION, reserved)))
     seen: list[dict[str, Any]] = []
     for body in plan.tolerations:
         if body in seen:
@@ -224,8 +237,17 @@ def _tolerations_wanted(policy: Policy, class_name: str) -> str | None:
         wanted = "!" + _existing(_same_toleration(body))
         if body == reserved and reserved_wanted is not None:
             wanted += f" && !({reserved_wanted})"
-        parts.append(f"({wanted} ? [{_typed(_T_TOLERATION, body)}] : [])")
-    return " + ".join(parts) if parts else None
+        parts.append((wanted, _typed(_T_TOLERATION, body)))
+    return parts
+
+
+def _tolerations_list(wanted: list[tuple[str, str]]) -> str:
+    return " + ".join(f"({condition} ? [{value}] : [])" for condition, value in wanted)
+
+
+def _adds_tolerations(wanted: list[tuple[str, str]]) -> str:
+    """Whether ``_tolerations_patch`` adds any toleration (no typed object: usable in a variable)."""
+    return " || ".join(f"({condition})" for condition, _ in wanted)
 
 
 def _tolerations_patch(wanted: str) -> str:
@@ -244,23 +266,63 @@ def _tolerations_patch(wanted: str) -> str:
 
 
 def _annotation_patch() -> str:
-    key = quote(engine.CLASS_ANNOTATION)
+    """The class annotation, and the policy's entries merged into the ``mutations`` annotation (what the
+    webhook's ``engine._recorded_mutations`` does with its own: the existing value kept, the missing
+    entries appended, nothing when every entry is listed). One mutation, evaluated first: on the pod
+    before this policy's own placement, it records what the next two will change."""
     annotations = "object.metadata.annotations"
-    path = quote(patch.pointer("metadata", "annotations", engine.CLASS_ANNOTATION))
+    key = quote(engine.CLASS_ANNOTATION)
+    record = quote(engine.MUTATIONS_ANNOTATION)
+    recorded = "variables.recordedMutations"
+    added = "variables.addedMutations"
+    joined = f"{added}.join(',')"
+    merged = f"{recorded} == '' ? {joined} : {recorded} + ',' + {joined}"
+
+    # string(): a variable is dyn, and map literals must be homogeneous (HomogeneousAggregateLiterals).
+    def path(name: str) -> str:
+        return quote(patch.pointer("metadata", "annotations", name))
+
     return (
-        f"!has({annotations}) ? "
-        f"[JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{{key}: variables.podClass}}}}] :\n"
-        f"{key} in {annotations} && {annotations}[{key}] == variables.podClass ? [] :\n"
-        f"[JSONPatch{{op: 'add', path: {path}, value: variables.podClass}}]"
+        f"!has({annotations}) ? [JSONPatch{{op: 'add', path: '/metadata/annotations', value: size({added}) == 0 ? "
+        f"{{{key}: variables.podClass}} : {{{key}: string(variables.podClass), {record}: {joined}}}}}] :\n"
+        f"({key} in {annotations} && {annotations}[{key}] == variables.podClass ? [] :\n"
+        f"  [JSONPatch{{op: 'add', path: {path(engine.CLASS_ANNOTATION)}, value: variables.podClass}}]) +\n"
+        f"(size({added}) == 0 ? [] : [JSONPatch{{op: 'add', path: {path(engine.MUTATIONS_ANNOTATION)}, "
+        f"value: {merged}}}])"
     )
+
+
+def _record_variables(
+    adds_node_affinity: list[tuple[str, str]], adds_tolerations: list[tuple[str, str]]
+) -> list[dict[str, str]]:
+    """What this policy changes on the pod (per class, ``false`` for a class it never changes), and the
+    entries of the ``mutations`` annotation it adds for it."""
+    annotations = "object.metadata.annotations"
+    record = quote(engine.MUTATIONS_ANNOTATION)
+    listed = "variables.recordedMutations.split(',')"
+    return [
+        {"name": "addsNodeAffinity", "expression": _by_class(adds_node_affinity, otherwise="false")},
+        {"name": "addsTolerations", "expression": _by_class(adds_tolerations, otherwise="false")},
+        {
+            "name": "recordedMutations",
+            "expression": f"has({annotations}) && {record} in {annotations} ? {annotations}[{record}] : ''",
+        },
+        {
+            "name": "addedMutations",
+            "expression": (
+                f"(variables.addsNodeAffinity && !('node-affinity' in {listed}) ? ['node-affinity'] : []) + "
+                f"(variables.addsTolerations && !('tolerations' in {listed}) ? ['tolerations'] : [])"
+            ),
+        },
+    ]
 
 
 # --- the policy -----------------------------------------------------------------------------------
 
 
-def _by_class(branches: list[tuple[str, str]]) -> str:
-    """One expression choosing the class's operations (no operation for a class not listed)."""
-    out = "[]"
+def _by_class(branches: list[tuple[str, str]], *, otherwise: str = "[]") -> str:
+    """One expression choosing the class's branch (``otherwise``, no operation, for a class not listed)."""
+    out = otherwise
     for class_name, operations in reversed(branches):
         out = f"variables.podClass == {quote(class_name)} ? (\n{operations}) :\n{out}"
     return out
@@ -325,20 +387,27 @@ def placement_policy_spec(policy: Policy) -> dict[str, Any]:
         }
     )
     affinity: list[tuple[str, str]] = []
+    adds_node_affinity: list[tuple[str, str]] = []
     tolerations: list[tuple[str, str]] = []
+    adds_tolerations: list[tuple[str, str]] = []
     for class_name in policy.spec.classes:
         plan = engine._class_plan(policy, class_name)
         if plan.requirements:
             affinity.append((class_name, _affinity_patch(plan.requirements)))
+            adds_node_affinity.append((class_name, _adds_node_affinity(plan.requirements)))
         wanted = _tolerations_wanted(policy, class_name)
-        if wanted is not None:
-            tolerations.append((class_name, _tolerations_patch(wanted)))
-    mutations = [
+        if wanted:
+            tolerations.append((class_name, _tolerations_patch(_tolerations_list(wanted))))
+            adds_tolerations.append((class_name, _adds_tolerations(wanted)))
+    variables.extend(_record_variables(adds_node_affinity, adds_tolerations))
+    # The annotations first: what the placement mutations after it will change is read off the pod
+    # as it arrives (each mutation sees the previous ones' result).
+    mutations = [{"patchType": "JSONPatch", "jsonPatch": {"expression": _annotation_patch()}}]
+    mutations.extend(
         {"patchType": "JSONPatch", "jsonPatch": {"expression": _by_class(branches)}}
         for branches in (affinity, tolerations)
         if branches
-    ]
-    mutations.append({"patchType": "JSONPatch", "jsonPatch": {"expression": _annotation_patch()}})
+    )
     return {
         # A mutation that cannot be evaluated rejects the pod rather than admitting it unplaced
         # (docs/operations.md, "Failures"); the cost of the largest pods is measured in the e2e suite.

@@ -99,10 +99,14 @@ def engine_result(pod: Obj, labels: dict[str, str], policy: Policy) -> Obj:
 
 
 def placed(pod: Obj) -> dict[str, Any]:
+    """What the MAP takes over: affinity, tolerations, the class annotation, and its entries of the
+    mutations annotation (recorded exactly when it changed the affinity or the tolerations)."""
     annotations = pod["metadata"].get("annotations") or {}
+    recorded = (annotations.get(engine.MUTATIONS_ANNOTATION) or "").split(",")
     return {
         **{field: pod["spec"].get(field) for field in PLACED},
         "class": annotations.get(engine.CLASS_ANNOTATION),
+        "recorded": [entry for entry in recorded if entry in ("node-affinity", "tolerations")],
     }
 
 
