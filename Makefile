@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver fuzz soak certs manifests clean
 
 all: test
 
@@ -86,6 +86,10 @@ bench-audit: $(COMPILED)
 # instructions per decide() call, counted by callgrind (needs valgrind): repeatable on a busy machine
 bench-instructions: $(COMPILED)
 	$(PY) -m bench.instructions
+
+# admission latency the apiserver reports with and without the placement MAP (needs KUBEBUILDER_ASSETS)
+bench-apiserver: $(COMPILED)
+	$(PY) -m bench.apiserver_admission
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)
