@@ -204,16 +204,17 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
             "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
             "verbs": read,
         },
-        # The background audit's reports: listed (compared, stale ones found), server-side applied, deleted.
+        # The background audit's reports: listed (compared, stale ones found), server-side applied (patch, and
+        # create when the apply creates one), deleted.
         {
             "apiGroups": ["wgpolicyk8s.io"],
             "resources": ["policyreports", "clusterpolicyreports"],
-            "verbs": ["list", "patch", "delete"],
+            "verbs": ["list", "create", "patch", "delete"],
         },
         {
             "apiGroups": ["openreports.io"],
             "resources": ["reports", "clusterreports"],
-            "verbs": ["list", "patch", "delete"],
+            "verbs": ["list", "create", "patch", "delete"],
         },
     ]
     # The other write: the background audit's Lease, in the webhook's own namespace.

@@ -11,8 +11,8 @@ Each round:
    ``rocm-isolation-audit``, ``force``: the reports are this manager's alone), the reports of namespaces
    without findings any more deleted. Nothing is written when nothing changed.
 
-RBAC: ``list``, ``patch`` (server-side apply, which also creates) and ``delete`` on the four report
-resources. A write that fails (a CRD removed meanwhile, RBAC, a report too large for etcd) is logged
+RBAC: ``list``, ``patch`` (server-side apply), ``create`` (which the apiserver also checks when an
+apply creates the object) and ``delete`` on the four report resources. A write that fails (a CRD removed meanwhile, RBAC, a report too large for etcd) is logged
 and counted, and the others go on: reports never fail the audit.
 """
 
