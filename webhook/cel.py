@@ -190,48 +190,46 @@ def node_selector_reserved(policy: Policy, root: str) -> str:
     return f"has({selector}) && {quote(key)} in {selector} && {selector}[{quote(key)}] == {quote(value)}"
 
 
+# A node-selector term ``t`` that can match a node (an empty term matches none).
+LIVE_TERM = (
+    "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+)
+
+
+def _every_live_term(root: str, condition: str) -> str:
+    """The pod has required node affinity with a live term, and every live term meets ``condition`` (on ``t``)."""
+    affinity = f"{root}.spec.affinity"
+    required = f"{affinity}.nodeAffinity.{REQUIRED}"
+    terms = f"{required}.nodeSelectorTerms"
+    return (
+        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
+        f"{terms}.exists(t, {LIVE_TERM}) &&\n"
+        f"{terms}.all(t, !{LIVE_TERM} ||\n  {condition})"
+    )
+
+
 def affinity_only_reserved(policy: Policy, root: str) -> str:
     """Every non-empty required term has a requirement ``key In [value...]`` selecting only reserved nodes
     (an empty term matches no node and is ignored; with no non-empty term the pod reaches nothing)."""
     key, value = policy.spec.reserved_nodes.label
-    affinity = f"{root}.spec.affinity"
-    required = f"{affinity}.nodeAffinity.{REQUIRED}"
-    terms = f"{required}.nodeSelectorTerms"
-    live = (
-        "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
-    )
     only_reserved = (
         f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && e.operator == 'In' "
         f"&& has(e.values) && size(e.values) > 0 && e.values.all(v, v == {quote(value)})))"
     )
-    return (
-        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
-        f"{terms}.exists(t, {live}) &&\n"
-        f"{terms}.all(t, !{live} ||\n  {only_reserved})"
-    )
+    return _every_live_term(root, only_reserved)
 
 
 def affinity_excludes_reserved(policy: Policy, root: str) -> str:
     """Every non-empty required term keeps off the reserved nodes by their label (``NotIn`` the value,
     ``DoesNotExist``, or ``In`` other values), as scheduling.affinity_excludes_reserved."""
     key, value = policy.spec.reserved_nodes.label
-    affinity = f"{root}.spec.affinity"
-    required = f"{affinity}.nodeAffinity.{REQUIRED}"
-    terms = f"{required}.nodeSelectorTerms"
-    live = (
-        "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
-    )
     listed = f"(has(e.values) && {quote(value)} in e.values)"
     excludes = (
         f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && ("
         f"e.operator == 'DoesNotExist' || (e.operator == 'NotIn' && {listed}) || "
         f"(e.operator == 'In' && !{listed}))))"
     )
-    return (
-        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
-        f"{terms}.exists(t, {live}) &&\n"
-        f"{terms}.all(t, !{live} ||\n  {excludes})"
-    )
+    return _every_live_term(root, excludes)
 
 
 def ephemeral_gpu_access(policy: Policy) -> str:

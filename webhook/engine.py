@@ -167,6 +167,30 @@ class _Review:
         self.direct: list[pods.Route] = []
 
 
+def _start_review(
+    pod: dict[str, Any],
+    spec: dict[str, Any],
+    metadata: dict[str, Any],
+    policy: Policy,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    mode_warnings: list[str],
+    routes: list[pods.Route],
+) -> _Review:
+    review = _Review(
+        pod=pod,
+        spec=spec,
+        metadata=metadata,
+        policy=policy,
+        namespace=namespace,
+        reserved=_reserved(policy, nodes.reserved_node_names),
+        warnings=list(mode_warnings),
+    )
+    # The routes by which the pod reaches GPUs without the device plugin or DRA (named in denials).
+    review.direct = [route for route in routes if route.direct]
+    return review
+
+
 def _allow(rule: str, message: str, mode: Mode) -> Decision:
     return Decision(allowed=True, rule=rule, message=message, mode=mode)
 
@@ -221,16 +245,7 @@ def _decide_pod(
     if raw_spec is None:
         # Only reachable with scope.allPods: every patch below needs /spec to exist.
         raise pods.MalformedPod("spec", "an object")
-    review = _Review(
-        pod=pod,
-        spec=spec,
-        metadata=metadata,
-        policy=policy,
-        namespace=namespace,
-        reserved=_reserved(policy, nodes.reserved_node_names),
-        warnings=list(mode_warnings),
-    )
-    review.direct = [route for route in routes if route.direct]
+    review = _start_review(pod, spec, metadata, policy, namespace, nodes, mode_warnings, routes)
     if operation == "UPDATE":
         old = pods.mapping(old_pod, "oldObject")
         old_metadata = pods.mapping(old.get("metadata"), "oldObject.metadata")
@@ -289,16 +304,7 @@ def _decide_ephemeral(
             added.extend(pods.container_routes(container, matcher))
     if not added:
         return _allow(RULE_NOT_GPU, "no added ephemeral container reaches a GPU", mode)
-    review = _Review(
-        pod=pod,
-        spec=spec,
-        metadata=metadata,
-        policy=policy,
-        namespace=namespace,
-        reserved=_reserved(policy, nodes.reserved_node_names),
-        warnings=list(mode_warnings),
-    )
-    review.direct = [route for route in added if route.direct]
+    review = _start_review(pod, spec, metadata, policy, namespace, nodes, mode_warnings, added)
     old_labels = pods.string_map(pods.mapping(old.get("metadata"), "oldObject.metadata").get("labels"), "labels")
     class_name = _classify(review, labels, old_labels)
     cls = policy.spec.classes[class_name]

@@ -32,7 +32,7 @@ NAMESPACE = "rocm-isolation-system"
 MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
 PARAMETER_NOT_FOUND_ACTION = "Allow"
 
-_LIVE = "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+_LIVE = cel.LIVE_TERM
 
 
 # ``name`` is a reserved node: a key of the params ConfigMap (a ConfigMap without data lists none).
