@@ -47,6 +47,15 @@ def populate(fake: FakeCluster) -> None:
         namespace("odd-mode", {"rocm-isolation.io/mode": "strict"}),
         namespace("kube-system"),
     )
+    # The reserved node names the backstop reads, as pool apply last wrote them: r3 and r4 were labelled since.
+    fake.add(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "rocm-isolation-reserved-node-names", "namespace": "rocm-isolation-system"},
+            "data": {"r1": "rocm-isolation.io/pool=inference", "r2": "rocm-isolation.io/pool=inference"},
+        }
+    )
     fake.add(
         device_class("gpu.amd.com", 'device.driver == "gpu.amd.com"'),  # named in the policy: quiet
         device_class("big-gpus", 'device.driver == "gpu.amd.com"', extended_resource_name="example.com/amd-gpu"),
@@ -117,6 +126,7 @@ EXPECTED = {
     ("pod-missing-mutations", "serve/llm-shared"),
     ("pod-missing-mutations", "serve/llm-unmutated"),
     ("namespace-allows-privileged", "ml"),
+    ("reserved-node-names-out-of-date", "rocm-isolation-system/rocm-isolation-reserved-node-names"),
     ("deviceclass-not-in-policy", "big-gpus"),
     ("pod-gpu-allocation-not-recognised", "ml/via-vendor-x"),
 }
@@ -236,7 +246,7 @@ def test_cli_json(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixtu
     for finding in document["findings"]:
         keys = set(finding) - {"uid"}  # the object's uid, when it has one (what reports name it by)
         assert keys in ({"rule", "kind", "name", "message"}, {"rule", "kind", "namespace", "name", "message"})
-        assert ("namespace" in finding) == (finding["kind"] == "Pod")
+        assert ("namespace" in finding) == (finding["kind"] in ("Pod", "ConfigMap"))
         if finding["kind"] == "Pod":
             assert finding["uid"] == f"uid-pod-{finding['namespace']}-{finding['name']}"
     assert {
@@ -251,7 +261,12 @@ def test_cli_policyreport_validates_against_the_crd_schema(
     assert code == 1
     documents = list(yaml.safe_load_all(out))
     kinds = [(d["kind"], d["metadata"].get("namespace")) for d in documents]
-    assert kinds == [("ClusterPolicyReport", None), ("PolicyReport", "ml"), ("PolicyReport", "serve")]
+    assert kinds == [
+        ("ClusterPolicyReport", None),
+        ("PolicyReport", "ml"),
+        ("PolicyReport", "rocm-isolation-system"),  # the reserved node names' ConfigMap
+        ("PolicyReport", "serve"),
+    ]
     for document in documents:
         jsonschema.validate(document, {**SCHEMA, "$ref": f"#/$defs/{document['kind']}"})
         summary = document["summary"]

@@ -89,6 +89,13 @@ RULES: Final[dict[str, Rule]] = {
         ),
         Rule("namespace-unknown-mode", "Namespace", "low", "a namespace's mode label is not enforce, warn or audit"),
         Rule(
+            "reserved-node-names-out-of-date",
+            "ConfigMap",
+            "high",
+            "the reserved node names the backstop reads (ConfigMap rocm-isolation-reserved-node-names) disagree with "
+            "the nodes labelled for the reserved pool",
+        ),
+        Rule(
             "namespace-allows-privileged",
             "Namespace",
             "low",
