@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from .controlplane import LOOPBACK
-from .harness import DRIVER, WEBHOOK_CONFIGURATION, Cluster, cli
+from .harness import DRIVER, WEBHOOK_CONFIGURATION, Cluster, cli, metric_value
 from .kube import ApiError, Obj, wait_until
 
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
@@ -487,12 +487,17 @@ def _implicit_pod(name: str, ns: str) -> Obj:
     }
 
 
-def _webhook_places(cluster: Cluster, ns: str) -> bool:
-    """Whether the webhook itself writes the node affinity of a new GPU pod (it does not when the placement
-    MutatingAdmissionPolicy, called before it, already did)."""
-    pod = cluster.kube.create(_implicit_pod("placement-probe", ns), dry_run=True)
-    done = (pod["metadata"].get("annotations") or {}).get("rocm-isolation.io/mutations", "")
-    return "node-affinity" in done.split(",")
+# How often the apiserver evaluated the placement policy (its own histogram's count).
+MAP_CHECKS = "apiserver_mutating_admission_policy_check_duration_seconds_count"
+PLACEMENT_POLICY = "rocm-isolation-placement"
+
+
+def _placement_policy_in_path(cluster: Cluster, ns: str) -> bool:
+    """Whether the apiserver runs the placement MutatingAdmissionPolicy on a new GPU pod. (The pod's
+    mutations record cannot tell: the policy and the webhook write the same entries.)"""
+    before = metric_value(cluster.kube.metrics(), MAP_CHECKS, policy=PLACEMENT_POLICY)
+    cluster.kube.create(_implicit_pod("placement-probe", ns), dry_run=True)
+    return metric_value(cluster.kube.metrics(), MAP_CHECKS, policy=PLACEMENT_POLICY) > before
 
 
 @pytest.fixture
@@ -503,13 +508,17 @@ def placement_policy_unbound(cluster: Cluster, namespace: Callable[..., str]) ->
     for binding in bindings:
         cluster.kube.delete("MutatingAdmissionPolicyBinding", binding["metadata"]["name"])
     try:
-        wait_until(lambda: _webhook_places(cluster, probe), timeout=30, what="the placement policy out of the path")
+        wait_until(
+            lambda: not _placement_policy_in_path(cluster, probe),
+            timeout=30,
+            what="the placement policy out of the path",
+        )
         yield
     finally:
         for binding in bindings:
             cluster.kube.apply(binding)
         if bindings:
-            wait_until(lambda: not _webhook_places(cluster, probe), timeout=30, what="the placement policy back")
+            wait_until(lambda: _placement_policy_in_path(cluster, probe), timeout=30, what="the placement policy back")
 
 
 @pytest.mark.parametrize("placer", ["webhook", "as-installed"])
