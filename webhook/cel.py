@@ -109,14 +109,8 @@ def gpu_routes(catalogue: RouteCatalogue, root: str = "object") -> str:
 
 def direct_routes(catalogue: RouteCatalogue) -> str:
     """An ephemeral container ``c`` that reaches GPUs itself (privileged, the runtime's variables)."""
-    without_resources = RouteCatalogue(
-        resource_names=(),
-        resource_patterns=(),
-        resource_claims=False,
-        privileged=catalogue.privileged,
-        runtime_variables=catalogue.runtime_variables,
-        runtime_variable_prefixes=catalogue.runtime_variable_prefixes,
-        runtime_class_names=(),
+    without_resources = replace(
+        catalogue, resource_names=(), resource_patterns=(), resource_claims=False, runtime_class_names=()
     )
     return _container_routes(without_resources) or "false"
 

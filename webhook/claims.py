@@ -16,6 +16,7 @@ A ResourceClaimTemplate holds the claim's spec one level down (``spec.spec``). P
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.decision import DeviceFacts
@@ -89,28 +90,13 @@ def is_claim_kind(api_version: str, kind: str) -> bool:
     return group == GROUP and version in VERSIONS and kind in (CLAIM_KIND, TEMPLATE_KIND)
 
 
+@dataclass(frozen=True)
 class DeviceClassInfo:
     """What a DeviceClass says about the devices it selects: its CEL selectors (as text) and its
     ``extendedResourceName`` (DRA extended resources, '' when none)."""
 
-    __slots__ = ("extended_resource_name", "selectors")
-
-    def __init__(self, selectors: tuple[str, ...], extended_resource_name: str) -> None:
-        self.selectors = selectors
-        self.extended_resource_name = extended_resource_name
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, DeviceClassInfo)
-            and self.selectors == other.selectors
-            and self.extended_resource_name == other.extended_resource_name
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.selectors, self.extended_resource_name))
-
-    def __repr__(self) -> str:
-        return f"DeviceClassInfo(selectors={self.selectors!r}, extended_resource_name={self.extended_resource_name!r})"
+    selectors: tuple[str, ...]
+    extended_resource_name: str
 
 
 def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:

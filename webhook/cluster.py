@@ -442,10 +442,10 @@ class ClusterCache:
             on_change=self._invalidate_devices,
             **common,
         )
-        # (generation of the DeviceClasses, the policy's drivers, the facts): a change bumps the generation,
-        # so facts worked out from an older copy are never kept.
+        # (generation of the DeviceClasses, the policy they were judged by, the facts): a change bumps the
+        # generation, so facts worked out from an older copy are never kept; a reload is a new Policy.
         self._device_generation = 0
-        self._devices: tuple[int, tuple[str, ...], DeviceFacts] | None = None
+        self._devices: tuple[int, Policy, DeviceFacts] | None = None
         self.api_client = api_client
 
     @property
@@ -495,18 +495,17 @@ class ClusterCache:
 
     def devices(self, policy: Policy) -> DeviceFacts:
         """The cluster's GPU DeviceClasses as the policy's drivers recognise them (worked out once per
-        change of the DeviceClasses or of the drivers, not per review)."""
+        change of the DeviceClasses or of the policy, not per review)."""
         if not self.device_classes_reflector.synced.is_set():
             return NO_DEVICES
-        drivers = tuple(policy.spec.scope.gpu_drivers)
         known = self._devices
-        if known is not None and known[0] == self._device_generation and known[1] == drivers:
+        if known is not None and known[0] == self._device_generation and known[1] is policy:
             return known[2]
         with self.device_classes_reflector.lock:
             generation = self._device_generation
             classes = dict(self.device_classes_reflector.items)
-        facts = claims.device_facts(classes, drivers)
-        self._devices = (generation, drivers, facts)
+        facts = claims.device_facts(classes, policy.spec.scope.gpu_drivers)
+        self._devices = (generation, policy, facts)
         return facts
 
     def namespace(self, name: str) -> NamespaceFacts:

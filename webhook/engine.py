@@ -89,12 +89,7 @@ def decide(
         return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
     if namespace.name in spec.excluded_namespaces:
         return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
-    # Most clusters (and every review without a DeviceClass watch) add nothing: no cache lookup then.
-    matcher = (
-        policy.routes
-        if not devices.gpu_classes and not devices.extended_resources
-        else route_matcher_for(policy, devices)
-    )
+    matcher = route_matcher_for(policy, devices)
     try:
         if sub_resource:
             if sub_resource != EPHEMERAL_CONTAINERS or operation != "UPDATE":
@@ -114,11 +109,16 @@ def decide(
         )
 
 
-@lru_cache(maxsize=64)
 def route_matcher_for(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
-    """The policy's catalogue of GPU routes with what the cluster's DeviceClasses add to it."""
+    """The policy's catalogue of GPU routes with what the cluster's DeviceClasses add to it. Most
+    clusters (and every review without a DeviceClass watch) add nothing: no cache lookup then."""
     if not devices.gpu_classes and not devices.extended_resources:
         return policy.routes
+    return _cluster_route_matcher(policy, devices)
+
+
+@lru_cache(maxsize=64)
+def _cluster_route_matcher(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
     extra = sorted(devices.extended_resources) + [
         pods.DEVICE_CLASS_RESOURCE_PREFIX + name for name in sorted(devices.gpu_classes)
     ]
@@ -257,12 +257,7 @@ def _decide_pod(
     class_name = _classify(review, labels, None)
     cls = policy.spec.classes[class_name]
     if cls.direct_gpu_access == "deny":
-        # gpu_routes did not read the env of containers that a GPU resource already made GPU containers.
-        for route in routes:
-            if route.kind == pods.ROUTE_RESOURCE and route.container is not None:
-                found = pods.runtime_variable_route(route.container, matcher)
-                if found is not None:
-                    review.direct.append(found)
+        review.direct.extend(pods.unscanned_runtime_routes(routes, matcher))
     _check_direct_access(review, cls, class_name)
     _check_create(review, cls, class_name)
     if mirror:

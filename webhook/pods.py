@@ -158,7 +158,7 @@ class RouteMatcher:
     what the cluster knows): which resource names are GPUs (None: no resource route), whether
     privileged containers count, the AMD container runtime's variables and RuntimeClasses."""
 
-    __slots__ = ("privileged", "resources", "runtime_classes", "variable_names", "variable_prefixes", "variables")
+    __slots__ = ("privileged", "resources", "runtime_classes", "variable_names", "variable_prefixes")
 
     def __init__(
         self,
@@ -170,7 +170,6 @@ class RouteMatcher:
     ) -> None:
         self.resources: Final = resources
         self.privileged: Final = privileged
-        self.variables: Final = variables
         self.variable_names: Final = frozenset(variables)
         self.variable_prefixes: Final = variable_prefixes
         self.runtime_classes: Final = runtime_classes
@@ -236,22 +235,14 @@ def _runtime_variable(container: ContainerRef, matcher: RouteMatcher) -> str:
         env = sequence(env, f"{container.field}.env")
     # A plain loop over what JSON decoding gives: env lists of a hundred variables are common, and this
     # reads every one of every container (field names are only formatted for a hit or a bad item). Typed
-    # locals: compiled, dict.get and str.startswith on them are native calls, not generic ones.
-    names: frozenset[str] = matcher.variable_names
-    prefixes: tuple[str, ...] = matcher.variable_prefixes
+    # locals: compiled, dict.get and the str method are native calls, not generic ones.
     for index, item in enumerate(env):
         entry: dict[str, Any] = item if type(item) is dict else mapping(item, f"{container.field}.env[{index}]")
         value = entry.get("name")
         # Whatever the value or valueFrom: the runtime reads the variable the container ends up with.
         if type(value) is str:
             name: str = value
-            hit = name in names
-            if not hit:
-                for prefix in prefixes:
-                    if name.startswith(prefix):
-                        hit = True
-                        break
-            if hit:
+            if matcher.runtime_variable(name):
                 return f".env[{index}]({name})"
     return ""
 
@@ -276,7 +267,7 @@ def container_routes(container: ContainerRef, matcher: RouteMatcher, *, complete
     ``complete=False`` skips the scan of the env for the AMD runtime's variables when a GPU resource
     already makes the container a GPU container: the scan reads every variable of every container (the
     costliest part of a large pod's decision), and for such a container it only adds a warning (the
-    engine scans it where a class denies direct access: ``runtime_variable_route``)."""
+    engine reads it where a class denies direct access: ``unscanned_runtime_routes``)."""
     found: list[Route] = []
     gpu = matcher.resources
     if gpu is not None and container.body.get("resources") is not None and _gpu_resource(container, gpu):
@@ -285,16 +276,22 @@ def container_routes(container: ContainerRef, matcher: RouteMatcher, *, complete
         where = _privileged(container)
         if where:
             found.append(Route(ROUTE_PRIVILEGED, where, container))
-    if (complete or not found) and (matcher.variables or matcher.variable_prefixes):
-        route = runtime_variable_route(container, matcher)
-        if route is not None:
-            found.append(route)
+    if (complete or not found) and (matcher.variable_names or matcher.variable_prefixes):
+        where = _runtime_variable(container, matcher)
+        if where:
+            found.append(Route(ROUTE_RUNTIME_VARIABLE, where, container))
     return found
 
 
-def runtime_variable_route(container: ContainerRef, matcher: RouteMatcher) -> Route | None:
-    where = _runtime_variable(container, matcher)
-    return Route(ROUTE_RUNTIME_VARIABLE, where, container) if where else None
+def unscanned_runtime_routes(routes: list[Route], matcher: RouteMatcher) -> list[Route]:
+    """The runtime-variable routes that ``gpu_routes`` left unread: those of the containers a GPU resource
+    already made GPU containers (read only where a class denies direct access)."""
+    found: list[Route] = []
+    for route in routes:
+        container = route.container
+        if route.kind == ROUTE_RESOURCE and container is not None:
+            found.extend(r for r in container_routes(container, matcher) if r.kind == ROUTE_RUNTIME_VARIABLE)
+    return found
 
 
 def containers(spec: dict[str, Any], *, ephemeral: bool = False) -> list[ContainerRef]:
