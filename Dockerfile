@@ -18,7 +18,7 @@ COPY manifests ./manifests
 RUN pip install "setuptools>=68" wheel "mypy>=1.10" . \
     && ROCM_ISOLATION_COMPILE=1 pip wheel --no-build-isolation --wheel-dir /wheels . \
     && python -c "import glob, sys, zipfile; w = glob.glob('/wheels/rocm_isolation_webhook-*.whl'); \
-sys.exit(0 if any(n.startswith('webhook/engine.') and n.endswith('.so') for n in zipfile.ZipFile(w[0]).namelist()) else 'not compiled')"
+sys.exit(0 if any(n.startswith('webhook/core/engine.') and n.endswith('.so') for n in zipfile.ZipFile(w[0]).namelist()) else 'not compiled')"
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \

@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 # The decision core compiled with mypyc: the modules are COMPILED_MODULES in setup.py (listed there
 # only); pure Python when compiling fails.
-COMPILED_SOURCES := setup.py $(shell sed -n 's/^ *"\(webhook\/[a-z_]*\.py\)",$$/\1/p' setup.py)
+COMPILED_SOURCES := setup.py $(shell sed -n 's/^ *"\(webhook\/[a-z_/]*\.py\)",$$/\1/p' setup.py)
 COMPILED := $(VENV)/.compiled-stamp
-REMOVE_COMPILED := rm -f webhook/*.so *__mypyc*.so
+REMOVE_COMPILED := rm -f webhook/*.so webhook/*/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-# Compiled in place (webhook/*.so next to the sources, git-ignored). Rebuilt whenever a compiled source
+# Compiled in place (webhook/core/*.so next to the sources, git-ignored). Rebuilt whenever a compiled source
 # changes; tests/conftest.py refuses to run against a compiled module older than its source.
 define compile_core
 	$(REMOVE_COMPILED)
@@ -53,13 +53,14 @@ run: $(COMPILED) certs/tls.crt
 lint: $(STAMP)
 	$(PY) -m ruff check webhook tests
 	$(PY) -m ruff format --check webhook tests
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
 unit: $(COMPILED)
 	@command -v promtool >/dev/null 2>&1 || echo "NOTE: promtool not found: the alert rule tests of" \
-	    "tests/test_monitoring.py are skipped. \`make promtool\` installs it (Debian package prometheus)."
+	    "tests/deploy/test_monitoring.py are skipped. \`make promtool\` installs it (Debian package prometheus)."
 	$(PY) -m pytest
 
 # promtool (Debian's prometheus package) checks and unit-tests the alert rules of the monitoring pack.

@@ -15,13 +15,13 @@ from setuptools import setup
 
 # The modules on the per-review path that are ours (no I/O): the envelope, the handler, the engine and what it calls.
 COMPILED_MODULES = [
-    "webhook/decision.py",
-    "webhook/engine.py",
-    "webhook/handler.py",
-    "webhook/patch.py",
-    "webhook/pods.py",
-    "webhook/review.py",
-    "webhook/scheduling.py",
+    "webhook/core/decision.py",
+    "webhook/core/engine.py",
+    "webhook/core/handler.py",
+    "webhook/core/patch.py",
+    "webhook/core/pods.py",
+    "webhook/core/review.py",
+    "webhook/core/scheduling.py",
 ]
 
 ext_modules = []

@@ -55,7 +55,7 @@ from tests.e2e.harness import (
     wait_reserved_nodes_known,
 )
 from tests.e2e.kube import Kube, Obj, wait_until
-from webhook import mutating_policy
+from webhook.deploy import mutating_policy
 
 CLASS_LABEL = "rocm-isolation.io/class"
 NAMESPACES = {"training": "bench-training", "inference": "bench-inference"}

@@ -4,7 +4,7 @@ One ``@app.post("/mutate")`` that reads the body, decodes it with the same JSON 
 webhook (orjson), echoes ``apiVersion`` and ``request.uid`` and answers ``allowed``. No middleware,
 no logging, no metrics, no checks (Content-Type, size limit, read deadline, envelope validation).
 It runs on the same uvicorn settings as ``serve`` (one worker, uvloop + httptools, keep-alive 95 s,
-no access log, no ``Server`` header) behind the same TLS context (``webhook.tls.server_context``:
+no access log, no ``Server`` header) behind the same TLS context (``webhook.service.tls.server_context``:
 TLS 1.2+, the same cipher suites, ALPN http/1.1) with the same certificate.
 
 Where ``bench/null_app.py`` measures the policy's cost on top of the project's own transport, this
@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from bench.baseline import allowed_reply, arguments, tls_context
-from webhook.serve import DEFAULT_KEEP_ALIVE
+from webhook.service.serve import DEFAULT_KEEP_ALIVE
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from webhook.tls import CERT_FILE, KEY_FILE, server_context
+from webhook.service.tls import CERT_FILE, KEY_FILE, server_context
 
 
 def arguments(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -27,8 +27,8 @@ DEFAULT_CALLS = 2000
 def run_decide(name: str, calls: int) -> None:
     """The measured program: ``calls`` decisions of one review, as the HTTPS benchmark sends it."""
     from bench import policies, reviews
-    from webhook.decision import NamespaceFacts, NodeFacts
-    from webhook.engine import decide
+    from webhook.core.decision import NamespaceFacts, NodeFacts
+    from webhook.core.engine import decide
 
     policy = policies.policy(1)
     request = reviews.BUILDERS[name]()["request"]

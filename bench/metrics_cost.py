@@ -1,4 +1,4 @@
-"""What each per-review metric costs: the calls ``webhook.app._record`` makes, timed in-process.
+"""What each per-review metric costs: the calls ``webhook.service.app._record`` makes, timed in-process.
 
 prometheus-client picks its value class when it is imported: in-memory floats behind a lock, or,
 with ``PROMETHEUS_MULTIPROC_DIR`` set (``serve --workers N``), one mmapped file per metric type and
@@ -31,8 +31,8 @@ CALLS: dict[str, str] = {
 
 
 def _calls() -> dict[str, Callable[[], object]]:
-    from webhook.logs import ReviewCounts
-    from webhook.metrics import Metrics
+    from webhook.service.logs import ReviewCounts
+    from webhook.service.metrics import Metrics
 
     metrics = Metrics()
     counts = ReviewCounts()

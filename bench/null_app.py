@@ -1,7 +1,7 @@
 """The null webhook: the same ``serve`` (uvicorn, TLS, the same app and transport code) with a
 handler that answers ``allowed`` without calling the engine.
 
-The app module calls ``webhook.app.handle`` for every review that passed the envelope checks; this
+The app module calls ``webhook.service.app.handle`` for every review that passed the envelope checks; this
 module replaces that one function before ``serve`` builds the app, so body reading, JSON decoding,
 envelope parsing, response encoding, the logs and the metrics are all the production code. What
 the benchmark compares against it is therefore exactly the cost of the policy (handler + engine).
@@ -14,11 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import webhook.app
-from webhook import cli, review
-from webhook.handler import ClusterFacts, Handled
-from webhook.policy import Policy
-from webhook.review import AdmissionRequest
+import webhook.service.app
+from webhook import cli
+from webhook.core import review
+from webhook.core.handler import ClusterFacts, Handled
+from webhook.core.policy import Policy
+from webhook.core.review import AdmissionRequest
 
 
 def null_handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
@@ -29,9 +30,9 @@ def null_handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFact
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    namespace = vars(webhook.app)
+    namespace = vars(webhook.service.app)
     if not callable(namespace.get("handle")):
-        raise RuntimeError("webhook.app no longer calls a module-level handle(): update bench/null_app.py")
+        raise RuntimeError("webhook.service.app no longer calls a module-level handle(): update bench/null_app.py")
     namespace["handle"] = null_handle
     return cli.main(["serve", *(sys.argv[1:] if argv is None else argv)])
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from webhook.policy import Policy, default_policy_text, parse_policy
+from webhook.core.policy import Policy, default_policy_text, parse_policy
 
 INFERENCE_RULE: dict[str, Any] = {"match": {"names": ["inference-*"]}, "allowedClasses": ["inference"]}
 

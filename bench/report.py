@@ -696,7 +696,7 @@ cache), GPU resource names classified once per policy. `decide()` on the large p
 review against a budget of ~37 µs (ratio 70-75%); no single hotspot. What closed the gap:
 
 - *A compiled core.* The per-review modules are compiled with mypyc (`setup.py`, `make compile`):
-  the same typed source, proven to decide identically by `tests/test_compiled.py`. Alone: `decide()`
+  the same typed source, proven to decide identically by `tests/core/test_compiled.py`. Alone: `decide()`
   on the small inference pod 15 → 9.6 µs.
 - *Records that are cheap to build.* `perf` showed a tenth of `handle()` in `slot_tp_new`: NamedTuple
   and frozen-dataclass records are built through Python even from compiled code (~180 / ~420 ns each).
@@ -777,7 +777,7 @@ page.
 
 **Round 4 (one write per reply).** uvicorn writes a response's head and body in two calls; over TLS
 that is two `SSL_write`s, two records and two `send()`s per review (`strace`: 6,064 `write()` for
-~3,000 reviews). Each connection's transport is now wrapped (`webhook/coalesce.py`) so that the
+~3,000 reviews). Each connection's transport is now wrapped (`webhook/service/coalesce.py`) so that the
 writes of one event-loop turn leave as one, flushed when the response is complete. Measured with
 the server's `/proc/PID/io` (`syscw`, 5,000 small reviews): 2.01 → 1.00 `write()` per review (a test,
 `test_a_reply_leaves_in_one_write`, keeps it). CPU per review at saturation, interleaved A/B of the
@@ -805,7 +805,7 @@ METHOD = """## Method
   summary line per minute, written to a file). *pure*: the same command run from a copy of the `webhook`
   package without its compiled modules (`bench/servers.py`, `pure_python_tree`): what runs without a C
   compiler. The project's null webhook is `python -m bench.null_app` with the same options: the same
-  process, app and transport code, with `webhook.app.handle` replaced by a function that answers `allowed`
+  process, app and transport code, with `webhook.service.app.handle` replaced by a function that answers `allowed`
   (bench/null_app.py); the difference between the two is the policy's cost. The bare null webhook is
   `python -m bench.bare_null_app`: one FastAPI `@app.post("/mutate")` that decodes the body with orjson,
   echoes `apiVersion` and the uid and answers `allowed`, without middleware, checks, logs or metrics, on the

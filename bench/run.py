@@ -39,9 +39,9 @@ from typing import Any
 from bench import metrics_cost, policies, report, reviews, servers, steal
 from bench.servers import Server
 from bench.timing import interleaved_best
-from webhook.decision import NamespaceFacts, NodeFacts
-from webhook.engine import decide
-from webhook.policy import Policy
+from webhook.core.decision import NamespaceFacts, NodeFacts
+from webhook.core.engine import decide
+from webhook.core.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -382,9 +382,9 @@ def machine() -> dict[str, Any]:
 
 def compiled_core() -> str:
     """Whether the server runs the mypyc-compiled core (``make compile``) or pure Python."""
-    import webhook.engine  # the server imports the same modules from the same checkout
+    import webhook.core.engine  # the server imports the same modules from the same checkout
 
-    return "compiled (mypyc)" if not (webhook.engine.__file__ or "").endswith(".py") else "pure Python"
+    return "compiled (mypyc)" if not (webhook.core.engine.__file__ or "").endswith(".py") else "pure Python"
 
 
 def git_commit() -> str:

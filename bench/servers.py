@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.loadgen import Connection, ProtocolError, client_context
-from webhook import certs
+from webhook.service import certs
 
 REPO = Path(__file__).resolve().parent.parent
 BARE_MODULES = ("bench.bare_null_app", "bench.floor_app")  # no /metrics

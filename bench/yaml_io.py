@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from webhook import manifest_yaml
+from webhook.offline import manifest_yaml
 
 STREAM = "\n---\n".join([(Path(__file__).parent.parent / "tests/fixtures/dryrun/workloads.yaml").read_text()] * 50)
 

@@ -1,6 +1,6 @@
 """Shared fixtures for the service tests (and the hostile-input and benchmark suites).
 
-- ``pki``: a CA and a serving certificate for the webhook Service, made with ``webhook.certs``;
+- ``pki``: a CA and a serving certificate for the webhook Service, made with ``webhook.service.certs``;
 - ``running_server``: a factory that starts the real ``rocm-isolation-webhook serve`` (uvicorn over
   TLS on a free loopback port, in a subprocess) and stops it at the end of the test;
 - ``admission_review``: loads an AdmissionReview fixture from tests/fixtures/admission/.
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kube_apiserver import SERVICE_HOST, ApiserverClient
 
-from webhook import certs
+from webhook.service import certs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ADMISSION_FIXTURES = FIXTURES / "admission"
@@ -36,10 +36,10 @@ def stale_compiled_modules(package: Path = REPO / "webhook") -> list[str]:
     """Compiled modules (mypyc, ``make compile``) older than their source: Python would import the
     old compiled code instead of the source being tested."""
     stale = []
-    for compiled in package.glob("*.so"):
+    for compiled in package.rglob("*.so"):
         source = compiled.with_name(compiled.name.split(".", 1)[0] + ".py")
         if source.exists() and source.stat().st_mtime > compiled.stat().st_mtime:
-            stale.append(f"{compiled.name} (older than {source.name})")
+            stale.append(f"{compiled.relative_to(package.parent)} (older than {source.name})")
     return stale
 
 

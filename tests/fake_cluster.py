@@ -1,7 +1,7 @@
 """A stateful fake Kubernetes API: a real local HTTP server holding objects.
 
 kube-apiserver cannot run here. This server answers the requests the project makes the way the
-apiserver does, over real HTTP, so the ``kubernetes`` client and ``webhook.kubeapi`` talk to it
+apiserver does, over real HTTP, so the ``kubernetes`` client and ``webhook.cluster.kubeapi`` talk to it
 unchanged:
 
 - lists (``GET`` a collection, cluster-wide or in a namespace) are paginated exactly like the

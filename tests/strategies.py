@@ -1,6 +1,6 @@
 """Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies.
 
-Shared by the property suite (tests/test_properties.py) and the service/fuzz suites. Everything
+Shared by the property suite (tests/core/test_properties.py) and the service/fuzz suites. Everything
 generated here is what a real kube-apiserver could send in an AdmissionReview: label keys and
 values follow the qualified-name rules, GPU (extended) resources sit in ``limits`` (``requests``
 equal them when present), node-selector requirements carry the values their operator needs,
@@ -22,8 +22,8 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from webhook.decision import NamespaceFacts, NodeFacts
-from webhook.policy import Policy, default_policy, load_policy
+from webhook.core.decision import NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy, load_policy
 
 settings.register_profile(
     "default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True

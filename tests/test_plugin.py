@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 import pytest
+from audit_cluster import populate
 from fake_cluster import FakeCluster
-from test_audit import populate
 
 from webhook import cli
 

@@ -17,18 +17,18 @@ from webhook import __version__
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("webhook.serve", "run the HTTPS admission webhook"),
+    "serve": ("webhook.service.serve", "run the HTTPS admission webhook"),
     "mutate": (
-        "webhook.dryrun",
+        "webhook.offline.dryrun",
         "dry-run the policy on manifests offline (exit 1 when any object is denied)",
     ),
-    "certs": ("webhook.certs", "generate a CA and a serving certificate for the webhook Service"),
-    "manifests": ("webhook.render", "render the deployable Kubernetes manifests"),
+    "certs": ("webhook.service.certs", "generate a CA and a serving certificate for the webhook Service"),
+    "manifests": ("webhook.deploy.render", "render the deployable Kubernetes manifests"),
     "audit": (
-        "webhook.audit",
+        "webhook.ops.audit",
         "check running pods, nodes and namespaces against the policy; reserved pool capacity (exit 1 on findings)",
     ),
-    "pool": ("webhook.pool", "plan, apply, release or show the reserved node pool (label and taint the nodes)"),
+    "pool": ("webhook.ops.pool", "plan, apply, release or show the reserved node pool (label and taint the nodes)"),
 }
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from bench import policies, reviews
-from webhook.decision import Decision, NamespaceFacts, NodeFacts
-from webhook.engine import decide
-from webhook.policy import Policy
+from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.core.engine import decide
+from webhook.core.policy import Policy
 
 POLICY = policies.policy(1)
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from webhook.claims import device_class_info, device_classes, device_facts
-from webhook.decision import ClaimFacts, NamespaceFacts, NodeFacts
-from webhook.policy import Policy, default_policy
+from webhook.core.claims import device_class_info, device_classes, device_facts
+from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy
 
 from .controlplane import (
     LOOPBACK,
@@ -328,7 +328,7 @@ def start_webhook(
         cli("certs", "--out-dir", str(cert_dir), check=True)
     if policy_file is None:
         policy_file = directory / "policy.yaml"
-        from webhook.policy import default_policy_text
+        from webhook.core.policy import default_policy_text
 
         policy_file.write_text(default_policy_text(), encoding="utf-8")
     port = port or free_port()

@@ -1,4 +1,4 @@
-"""A small raw-JSON client for the end-to-end suite (its own, independent of webhook/kubeapi.py, which
+"""A small raw-JSON client for the end-to-end suite (its own, independent of webhook/cluster/kubeapi.py, which
 is under test): one keep-alive HTTPS connection per thread, client-certificate auth, impersonation
 headers, server-side apply, dry-run, subresources."""
 

@@ -28,8 +28,8 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook.engine import CLAIM_UNRESOLVED, decide
-from webhook.policy import Policy, default_policy, default_policy_text, parse_policy
+from webhook.core.engine import CLAIM_UNRESOLVED, decide
+from webhook.core.policy import Policy, default_policy, default_policy_text, parse_policy
 
 from .harness import OPT_OUT, Cluster, gpu_pod, live_facts, normalised, unmerged
 from .kube import ApiError, Obj, wait_until

@@ -163,7 +163,7 @@ def _review(cluster: Cluster, pod: Obj) -> Obj:
 def _policy_listing_extended_resource(workdir: Path) -> Path:
     """The default policy with example.com/amd-gpu in scope.extendedResourceNames: what an operator
     writes (and audit asks for) so that the backstop, which cannot read DeviceClasses, knows the name."""
-    from webhook.policy import default_policy_text
+    from webhook.core.policy import default_policy_text
 
     policy = yaml.safe_load(default_policy_text())
     policy["spec"]["scope"]["extendedResourceNames"] = [EXTENDED_RESOURCE]

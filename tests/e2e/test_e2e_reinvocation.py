@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from webhook.engine import decide
+from webhook.core.engine import decide
 
 from .controlplane import LOOPBACK
 from .harness import Cluster, gpu_pod, live_facts, normalised, unmerged

@@ -1,4 +1,4 @@
-"""The background audit's reports in the cluster (webhook/reportwriter.py), on the real apiserver with the
+"""The background audit's reports in the cluster (webhook/service/reportwriter.py), on the real apiserver with the
 report CRDs as their projects publish them (tests/e2e/fixtures): both APIs installed, one, or none.
 
 The writer runs as the webhook's ServiceAccount (the manifests' RBAC: list, create, patch, delete on
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook import reports
-from webhook.audit import Finding
-from webhook.kubeapi import KubeApi, api_path
-from webhook.reports import OPENREPORTS, REPORT_NAME, WGPOLICY, ReportApi
-from webhook.reportwriter import FIELD_MANAGER, ReportWriter
+from webhook.cluster.kubeapi import KubeApi, api_path
+from webhook.ops import reports
+from webhook.ops.audit import Finding
+from webhook.ops.reports import OPENREPORTS, REPORT_NAME, WGPOLICY, ReportApi
+from webhook.service.reportwriter import FIELD_MANAGER, ReportWriter
 
 from .harness import WEBHOOK_NAMESPACE, Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until

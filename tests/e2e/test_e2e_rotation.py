@@ -16,7 +16,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from webhook.policy import default_policy_text
+from webhook.core.policy import default_policy_text
 
 from .controlplane import LOOPBACK
 from .harness import Cluster, cli, gpu_pod, metric_value

@@ -24,9 +24,10 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook import engine, mutating_policy, reserved_names
-from webhook.decision import NamespaceFacts, NodeFacts
-from webhook.policy import Policy, default_policy, default_policy_text, parse_policy
+from webhook.core import engine
+from webhook.core.decision import NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy, default_policy_text, parse_policy
+from webhook.deploy import mutating_policy, reserved_names
 
 from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until

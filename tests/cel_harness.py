@@ -1,0 +1,238 @@
+"""The rendered manifests' CEL evaluated with cel-python as kube-apiserver evaluates it (the variables
+``object``, ``oldObject``, ``request``, ``namespaceObject``, ``params``, ``variables``; a binding's
+namespace selector; a policy's match conditions, variables and validations), and the engine run on the
+same case: what tests/deploy/test_cel.py compares and tests/core/test_bypass.py reuses."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import celpy
+import yaml
+from celpy import celtypes
+
+from webhook.core import engine
+from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy, load_policy
+from webhook.deploy import render
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION)
+# The policy's validations in order: the engine's rules, then the one only the policy has (an
+# opted-out pod never reaches the webhook, see test_bypass.py).
+OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
+VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL)
+# Functions and macros both Kubernetes CEL and cel-python implement; nothing else may appear.
+PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches"})
+
+_ENV = celpy.Environment()
+
+
+@cache
+def _program(expression: str) -> Any:
+    return _ENV.program(_ENV.compile(expression))
+
+
+def evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
+    result = _program(expression).evaluate(dict(activation))
+    assert not isinstance(result, celpy.CELEvalError), f"{expression!r} failed: {result}"
+    return result
+
+
+def without_nulls(value: Any) -> Any:
+    """The object as admission CEL sees it: the apiserver decodes into typed objects, so a field sent
+    as null is simply absent."""
+    if isinstance(value, Mapping):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def cel(value: Any) -> Any:
+    return celpy.json_to_cel(without_nulls(value))
+
+
+# --- fixtures -------------------------------------------------------------------------------------
+
+
+def fixture_cases(directory: str) -> list[dict[str, Any]]:
+    cases = []
+    for path in sorted((FIXTURES / directory).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc and "pod" in doc:
+                doc["_id"] = f"{directory}/{path.stem}:{doc['name']}"
+                cases.append(doc)
+    return cases
+
+
+def well_formed(case: Mapping[str, Any]) -> bool:
+    """What the apiserver can send: a pod object, CREATE or UPDATE, parsed by the engine without error."""
+    if case.get("raw") or case.get("operation", "CREATE") not in ("CREATE", "UPDATE"):
+        return False
+    return decide(case, nodes_known=False).rule != engine.RULE_MALFORMED
+
+
+def policy_path(name: str) -> Path:
+    for directory in ("policies", "cel/policies"):
+        path = FIXTURES / directory / f"{name}.yaml"
+        if path.exists():
+            return path
+    raise FileNotFoundError(name)
+
+
+def policy_for(case: Mapping[str, Any]) -> Policy:
+    name = case.get("policy", "default")
+    return default_policy() if name == "default" else load_policy(policy_path(name))
+
+
+def as_pod(body: Mapping[str, Any] | None, namespace: str) -> dict[str, Any] | None:
+    if body is None:
+        return None
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(dict(body))}
+    pod.setdefault("metadata", {})
+    pod["metadata"].setdefault("name", "pod")
+    pod["metadata"].setdefault("namespace", namespace)
+    return pod
+
+
+def decide(
+    case: Mapping[str, Any],
+    *,
+    nodes_known: bool,
+    pod: Any = None,
+    operation: str | None = None,
+    devices_known: bool = False,
+) -> Decision:
+    ns = case["namespace"]
+    reserved = case.get("reservedNodes") if nodes_known else None
+    known = case.get("devices", {}) if devices_known else {}
+    return engine.decide(
+        operation=operation or case.get("operation", "CREATE"),
+        pod=pod if pod is not None else as_pod(case["pod"], ns["name"]),
+        old_pod=as_pod(case.get("oldPod"), ns["name"]),
+        namespace=NamespaceFacts(ns["name"], ns.get("labels")),
+        nodes=NodeFacts(None if reserved is None else frozenset(reserved)),
+        policy=policy_for(case),
+        # The cluster's DeviceClasses, which only the webhook knows (CEL cannot look them up).
+        devices=DeviceFacts(frozenset(known.get("gpuClasses", [])), frozenset(known.get("extendedResources", []))),
+    )
+
+
+@cache
+def rendered(policy_name: str) -> list[dict[str, Any]]:
+    """The manifests rendered with that policy: their CEL is what is under test."""
+    if policy_name == "default":
+        return render.render(overlay="cert-manager")
+    path = policy_path(policy_name)
+    return render.render(overlay="cert-manager", policy_text=path.read_text(encoding="utf-8"), policy_source=str(path))
+
+
+def find(resources: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(r for r in resources if r["kind"] == kind and r["metadata"]["name"] == name)
+
+
+def namespace_object(case: Mapping[str, Any]) -> dict[str, Any]:
+    ns = case["namespace"]
+    # The apiserver labels every namespace with its name; the engine may not know the other labels.
+    labels = {**(ns.get("labels") or {}), render.NAMESPACE_NAME_LABEL: ns["name"]}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns["name"], "labels": labels}}
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+def request(operation: str, namespace: str, groups: list[str] | None = None, sub_resource: str = "") -> dict[str, Any]:
+    user: dict[str, Any] = {"username": "someone"}
+    if groups is not None:
+        user["groups"] = groups
+    # The apiserver always sets subResource ('' for the main resource).
+    return {"operation": operation, "namespace": namespace, "userInfo": user, "subResource": sub_resource}
+
+
+def run_policy(spec: Mapping[str, Any], activation: dict[str, Any]) -> tuple[bool, list[int], list[str]]:
+    """(matched, indexes of failed validations, their messages), as the apiserver evaluates a VAP."""
+    for condition in spec.get("matchConditions") or []:
+        if not evaluate(condition["expression"], activation):
+            return False, [], []
+    variables: dict[celtypes.StringType, Any] = {}
+    for variable in spec.get("variables") or []:
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    failed, messages = [], []
+    for index, validation in enumerate(spec["validations"]):
+        if not evaluate(validation["expression"], activation):
+            failed.append(index)
+            messages.append(str(evaluate(validation["messageExpression"], activation)))
+    return True, failed, messages
+
+
+def pod_activation(
+    case: Mapping[str, Any], pod: Mapping[str, Any], operation: str, sub_resource: str = ""
+) -> dict[str, Any]:
+    ns = case["namespace"]["name"]
+    old = as_pod(case.get("oldPod"), ns) if operation == "UPDATE" else None
+    return {
+        "object": cel(pod),
+        "oldObject": cel(old),
+        "request": cel(request(operation, ns, ["system:authenticated"], sub_resource)),
+        "namespaceObject": cel(namespace_object(case)),
+        "params": cel(None),
+    }
+
+
+def match_conditions_pass(resources: list[dict[str, Any]], pod: Mapping[str, Any], operation: str) -> bool:
+    hook = find(resources, "MutatingWebhookConfiguration", render.WEBHOOK_CONFIGURATION)["webhooks"][0]
+    activation = {"object": cel(pod), "oldObject": cel(None), "request": cel({"operation": operation})}
+    return all(evaluate(c["expression"], activation) for c in hook["matchConditions"])
+
+
+def reserved_nodes_verdict(
+    resources: list[dict[str, Any]],
+    case: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    operation: str,
+    sub_resource: str = "",
+) -> tuple[list[str], set[str], list[str]]:
+    """(actions of the binding that applies, engine rules of the failed validations, messages)."""
+    ns = namespace_object(case)
+    bindings = [
+        find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
+        for mode in render.MODES
+    ]
+    applying = [
+        b
+        for b in bindings
+        if selector_matches(b["spec"]["matchResources"]["namespaceSelector"], ns["metadata"]["labels"])
+    ]
+    assert len(applying) <= 1, "the mode bindings must select disjoint namespaces"
+    if not applying:
+        return [], set(), []
+    spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource))
+    if not matched:
+        return applying[0]["spec"]["validationActions"], set(), []
+    return applying[0]["spec"]["validationActions"], {VALIDATION_RULES[i] for i in failed}, messages
+
+
+def engine_reach(decision: Decision) -> set[str]:
+    return {v.rule for v in decision.violations if v.rule in REACH_RULES}

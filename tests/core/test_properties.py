@@ -1,0 +1,697 @@
+"""Property tests of ``decide`` over generated, schema-valid pods, namespaces, node facts and policies.
+
+For every generated input: ``decide`` never raises; a denial carries no patch; the patch applies
+with ``jsonpatch``; the patched pod still validates strictly against the Kubernetes 1.37 schema;
+a second run on the patched pod yields no operation (reinvocation idempotence); UPDATE never
+patches. The safety invariant is checked with an independent scheduler model written here (it
+does not use ``webhook.core.scheduling``): an admitted pod of an unreserved class can never be placed
+on a reserved node, and an admitted inference pod can only be placed on reserved nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import jsonschema
+import kubernetes_validate
+import pytest
+import strategies as S
+from hypothesis import event, given
+from hypothesis import strategies as st
+from kubernetes_validate.utils import schema_contents
+from referencing import Registry, Resource
+
+from webhook.core.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
+from webhook.core.engine import DENY_CLASS, DENY_RULES, DENY_TOLERATION, decide
+from webhook.core.policy import Policy, WorkloadClass
+
+K8S_VERSION = "1.37.0"
+TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+
+# ---------------------------------------------------------------------------------------------
+# An independent model of the scheduler's and kubelet's node predicates
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    labels: Mapping[str, str]
+    taints: Sequence[Mapping[str, str]] = field(default_factory=tuple)
+
+    @property
+    def reserved(self) -> bool:
+        return self.labels.get(S.RESERVED_KEY) == S.RESERVED_VALUE
+
+
+RESERVED_TAINT = {"key": S.TAINT_KEY, "value": S.TAINT_VALUE, "effect": S.TAINT_EFFECT}
+
+
+def _node(name: str, taints: Sequence[Mapping[str, str]] = (), **labels: str) -> Node:
+    return Node(name, {"kubernetes.io/hostname": name, **labels}, tuple(taints))
+
+
+# The synthetic cluster: the reserved nodes (named as in the node facts), each carrying the MI300X
+# partition label under one of the two spellings the AMD labeller writes, and ordinary GPU/CPU nodes.
+CLUSTER = (
+    Node(
+        S.RESERVED_NODE_NAMES[0],
+        {
+            "kubernetes.io/hostname": S.RESERVED_NODE_NAMES[0],
+            S.RESERVED_KEY: S.RESERVED_VALUE,
+            S.PARTITION_KEY: "cpx_nps4",
+            "amd.com/gpu.device-id": "74a1",
+            "amd.com/gpu.cu-count": "304",
+        },
+        (RESERVED_TAINT,),
+    ),
+    Node(
+        S.RESERVED_NODE_NAMES[1],
+        {
+            "kubernetes.io/hostname": S.RESERVED_NODE_NAMES[1],
+            S.RESERVED_KEY: S.RESERVED_VALUE,
+            S.PARTITION_ALIAS: "cpx_nps4",
+            "amd.com/gpu.device-id": "74a1",
+            "amd.com/gpu.cu-count": "38",
+        },
+        (RESERVED_TAINT,),
+    ),
+    _node(
+        "gpu-train-0", **{S.RESERVED_KEY: "training", "amd.com/gpu.device-id": "740f", "amd.com/gpu.cu-count": "104"}
+    ),
+    _node("gpu-train-1", **{"amd.com/gpu.device-id": "740f"}),
+    _node("cpu-0"),
+)
+RESERVED_NODES = tuple(node for node in CLUSTER if node.reserved)
+OTHER_NODES = tuple(node for node in CLUSTER if not node.reserved)
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def label_requirement_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """k8s.io/apimachinery labels.Requirement.Matches."""
+    key = expression["key"]
+    operator = expression["operator"]
+    values = expression.get("values") or []
+    present = key in labels
+    if operator == "In":
+        return present and labels[key] in values
+    if operator == "NotIn":
+        return not present or labels[key] not in values
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt"):
+        if not present or len(values) != 1:
+            return False
+        have, want = _as_int(labels[key]), _as_int(values[0])
+        if have is None or want is None:
+            return False
+        return have > want if operator == "Gt" else have < want
+    raise AssertionError(f"unknown operator {operator!r}")
+
+
+def field_requirement_matches(expression: Mapping[str, Any], node: Node) -> bool:
+    assert expression["key"] == "metadata.name", expression
+    values = expression.get("values") or []
+    if expression["operator"] == "In":
+        return node.name in values
+    if expression["operator"] == "NotIn":
+        return node.name not in values
+    raise AssertionError(f"operator {expression['operator']!r} is not allowed in matchFields")
+
+
+def term_matches(term: Mapping[str, Any] | None, node: Node) -> bool:
+    """A null or empty node selector term matches no objects; requirements inside are ANDed."""
+    term = term or {}
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False
+    return all(label_requirement_matches(e, node.labels) for e in expressions) and all(
+        field_requirement_matches(f, node) for f in fields
+    )
+
+
+def required_affinity_matches(spec: Mapping[str, Any], node: Node) -> bool:
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get(TERMS[2])
+    if required is None:
+        return True
+    # Terms are ORed; a selector with no terms matches no node.
+    return any(term_matches(term, node) for term in required.get("nodeSelectorTerms") or [])
+
+
+def toleration_tolerates(toleration: Mapping[str, Any], taint: Mapping[str, str]) -> bool:
+    """k8s.io/api/core/v1 Toleration.ToleratesTaint."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint["effect"]:
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint["key"]:
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return (toleration.get("value") or "") == taint["value"]
+    return False
+
+
+def feasible(pod: Mapping[str, Any], node: Node) -> bool:
+    """Can the pod end up running on the node (via the scheduler, or via spec.nodeName and the kubelet)?
+
+    The kubelet re-checks nodeName, nodeSelector and required node affinity at admission; a pod
+    with spec.nodeName bypasses the scheduler and so only NoExecute taints keep it off the node.
+    """
+    spec = pod.get("spec") or {}
+    node_name = spec.get("nodeName") or ""
+    if node_name and node_name != node.name:
+        return False
+    selector = spec.get("nodeSelector") or {}
+    if any(node.labels.get(key) != value for key, value in selector.items()):
+        return False
+    if not required_affinity_matches(spec, node):
+        return False
+    blocking = ("NoExecute",) if node_name else ("NoSchedule", "NoExecute")
+    tolerations = spec.get("tolerations") or []
+    return all(
+        any(toleration_tolerates(t, taint) for t in tolerations) for taint in node.taints if taint["effect"] in blocking
+    )
+
+
+def reachable(pod: Mapping[str, Any], nodes: Sequence[Node]) -> list[str]:
+    return [node.name for node in nodes if feasible(pod, node)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _pod_validator() -> Any:
+    """kubernetes_validate's strict Pod schema for K8S_VERSION, built once (it re-reads 1.8 MB per call)."""
+    base = f"kubernetes-json-schema/v{K8S_VERSION}-local-strict/"
+    schema = schema_contents(base + "pod-v1.json", K8S_VERSION)
+    definitions = schema_contents(base + "_definitions.json", K8S_VERSION)
+    registry: Registry[Any] = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def validate(pod: Mapping[str, Any]) -> None:
+    """Strict Kubernetes 1.37 schema validation (same schema files as kubernetes_validate.validate)."""
+    _pod_validator().validate(dict(pod))
+
+
+def apply(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+    patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(pod), list(decision.patch))
+    return patched
+
+
+def run(
+    pod: Any,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    operation: str = "CREATE",
+    old_pod: Any = None,
+) -> Decision:
+    before = copy.deepcopy(pod)
+    decision = decide(operation=operation, pod=pod, old_pod=old_pod, namespace=namespace, nodes=nodes, policy=policy)
+    assert pod == before, "decide must not modify the pod it is given"
+    return decision
+
+
+def is_gpu_resource(name: str) -> bool:
+    """The catalogue's resource route, written independently: any name under amd.com/ (the device
+    plugin) and the DRA extended resource of AMD's DeviceClass."""
+    return name.startswith("amd.com/") or name == "deviceclass.resource.kubernetes.io/gpu.amd.com"
+
+
+def reaches_gpu(body: Mapping[str, Any]) -> bool:
+    """A container that reaches a GPU by any route of its own: a GPU resource, privileged, or a variable of
+    the AMD container runtime (whatever its value)."""
+    resources = body.get("resources") or {}
+    names = {*(resources.get("requests") or {}), *(resources.get("limits") or {})}
+    if any(is_gpu_resource(name) for name in names):
+        return True
+    if (body.get("securityContext") or {}).get("privileged") is True:
+        return True
+    variables = [e.get("name", "") for e in body.get("env") or []]
+    return any(v == "AMD_VISIBLE_DEVICES" or v.startswith("DOCKER_RESOURCE_") for v in variables)
+
+
+def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
+    out = []
+    for list_name in ("initContainers", "containers"):
+        for index, body in enumerate(pod["spec"].get(list_name) or []):
+            if reaches_gpu(body):
+                out.append((list_name, index, body))
+    return out
+
+
+def live_terms(pod: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    spec = pod["spec"]
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(TERMS[2])
+    if required is None:
+        return None
+    terms = required.get("nodeSelectorTerms") or []
+    return [t for t in terms if (t.get("matchExpressions") or t.get("matchFields"))]
+
+
+def workload_class(policy: Policy, decision: Decision) -> WorkloadClass | None:
+    if decision.workload_class is None:
+        return None
+    return policy.spec.classes[decision.workload_class]
+
+
+def check_create(
+    pod: dict[str, Any], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str
+) -> tuple[Decision, dict[str, Any]]:
+    """Every CREATE property that holds for any input; returns the decision and the patched pod."""
+    policy = S.policy_named(policy_name)
+    decision = run(pod, namespace, nodes, policy)
+    event(f"{decision.mode} {decision.outcome} {decision.rule}")
+    if not decision.allowed:
+        assert decision.patch == (), "a denial must not carry a patch"
+        assert decision.rule in DENY_RULES, decision
+        assert decision.violations, decision
+        assert decision.mode == "enforce", decision
+    if decision.mode == "audit":
+        assert decision.allowed and decision.patch == (), "audit mode changes nothing"
+    if decision.violations and decision.mode == "warn":
+        assert decision.allowed
+        assert any(w.startswith("would be denied in enforce mode") for w in decision.warnings)
+
+    patched = apply(pod, decision)
+    validate(patched)
+    again = run(patched, namespace, nodes, policy)
+    assert again.patch == (), f"second run is not idempotent: {list(again.patch)}"
+
+    if is_mirror(pod):
+        assert decision.patch == (), "mirror pods belong to the kubelet: checked, never changed"
+    elif decision.allowed and decision.mode != "audit" and decision.workload_class is not None:
+        annotations = patched["metadata"].get("annotations") or {}
+        assert annotations.get(S.CLASS_LABEL) == decision.workload_class
+        if any(not op["path"].startswith("/metadata/annotations") for op in decision.patch):
+            assert "rocm-isolation.io/mutations" in annotations
+    return decision, patched
+
+
+def is_mirror(pod: Mapping[str, Any]) -> bool:
+    return "kubernetes.io/config.mirror" in (pod["metadata"].get("annotations") or {})
+
+
+def check_placement(policy: Policy, decision: Decision, patched: Mapping[str, Any]) -> None:
+    """The safety invariant, checked with the independent scheduler model. Mirror pods are left
+    out: the kubelet already runs their static pod on its node, and they are never mutated."""
+    cls = workload_class(policy, decision)
+    if cls is None or not decision.allowed or decision.mode == "audit" or is_mirror(patched):
+        return
+    if cls.placement == "unreserved":
+        # enforce and warn both add the NotIn requirement, so neither may leave a path to a reserved node.
+        assert reachable(patched, RESERVED_NODES) == [], (
+            f"an admitted {decision.workload_class} pod can still be placed on a reserved node"
+        )
+    elif cls.placement == "reserved" and decision.mode == "enforce":
+        terms = live_terms(patched)
+        assert terms is not None, "an inference pod must carry required node affinity"
+        for term in terms:
+            assert {"key": S.RESERVED_KEY, "operator": "In", "values": [S.RESERVED_VALUE]} in (
+                term.get("matchExpressions") or []
+            ), f"a live term lacks the reserved-node requirement: {term}"
+        tolerations = patched["spec"].get("tolerations") or []
+        assert any(toleration_tolerates(t, RESERVED_TAINT) for t in tolerations)
+        assert reachable(patched, OTHER_NODES) == [], "an admitted inference pod can land on an unreserved node"
+
+
+def check_env(policy: Policy, decision: Decision, pod: Mapping[str, Any], patched: Mapping[str, Any]) -> None:
+    cls = workload_class(policy, decision)
+    if cls is None or not decision.allowed or decision.mode == "audit" or is_mirror(pod):
+        return
+    for list_name, index, body in gpu_containers(patched):
+        before = pod["spec"][list_name][index].get("env") or []
+        after = body.get("env") or []
+        for var in cls.env:
+            old_entries = [e for e in before if e.get("name") == var.name]
+            new_entries = [e for e in after if e.get("name") == var.name]
+            if not old_entries:
+                assert new_entries == [{"name": var.name, "value": var.value}], (list_name, index, var)
+            elif var.on_conflict == "override":
+                assert new_entries == [{"name": var.name, "value": var.value}] * len(old_entries)
+            else:
+                assert new_entries == old_entries, "onConflict keep must leave the container's own value"
+    # Non-GPU containers are never touched.
+    gpu = {(name, index) for name, index, _ in gpu_containers(pod)}
+    for list_name in ("initContainers", "containers"):
+        for index, body in enumerate(pod["spec"].get(list_name) or []):
+            if (list_name, index) not in gpu:
+                assert patched["spec"][list_name][index] == body
+
+
+def _host_paths(pod: Mapping[str, Any]) -> list[Any]:
+    return [v for v in pod["spec"].get("volumes") or [] if "hostPath" in v]
+
+
+def check_kfd(
+    policy: Policy, decision: Decision, namespace: NamespaceFacts, pod: Mapping[str, Any], patched: Mapping[str, Any]
+) -> None:
+    cls = workload_class(policy, decision)
+    level = None if namespace.labels is None else namespace.labels.get(S.PSS_LABEL)
+    if namespace.labels is None or level in ("baseline", "restricted") or cls is None or not cls.kfd_topology_mount:
+        # The webhook never adds a hostPath volume that Pod Security could reject (or one not asked for).
+        assert _host_paths(patched) == _host_paths(pod)
+        return
+    if not decision.allowed or decision.mode == "audit" or not gpu_containers(pod) or is_mirror(pod):
+        return
+    kfd = [v for v in patched["spec"].get("volumes") or [] if v["name"] == "rocm-kfd-topology"]
+    assert len(kfd) == 1
+    if "hostPath" not in kfd[0]:
+        return  # the pod's own different volume of that name: skipped with a warning
+    for _, _, body in gpu_containers(patched):
+        assert any(m["mountPath"] == S.KFD_PATH for m in body.get("volumeMounts") or [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Sanity of the scheduler model itself (a wrong model would make the properties vacuous)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cached_validator_agrees_with_kubernetes_validate() -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"rocm-isolation.io/class": "training"}},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+    validate(pod)
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    bad = copy.deepcopy(pod)
+    bad["spec"]["tolerations"][0]["bogus"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": "c"}], **spec}}
+
+
+def test_model_reserved_nodes_need_the_toleration() -> None:
+    assert reachable(_pod(), CLUSTER) == [n.name for n in OTHER_NODES]
+    tolerating = _pod(tolerations=[{"operator": "Exists"}])
+    assert reachable(tolerating, CLUSTER) == [n.name for n in CLUSTER]
+    effect_only = _pod(tolerations=[{"operator": "Exists", "effect": "NoExecute"}])
+    assert reachable(effect_only, RESERVED_NODES) == []
+    # spec.nodeName bypasses the scheduler: NoSchedule taints do not stop it, affinity does.
+    assert reachable(_pod(nodeName="gpu-inf-0"), CLUSTER) == ["gpu-inf-0"]
+
+
+def test_model_affinity_terms_are_ored_expressions_anded() -> None:
+    def with_terms(*terms: Any) -> dict[str, Any]:
+        return _pod(
+            tolerations=[{"key": S.TAINT_KEY, "operator": "Exists"}],
+            affinity={"nodeAffinity": {TERMS[2]: {"nodeSelectorTerms": list(terms)}}},
+        )
+
+    notin = {"key": S.RESERVED_KEY, "operator": "NotIn", "values": [S.RESERVED_VALUE]}
+    assert reachable(with_terms({"matchExpressions": [notin]}), CLUSTER) == [n.name for n in OTHER_NODES]
+    pin = {"key": "metadata.name", "operator": "In", "values": ["gpu-inf-0"]}
+    assert reachable(with_terms({"matchFields": [pin]}), CLUSTER) == ["gpu-inf-0"]
+    assert reachable(with_terms({"matchFields": [pin], "matchExpressions": [notin]}), CLUSTER) == []
+    assert reachable(with_terms({}, {"matchExpressions": None}), CLUSTER) == []
+    alias = {"key": S.PARTITION_ALIAS, "operator": "In", "values": ["cpx_nps4"]}
+    gt = {"key": "amd.com/gpu.cu-count", "operator": "Gt", "values": ["100"]}
+    assert reachable(with_terms({"matchExpressions": [alias]}, {"matchExpressions": [gt]}), CLUSTER) == [
+        "gpu-inf-0",
+        "gpu-inf-1",
+        "gpu-train-0",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties
+# ---------------------------------------------------------------------------------------------
+
+
+@given(pod=S.pods(), namespace=S.namespaces(), nodes=S.node_facts, policy_name=S.policy_names)
+def test_create_any_pod(pod: dict[str, Any], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str) -> None:
+    """Any pod, namespace, node facts and policy: the CREATE contract and the safety invariant."""
+    validate(pod)
+    policy = S.policy_named(policy_name)
+    decision, patched = check_create(pod, namespace, nodes, policy_name)
+    if not policy.spec.scope.all_pods and namespace.name not in policy.spec.excluded_namespaces:
+        # The catalogue, as written independently here: a pod is in scope exactly when it reaches a GPU.
+        assert (decision.rule != "not-gpu-pod") == bool(gpu_containers(pod)), decision
+    check_placement(policy, decision, patched)
+    check_env(policy, decision, pod, patched)
+    check_kfd(policy, decision, namespace, pod, patched)
+
+
+unreserved_namespaces = st.builds(
+    NamespaceFacts,
+    name=st.sampled_from(["default", "team-a", "research", "ml-serving"]),
+    labels=st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                S.CLASS_LABEL: st.sampled_from(["training", "bogus"]),
+                S.MODE_LABEL: st.sampled_from(["enforce", "warn"]),
+                S.PSS_LABEL: st.sampled_from(["baseline", "privileged"]),
+            },
+        ),
+    ),
+)
+
+
+@given(
+    pod=S.pods(gpu=True),
+    namespace=unreserved_namespaces,
+    nodes=S.node_facts,
+    policy_name=st.sampled_from(["default", "prop-kfd", "prop-partition", "prop-allpods-warn"]),
+)
+def test_training_gpu_pod_never_reaches_a_reserved_node(
+    pod: dict[str, Any], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str
+) -> None:
+    """A GPU pod in a namespace that does not grant inference: denied, or kept off every reserved node."""
+    policy = S.policy_named(policy_name)
+    decision, patched = check_create(pod, namespace, nodes, policy_name)
+    if policy_name == "default":
+        assert decision.workload_class == "training"
+    cls = workload_class(policy, decision)
+    assert cls is not None
+    if cls.placement == "unreserved":
+        assert decision.mode in ("enforce", "warn")
+        if decision.allowed and not is_mirror(pod):
+            assert reachable(patched, RESERVED_NODES) == []
+        # Mirror pods too: the annotation is no bypass of the checks.
+        tolerating = [t for t in pod["spec"].get("tolerations") or [] if toleration_tolerates(t, RESERVED_TAINT)]
+        if tolerating and decision.mode == "enforce":
+            assert not decision.allowed and any(v.rule == DENY_TOLERATION for v in decision.violations)
+    check_placement(policy, decision, patched)
+
+
+inference_namespaces = st.builds(
+    NamespaceFacts,
+    name=st.sampled_from(["ml-serving", "inference-prod", "team-a"]),
+    labels=st.fixed_dictionaries(
+        {S.CLASS_LABEL: st.just("inference")},
+        optional={S.PSS_LABEL: st.sampled_from(["baseline", "restricted", "privileged"])},
+    ),
+)
+
+
+@given(
+    pod=S.pods(gpu=True),
+    namespace=inference_namespaces,
+    nodes=S.node_facts,
+    policy_name=st.sampled_from(["default", "prop-kfd", "prop-partition"]),
+)
+def test_inference_gpu_pod_is_pinned_to_reserved_nodes(
+    pod: dict[str, Any], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str
+) -> None:
+    """In an inference namespace (enforce): admitted pods carry the In requirement in every live
+    term and tolerate the reserved taint; the only denial is a pod label asking for another class."""
+    policy = S.policy_named(policy_name)
+    decision, patched = check_create(pod, namespace, nodes, policy_name)
+    assert decision.mode == "enforce"
+    requested = (pod["metadata"].get("labels") or {}).get(S.POD_CLASS_LABEL)
+    # prop-partition's first rule lets inference-* namespaces run both classes; elsewhere the label grants one.
+    two = policy_name == "prop-partition" and namespace.name.startswith("inference-")
+    allowed = ("inference", "training") if two else ("inference",)
+    if requested in (None, "inference"):
+        assert decision.allowed and decision.workload_class == "inference"
+    elif requested in allowed:
+        # The pod picked another class its namespace allows; that class's checks apply.
+        assert decision.workload_class == requested
+    else:
+        # A pod label never grants a class the namespace did not grant.
+        assert not decision.allowed and {v.rule for v in decision.violations} == {DENY_CLASS}
+        return
+    check_placement(policy, decision, patched)
+    check_env(policy, decision, pod, patched)
+    check_kfd(policy, decision, namespace, pod, patched)
+
+
+def _unconstrained(pod: dict[str, Any]) -> dict[str, Any]:
+    spec = pod["spec"]
+    for name in ("nodeName", "nodeSelector", "affinity", "tolerations"):
+        spec.pop(name, None)
+    labels = pod["metadata"].get("labels") or {}
+    labels.pop(S.POD_CLASS_LABEL, None)
+    return pod
+
+
+@given(
+    pod=S.pods(gpu=True).map(_unconstrained),
+    class_label=st.sampled_from(["inference", "training"]),
+    nodes=S.node_facts,
+    policy_name=st.sampled_from(["default", "prop-kfd", "prop-partition"]),
+)
+def test_mutation_does_not_over_constrain(
+    pod: dict[str, Any], class_label: str, nodes: NodeFacts, policy_name: str
+) -> None:
+    """A pod with no placement of its own can reach every node of its class after mutation; with
+    keyAliases, reserved nodes labelled with either partition-key spelling stay reachable."""
+    namespace = NamespaceFacts("apps", {S.CLASS_LABEL: class_label})
+    decision, patched = check_create(pod, namespace, nodes, policy_name)
+    assert decision.allowed and decision.workload_class == class_label
+    if is_mirror(pod):
+        assert decision.rule == "mirror-pod" and decision.patch == ()
+        return
+    if class_label == "inference":
+        assert reachable(patched, CLUSTER) == [n.name for n in RESERVED_NODES]
+    else:
+        assert reachable(patched, CLUSTER) == [n.name for n in OTHER_NODES]
+
+
+@st.composite
+def updates(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    old = draw(S.pods())
+    return old, draw(S.updated_pods(old))
+
+
+@given(pair=updates(), namespace=S.namespaces(), nodes=S.node_facts, policy_name=S.policy_names)
+def test_update_never_patches(
+    pair: tuple[dict[str, Any], dict[str, Any]], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str
+) -> None:
+    """UPDATE: only checked, never patched; a newly added toleration of the reserved taint is
+    denied for an unreserved class in enforce mode."""
+    old, new = pair
+    validate(new)
+    policy = S.policy_named(policy_name)
+    decision = run(new, namespace, nodes, policy, operation="UPDATE", old_pod=old)
+    assert decision.patch == ()
+    if not decision.allowed:
+        assert decision.rule in DENY_RULES and decision.mode == "enforce"
+    cls = workload_class(policy, decision)
+    if cls is None or cls.placement != "unreserved" or decision.mode != "enforce":
+        return
+    before = old["spec"].get("tolerations") or []
+    added = [
+        t for t in new["spec"].get("tolerations") or [] if t not in before and toleration_tolerates(t, RESERVED_TAINT)
+    ]
+    if added:
+        assert not decision.allowed and any(v.rule == DENY_TOLERATION for v in decision.violations)
+
+
+@given(pod=S.pods(), namespace=S.namespaces(), nodes=S.node_facts, policy_name=S.policy_names)
+def test_update_that_changes_nothing_is_never_denied(
+    pod: dict[str, Any], namespace: NamespaceFacts, nodes: NodeFacts, policy_name: str
+) -> None:
+    """UPDATE checks only what the update introduces: a pod updated without changing its
+    placement, tolerations or labels (a finalizer or annotation change) is never blocked, whatever
+    it looked like when it was admitted (before the policy, in audit mode, or in another class)."""
+    old = copy.deepcopy(pod)
+    new = copy.deepcopy(pod)
+    new["metadata"].setdefault("finalizers", []).append("example.com/cleanup")
+    decision = run(new, namespace, nodes, S.policy_named(policy_name), operation="UPDATE", old_pod=old)
+    assert decision.allowed, decision.message
+    assert decision.patch == ()
+
+
+@given(
+    operation=st.sampled_from(["DELETE", "CONNECT"]),
+    pod=S.pods(),
+    namespace=S.namespaces(),
+    policy_name=S.policy_names,
+)
+def test_other_operations_are_ignored(
+    operation: str, pod: dict[str, Any], namespace: NamespaceFacts, policy_name: str
+) -> None:
+    decision = run(pod, namespace, NodeFacts(None), S.policy_named(policy_name), operation=operation)
+    assert decision.allowed and decision.patch == () and decision.rule == "operation-ignored"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic Resource Allocation: GPUs reached through claims, with no GPU resource at all
+# ---------------------------------------------------------------------------------------------
+
+# The namespace's claim templates as the cache resolves them: one GPU class, one other class.
+DRA_TEMPLATES = {"mi300x": frozenset({"gpu.amd.com"}), "rdma": frozenset({"rdma.example.com"})}
+
+
+@st.composite
+def dra_pods(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
+    """A pod without GPU resources that names a claim: a GPU template, another device class, or a
+    template the webhook cannot resolve. Returns the pod and whether it reaches a GPU (unresolvable
+    counts as one)."""
+    pod = copy.deepcopy(draw(S.pods(gpu=False)))
+    template = draw(st.sampled_from(["mi300x", "rdma", "not-cached-yet"]))
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+    user = pod["spec"]["containers"][0]
+    if not isinstance(user.get("resources"), dict):
+        user["resources"] = {}
+    user["resources"]["claims"] = [{"name": "dev"}]
+    return pod, template != "rdma"
+
+
+@given(drawn=dra_pods(), namespace=unreserved_namespaces, nodes=S.node_facts)
+def test_training_pod_with_a_gpu_claim_never_reaches_a_reserved_node(
+    drawn: tuple[dict[str, Any], bool], namespace: NamespaceFacts, nodes: NodeFacts
+) -> None:
+    pod, reaches_gpu = drawn
+
+    def run_with_claims(body: dict[str, Any]) -> Decision:
+        claims = ClaimFacts(templates=DRA_TEMPLATES)
+        return decide(
+            operation="CREATE",
+            pod=body,
+            namespace=namespace,
+            nodes=nodes,
+            policy=S.policy_named("default"),
+            claims=claims,
+        )
+
+    decision = run_with_claims(pod)
+    event(f"gpu={reaches_gpu} {decision.outcome} {decision.rule}")
+    if not reaches_gpu:
+        assert decision.rule == "not-gpu-pod" and decision.patch == ()
+        return
+    assert decision.workload_class == "training"
+    patched = apply(pod, decision)
+    validate(patched)
+    if decision.allowed and not is_mirror(pod):
+        assert reachable(patched, RESERVED_NODES) == []
+        # The container that uses the claim is a GPU container: it gets the class's environment.
+        if decision.mode != "audit":
+            assert {"name": "HSA_QUEUE_PRIORITY", "value": "low"} in patched["spec"]["containers"][0]["env"]
+    assert run_with_claims(patched).patch == ()

@@ -1,0 +1,334 @@
+"""The CEL that the apiserver runs agrees with the engine.
+
+The rendered manifests' CEL (the webhook's ``matchConditions`` and both ValidatingAdmissionPolicies)
+is evaluated with cel-python, with the apiserver's variables (``object``, ``oldObject``,
+``request``, ``namespaceObject``, ``params``, ``variables``), against the engine's own table-driven
+fixtures (tests/fixtures/engine) plus edge cases of our own (tests/fixtures/cel).
+
+Scope of the agreement, stated precisely:
+- match conditions: for every well-formed pod, the webhook is called exactly when ``decide`` acts on
+  the pod (its rule is not ``not-gpu-pod``: mirror pods are sent too, checked and never mutated),
+  the engine being given no claim facts (CEL cannot read a ResourceClaim: a pod with any DRA claim is
+  a GPU pod to both; with the claim resolved the engine may act on fewer, see
+  ``test_a_pod_with_any_claim_is_covered_by_cel_which_cannot_read_the_claim``);
+- the reserved-nodes policy: for every well-formed CREATE or UPDATE in a namespace the policy is
+  bound to, the set of failed validations equals the set of engine violations among
+  ``deny-node-selector``, ``deny-node-affinity`` and ``deny-toleration``, both on the pod as sent
+  (the webhook never saw it: failurePolicy Ignore) and on the pod after the engine's patch (what the
+  apiserver validates when the webhook answered), and the binding's actions follow the engine's mode.
+  The engine runs without node facts here, as the policy has none: ``deny-node-name`` and
+  ``matchFields`` on node names need node names, and are the documented gap (see
+  ``test_node_names_are_the_documented_gap``).
+- Mirror pods are checked by both and mutated by neither (the annotation can be set by anyone
+  creating a pod, so it must not be a way around either).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from cel_harness import (
+    FIXTURES,
+    PORTABLE_FUNCTIONS,
+    REACH_RULES,
+    as_pod,
+    cel,
+    decide,
+    engine_reach,
+    evaluate,
+    find,
+    fixture_cases,
+    match_conditions_pass,
+    policy_for,
+    rendered,
+    request,
+    reserved_nodes_verdict,
+    run_policy,
+    well_formed,
+)
+
+from webhook.core import engine
+from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy
+from webhook.deploy import render
+
+POD_CASES = [case for case in fixture_cases("engine") + fixture_cases("cel/pods") if well_formed(case)]
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+
+def test_the_agreement_covers_the_engines_fixtures() -> None:
+    ids = [case["_id"] for case in POD_CASES]
+    assert sum(i.startswith("engine/") for i in ids) >= 40
+    rules = set().union(*(engine_reach(decide(case, nodes_known=False)) for case in POD_CASES))
+    assert rules == set(REACH_RULES), "every reachability rule must be exercised"
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_match_conditions_select_exactly_the_pods_the_engine_acts_on(case: dict[str, Any]) -> None:
+    resources = rendered(case.get("policy", "default"))
+    pod = as_pod(case["pod"], "anywhere")
+    # A namespace no rule excludes, so only the pod decides whether the engine acts.
+    probe = {**case, "namespace": {"name": "anywhere", "labels": {}}, "oldPod": case.get("oldPod") or case["pod"]}
+    foreign = _extended_resources_outside_the_catalogue(pod, policy_for(case))
+    for operation in ("CREATE", "UPDATE"):
+        decision = decide(probe, nodes_known=False, pod=pod, operation=operation, devices_known=True)
+        acts = decision.rule != engine.RULE_NOT_GPU
+        sent = match_conditions_pass(resources, pod, operation)
+        if foreign and policy_for(case).spec.scope.routes.dra_extended_resources:
+            # Maybe a DeviceClass's extended resource: only the webhook can tell, so it is asked.
+            assert sent, foreign
+        else:
+            assert sent == acts
+    if "gpu" in case.get("cel", {}):
+        # The catalogue as the backstop renders it (policy names only): the fixture's stated expectation.
+        spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+        (condition,) = [c for c in spec["matchConditions"] if c["name"] == "gpu-pods"]
+        activation = {"object": cel(pod), "oldObject": cel(None), "request": cel({"operation": "CREATE"})}
+        assert bool(evaluate(condition["expression"], activation)) == case["cel"]["gpu"]
+
+
+def _extended_resources_outside_the_catalogue(pod: Mapping[str, Any], policy: Policy) -> list[str]:
+    names = []
+    for list_name in ("containers", "initContainers"):
+        for body in pod["spec"].get(list_name) or []:
+            resources = body.get("resources") or {}
+            for kind in ("requests", "limits"):
+                names += [n for n in resources.get(kind) or {} if "/" in n and not policy.gpu(n)]
+    return names
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_reserved_nodes_policy_denies_what_the_engine_denies(case: dict[str, Any]) -> None:
+    resources = rendered(case.get("policy", "default"))
+    operation = case.get("operation", "CREATE")
+    decision = decide(case, nodes_known=False)
+    expected = engine_reach(decision)
+    pod = as_pod(case["pod"], case["namespace"]["name"])
+    assert pod is not None
+    if decision.rule in (engine.RULE_EXCLUDED, engine.RULE_NOT_GPU):
+        expected = set()
+
+    # The webhook was unavailable (failurePolicy: Ignore): the policy sees the pod as it was sent.
+    actions, failed, messages = reserved_nodes_verdict(resources, case, pod, operation)
+    if decision.rule == engine.RULE_EXCLUDED:
+        assert actions == [], "excluded namespaces are not bound"
+    else:
+        assert failed == expected, messages
+    if expected:
+        assert actions == render.MODE_ACTIONS[decision.mode]
+        assert ("Deny" in actions) == (not decision.allowed)
+        for message in messages:
+            assert "rocm-isolation.io/class=inference" in message
+
+    # The webhook answered: the apiserver validates the patched pod.
+    if decision.patch:
+        patched = jsonpatch.apply_patch(pod, list(decision.patch))
+        assert reserved_nodes_verdict(resources, case, patched, operation)[1] == expected
+
+    if "reach" in case.get("cel", {}):
+        assert sorted(expected) == sorted(case["cel"]["reach"]), "the fixture's stated expectation"
+
+
+EPHEMERAL_CASES = [case for case in POD_CASES if case.get("subResource") == engine.EPHEMERAL_CONTAINERS]
+
+
+def _tolerates_the_reserved_taint(pod: Mapping[str, Any]) -> bool:
+    return any(
+        t.get("operator") == "Exists" and t.get("key") in (None, "", "rocm-isolation.io/reserved")
+        for t in (pod.get("spec") or {}).get("tolerations") or []
+    )
+
+
+@pytest.mark.parametrize("case", EPHEMERAL_CASES, ids=lambda case: case["_id"])
+def test_the_backstop_denies_a_gpu_debug_container_only_where_the_engine_does(case: dict[str, Any]) -> None:
+    """pods/ephemeralcontainers: the backstop knows no node names, so it denies less than the engine does
+    with the nodes unknown (never more); on a pod that tolerates the reserved taint (the way onto a
+    tainted reserved node through the scheduler) both deny alike."""
+    resources = rendered(case.get("policy", "default"))
+    ns = case["namespace"]["name"]
+    pod = as_pod(case["pod"], ns) or {}
+    decision = engine.decide(
+        operation="UPDATE",
+        pod=pod,
+        old_pod=as_pod(case.get("oldPod"), ns),
+        namespace=NamespaceFacts(ns, case["namespace"].get("labels")),
+        nodes=NodeFacts(None),
+        policy=policy_for(case),
+        sub_resource=engine.EPHEMERAL_CONTAINERS,
+    )
+    engine_denies = engine.DENY_EPHEMERAL in {v.rule for v in decision.violations}
+    _, failed, messages = reserved_nodes_verdict(resources, case, pod, "UPDATE", engine.EPHEMERAL_CONTAINERS)
+    backstop_denies = engine.DENY_EPHEMERAL in failed
+    assert engine_denies or not backstop_denies, messages
+    if _tolerates_the_reserved_taint(pod):
+        assert backstop_denies == engine_denies, messages
+    if backstop_denies:
+        assert any("kubectl debug --copy-to" in message for message in messages)
+
+
+def test_the_ephemeral_cases_cover_both_answers_of_the_backstop() -> None:
+    answers = set()
+    for case in EPHEMERAL_CASES:
+        pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+        failed = reserved_nodes_verdict(
+            rendered(case.get("policy", "default")), case, pod, "UPDATE", "ephemeralcontainers"
+        )[1]
+        answers.add(engine.DENY_EPHEMERAL in failed)
+    assert answers == {True, False}
+
+
+def _case(name: str) -> dict[str, Any]:
+    return next(case for case in POD_CASES if case["name"] == name)
+
+
+def test_a_pod_that_only_tolerates_the_reserved_taint_is_denied_by_both() -> None:
+    case = _case("training-tolerates-the-reserved-taint-by-key")
+    assert decide(case, nodes_known=False).rule == engine.DENY_TOLERATION
+    actions, failed, _ = reserved_nodes_verdict(
+        rendered("default"), case, as_pod(case["pod"], "research") or {}, "CREATE"
+    )
+    assert failed == {engine.DENY_TOLERATION} and actions == ["Deny"]
+
+
+def test_a_training_pod_the_engine_mutated_is_allowed() -> None:
+    case = _case("training-notin-added-to-every-term-and-matchfields-kept")
+    decision = decide(case, nodes_known=False)
+    assert decision.outcome == "patched" and not decision.violations
+    patched = jsonpatch.apply_patch(as_pod(case["pod"], case["namespace"]["name"]), list(decision.patch))
+    assert reserved_nodes_verdict(rendered("default"), case, patched, "CREATE")[1] == set()
+
+
+def test_node_names_are_the_documented_gap() -> None:
+    """The policy cannot know which nodes are reserved: a pod pinned by name is left to the engine,
+    whose NotIn requirement makes the kubelet refuse it on a reserved node."""
+    case = _case("training-nodename-of-a-reserved-node")
+    assert decide(case, nodes_known=True).rule == engine.DENY_NODE_NAME
+    pod = as_pod(case["pod"], "research") or {}
+    assert reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")[1] == set()
+    unknown = decide(case, nodes_known=False)
+    assert unknown.outcome == "patched"
+    patched = jsonpatch.apply_patch(pod, list(unknown.patch))
+    terms = patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+
+
+def test_mirror_pods_are_still_checked() -> None:
+    """The engine never mutates mirror pods but checks them, and so does the backstop: the
+    annotation is no way around either."""
+    case = copy.deepcopy(_case("training-tolerates-everything-with-exists-and-no-key"))
+    case["pod"]["metadata"]["annotations"] = {engine.MIRROR_ANNOTATION: "x"}
+    decision = decide(case, nodes_known=False)
+    assert decision.rule == engine.DENY_TOLERATION and decision.patch == ()
+    pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+    assert match_conditions_pass(rendered("default"), pod, "CREATE")
+    assert reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")[1] == {engine.DENY_TOLERATION}
+
+
+def test_all_pods_scope_renders_no_gpu_condition() -> None:
+    resources = rendered("engine-all-pods")
+    hook = find(resources, "MutatingWebhookConfiguration", render.WEBHOOK_CONFIGURATION)["webhooks"][0]
+    assert [c.get("name") for c in hook.get("matchConditions") or []] == []
+    cpu_pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    assert match_conditions_pass(resources, cpu_pod, "CREATE")
+    policy = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    assert [c["name"] for c in policy["matchConditions"]] == ["not-terminating"]
+
+
+# --- the namespace class label guard --------------------------------------------------------------
+
+GUARD_CASES = yaml.safe_load((FIXTURES / "cel" / "namespace-guard.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", GUARD_CASES, ids=lambda case: case["name"])
+def test_namespace_class_labels_are_changed_only_by_the_listed_groups(case: dict[str, Any]) -> None:
+    resources = rendered(case.get("policy", "default"))
+    spec = find(resources, "ValidatingAdmissionPolicy", render.NAMESPACE_CLASS_POLICY)["spec"]
+    params = find(resources, "ConfigMap", render.CLASS_LABEL_EDITORS)
+    binding = find(resources, "ValidatingAdmissionPolicyBinding", render.NAMESPACE_CLASS_POLICY)
+    assert binding["spec"]["paramRef"]["name"] == params["metadata"]["name"]
+
+    def namespace(labels: Mapping[str, str] | None) -> Any:
+        if labels is None:
+            return None
+        return {"metadata": {"name": "team-a", "labels": {render.NAMESPACE_NAME_LABEL: "team-a", **labels}}}
+
+    operation = "UPDATE" if "old" in case else "CREATE"
+    activation = {
+        "object": cel(namespace(case["new"])),
+        "oldObject": cel(namespace(case.get("old"))),
+        "request": cel(request(operation, "", case.get("groups"))),
+        "namespaceObject": cel(None),
+        "params": cel(params),
+    }
+    _, failed, messages = run_policy(spec, activation)
+    assert (not failed) == case["allowed"], messages
+    if not case["allowed"]:
+        assert render.CLASS_LABEL_EDITORS in messages[0]
+
+
+# --- portability ----------------------------------------------------------------------------------
+
+
+def _all_expressions() -> list[str]:
+    out = []
+    for policy in ("default", "engine-aliases", "engine-all-pods", "cel-rules"):
+        for resource in rendered(policy):
+            if resource["kind"] == "MutatingWebhookConfiguration":
+                out += [c["expression"] for hook in resource["webhooks"] for c in hook["matchConditions"]]
+            if resource["kind"] == "ValidatingAdmissionPolicy":
+                spec = resource["spec"]
+                for key in ("matchConditions", "variables"):
+                    out += [item["expression"] for item in spec.get(key) or []]
+                for validation in spec["validations"]:
+                    out += [validation["expression"], validation["messageExpression"]]
+    return out
+
+
+def test_expressions_use_only_functions_kubernetes_and_cel_python_share() -> None:
+    for expression in _all_expressions():
+        without_strings = re.sub(r"'(?:[^'\\]|\\.)*'", "''", expression)
+        called = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", without_strings))
+        assert called <= PORTABLE_FUNCTIONS, (called - PORTABLE_FUNCTIONS, expression)
+
+
+def test_validations_with_line_breaks_have_a_message() -> None:
+    # The apiserver requires `message` when an expression spans lines, and messages must be one line.
+    for policy in ("default", "cel-rules"):
+        for resource in rendered(policy):
+            if resource["kind"] == "ValidatingAdmissionPolicy":
+                for validation in resource["spec"]["validations"]:
+                    assert validation["message"] and "\n" not in validation["message"]
+
+
+def test_a_pod_with_any_claim_is_covered_by_cel_which_cannot_read_the_claim() -> None:
+    """DRA: the apiserver's CEL sees the pod only, not the ResourceClaim(Template) it names. Both the
+    matchConditions and the policy treat every claim-holding pod as a GPU pod. The engine, which can
+    resolve the claim, leaves a non-GPU claim alone; the policy still keeps such a pod of a
+    non-inference class off the reserved nodes (the documented, stricter side)."""
+    case = _case("claim-of-another-device-class-is-not-a-gpu-pod")
+    pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+    resolved = engine.decide(
+        operation="CREATE",
+        pod=pod,
+        namespace=NamespaceFacts("research", {"rocm-isolation.io/class": "training"}),
+        nodes=NodeFacts(None),
+        policy=default_policy(),
+        claims=ClaimFacts(templates={"rdma": frozenset({"rdma.example.com"})}),
+    )
+    assert resolved.rule == engine.RULE_NOT_GPU
+    resources = rendered("default")
+    assert match_conditions_pass(resources, pod, "CREATE")
+    actions, failed, messages = reserved_nodes_verdict(resources, case, pod, "CREATE")
+    assert failed == {engine.DENY_NODE_SELECTOR} and actions == ["Deny"], messages
+    # Unresolved, the engine agrees with the policy exactly.
+    assert decide(case, nodes_known=False).rule == engine.DENY_NODE_SELECTOR

@@ -1,0 +1,307 @@
+"""``audit`` against the stateful fake API (tests/fake_cluster.py: a real HTTP server paging and
+filtering like kube-apiserver, which cannot run here), with objects shaped as the apiserver returns
+them (tests/cluster_objects.py, from tests/fixtures/cluster/)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from audit_cluster import TOLERATE_ALL, populate
+from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod, resource_claim
+from fake_cluster import FakeCluster
+
+from webhook import cli
+from webhook.cluster.kubeapi import KubeApi
+from webhook.core.policy import default_policy, parse_policy
+from webhook.ops import audit
+
+POLICY = default_policy()
+NOW = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
+SCHEMA = yaml.safe_load(
+    (Path(__file__).parents[1] / "fixtures" / "schemas" / "wgpolicyk8s.io-v1alpha2.yaml").read_text()
+)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCluster]:
+    cluster = FakeCluster().start()
+    populate(cluster)
+    yield cluster
+    cluster.stop()
+
+
+def run(fake: FakeCluster, **kwargs: Any) -> audit.Report:
+    return audit.run_audit(KubeApi(fake.api_client(), page_size=kwargs.pop("page_size", 3)), POLICY, now=NOW)
+
+
+def keyed(report: audit.Report) -> set[tuple[str, str]]:
+    return {(f.rule, f"{f.namespace}/{f.name}" if f.namespace else f.name) for f in report.findings}
+
+
+EXPECTED = {
+    ("node-label-without-taint", "r2"),
+    ("reserved-node-gpu-unhealthy", "r3"),
+    ("reserved-node-without-gpus", "r4"),
+    ("node-taint-without-label", "t1"),
+    ("namespace-unknown-class", "weird"),
+    ("namespace-unknown-mode", "odd-mode"),
+    ("pod-on-reserved-node", "ml/trainer-on-reserved"),
+    ("pod-can-reach-reserved-nodes", "ml/trainer-pending-tolerates"),
+    ("pod-would-be-denied", "ml/class-hijack"),
+    ("inference-pod-outside-reserved-pool", "serve/llm-shared"),
+    ("pod-missing-mutations", "serve/llm-shared"),
+    ("pod-missing-mutations", "serve/llm-unmutated"),
+    ("namespace-allows-privileged", "ml"),
+    ("reserved-node-names-out-of-date", "rocm-isolation-system/rocm-isolation-reserved-node-names"),
+    ("deviceclass-not-in-policy", "big-gpus"),
+    ("pod-gpu-allocation-not-recognised", "ml/via-vendor-x"),
+}
+
+
+def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster) -> None:
+    report = run(fake)
+    assert keyed(report) == EXPECTED
+    assert {rule for rule, _ in EXPECTED} == set(audit.RULES)  # every documented rule is exercised
+    by_key = {(f.rule, f.name): f for f in report.findings}
+    on_reserved = by_key[("pod-on-reserved-node", "trainer-on-reserved")]
+    assert on_reserved.kind == "Pod" and on_reserved.uid == "uid-pod-ml-trainer-on-reserved"
+    assert "spec.nodeName is r1, a reserved node" in on_reserved.message  # the engine's own wording
+    missing = by_key[("pod-missing-mutations", "llm-unmutated")].message
+    assert "node-affinity" in missing and "tolerations" in missing and "topology-spread" in missing
+    assert "env" in missing
+    assert "deny-class-not-allowed" in by_key[("pod-would-be-denied", "class-hijack")].message
+    assert report.pods_checked == 8  # GPU pods not finished, the excluded namespace's included
+
+
+def test_capacity_per_pool(fake: FakeCluster) -> None:
+    capacity = run(fake).to_json()["capacity"]
+    assert capacity["reserved"] == {
+        "nodes": 4,
+        "gpusAllocatable": 24,
+        "gpusRequested": {"inference": 2, "training": 2, "unclassified": 2},
+        "pendingPods": {"inference": {"pods": 1, "oldestWaitSeconds": 3600}},
+    }
+    assert capacity["shared"] == {
+        "nodes": 3,  # s1, s2 and t1 (GPUs, no pool label); the CPU node is no GPU capacity
+        "gpusAllocatable": 24,
+        "gpusRequested": {"inference": 2, "training": 4},
+        "pendingPods": {"training": {"pods": 1, "oldestWaitSeconds": 3600}},
+    }
+
+
+def test_pods_are_read_paginated_and_finished_ones_are_filtered_by_the_apiserver(fake: FakeCluster) -> None:
+    run(fake, page_size=3)
+    requests = fake.requests_to("/api/v1/pods")
+    assert len(requests) == 4  # 11 active pods, 3 per page
+    assert all(r.query["fieldSelector"] == "status.phase!=Succeeded,status.phase!=Failed" for r in requests)
+    assert all(r.query["limit"] == "3" for r in requests)
+
+
+def test_an_expired_pod_list_restarts_without_counting_twice(fake: FakeCluster) -> None:
+    expected = run(fake).to_json()
+    # Pages of 3: nodes (3 pages), namespaces (2), claims and claim templates (1 each), device classes
+    # (2); the pod list's first page is the 10th, and its continue token expires before the second page.
+    fake.expire_after(3 + 2 + 1 + 1 + 2 + 1)
+    restarted = run(fake)
+    assert restarted.to_json() == expected  # nothing counted twice, nothing missing
+    queries = [r.query for r in fake.requests_to("/api/v1/pods")][4:]  # the second run's
+    assert ["continue" in q for q in queries] == [False, True, False, True, True, True]  # 410, then from the top
+
+
+def test_partition_gpus_and_init_containers_in_capacity() -> None:
+    fake = FakeCluster().start()
+    try:
+        fake.add(
+            node("p1", reserved=True, allocatable={"amd.com/cpx_nps4": "64"}),
+            namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        )
+        sidecar = {
+            "name": "proxy",
+            "image": "x",
+            "restartPolicy": "Always",
+            "resources": {"limits": {"amd.com/cpx_nps4": "1"}},
+        }
+        fake.add(inference_pod("llm", "serve", node="p1", gpus={"amd.com/cpx_nps4": "3"}, init_containers=[sidecar]))
+        report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
+        reserved = report.to_json()["capacity"]["reserved"]
+        assert reserved["gpusAllocatable"] == 64 and reserved["gpusRequested"] == {"inference": 4}
+    finally:
+        fake.stop()
+
+
+def test_audit_mode_policies_and_namespaces_are_judged_as_enforced(fake: FakeCluster) -> None:
+    text = yaml.safe_dump(
+        {
+            **yaml.safe_load((Path(__file__).parents[2] / "webhook" / "default_policy.yaml").read_text()),
+            "spec": {
+                **yaml.safe_load((Path(__file__).parents[2] / "webhook" / "default_policy.yaml").read_text())["spec"],
+                "mode": "audit",
+            },
+        }
+    )
+    policy = parse_policy(text)
+    report = audit.run_audit(KubeApi(fake.api_client()), policy, now=NOW)
+    assert keyed(report) == EXPECTED
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def cli_run(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    code = cli.main(["audit", "--kubeconfig", str(kubeconfig), *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_table_exits_1_on_findings(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli_run(fake, tmp_path, capsys)
+    assert code == audit.EXIT_FINDINGS
+    lines = out.splitlines()
+    assert lines[0].split() == ["RULE", "KIND", "NAME", "MESSAGE"]
+    assert any(line.startswith("pod-on-reserved-node") and "ml/trainer-on-reserved" in line for line in lines)
+    assert any(line.split()[:3] == ["reserved", "4", "24"] for line in lines)
+
+
+def test_cli_json(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli_run(fake, tmp_path, capsys, "-o", "json")
+    assert code == 1
+    document = json.loads(out)
+    assert set(document) == {"findings", "capacity"}
+    assert set(document["capacity"]) == {"reserved", "shared"}
+    for finding in document["findings"]:
+        keys = set(finding) - {"uid"}  # the object's uid, when it has one (what reports name it by)
+        assert keys in ({"rule", "kind", "name", "message"}, {"rule", "kind", "namespace", "name", "message"})
+        assert ("namespace" in finding) == (finding["kind"] in ("Pod", "ConfigMap"))
+        if finding["kind"] == "Pod":
+            assert finding["uid"] == f"uid-pod-{finding['namespace']}-{finding['name']}"
+    assert {
+        (f["rule"], f"{f['namespace']}/{f['name']}" if "namespace" in f else f["name"]) for f in document["findings"]
+    } == EXPECTED
+
+
+def test_cli_policyreport_validates_against_the_crd_schema(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli_run(fake, tmp_path, capsys, "-o", "policyreport")
+    assert code == 1
+    documents = list(yaml.safe_load_all(out))
+    kinds = [(d["kind"], d["metadata"].get("namespace")) for d in documents]
+    assert kinds == [
+        ("ClusterPolicyReport", None),
+        ("PolicyReport", "ml"),
+        ("PolicyReport", "rocm-isolation-system"),  # the reserved node names' ConfigMap
+        ("PolicyReport", "serve"),
+    ]
+    for document in documents:
+        jsonschema.validate(document, {**SCHEMA, "$ref": f"#/$defs/{document['kind']}"})
+        summary = document["summary"]
+        assert summary["fail"] + summary["warn"] == len(document["results"])
+        assert summary["warn"] == sum(r["result"] == "warn" for r in document["results"])
+    cluster = documents[0]
+    assert {r["rule"] for r in cluster["results"]} == {rule for rule, name in EXPECTED if "/" not in name}
+    result = next(r for r in documents[1]["results"] if r["rule"] == "pod-on-reserved-node")
+    assert result["resources"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "trainer-on-reserved",
+            "namespace": "ml",
+            "uid": "uid-pod-ml-trainer-on-reserved",
+        }
+    ]
+    assert result["result"] == "fail" and result["severity"] == "high" and result["policy"] == "rocm-isolation"
+
+
+def test_the_schema_rejects_what_the_crd_rejects() -> None:
+    bad = {
+        "apiVersion": "wgpolicyk8s.io/v1alpha2",
+        "kind": "PolicyReport",
+        "metadata": {"name": "x", "namespace": "y"},
+        "results": [{"policy": "p", "result": "failed"}],
+    }
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, {**SCHEMA, "$ref": "#/$defs/PolicyReport"})
+
+
+def test_cli_exits_0_on_a_clean_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clean = FakeCluster().start()
+    try:
+        clean.add(node("r1", reserved=True), node("s1"), namespace("serve", {"rocm-isolation.io/class": "inference"}))
+        clean.add(inference_pod("llm", "serve", node="r1"), pod("t", "default", node="s1"))
+        code, out, _ = cli_run(clean, tmp_path, capsys)
+        assert code == audit.EXIT_CLEAN
+        assert out.startswith("No findings (2 GPU pods checked).")
+    finally:
+        clean.stop()
+
+
+def test_cli_exits_2_when_the_cluster_goes_away_mid_list(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.drop_after(4)
+    code, out, err = cli_run(fake, tmp_path, capsys, "--page-size", "2")
+    assert code == audit.EXIT_ERROR and out == ""
+    assert err.startswith(f"audit: cannot read the cluster: cannot reach the Kubernetes API at {fake.url}")
+
+
+def test_cli_exits_2_without_rights_and_says_which(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.forbid("pods")
+    code, _, err = cli_run(fake, tmp_path, capsys)
+    assert code == 2
+    assert 'Error from server (Forbidden): pods is forbidden: User "system:serviceaccount:' in err
+    assert "needs get/list on nodes, namespaces and pods" in err
+
+
+def test_cli_exits_2_on_a_bad_policy(fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("apiVersion: rocm-isolation.io/v1alpha1\nkind: IsolationPolicy\nspec: {classes: {}}\n")
+    code, _, err = cli_run(fake, tmp_path, capsys, "--policy", str(bad))
+    assert code == 2 and "invalid policy" in err
+
+
+def test_cli_exits_2_without_any_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code = cli.main(["audit"])
+    assert code == 2 and "no cluster configuration" in capsys.readouterr().err
+
+
+def test_inference_toleration_fixture_matches_the_policy() -> None:
+    taint = POLICY.spec.reserved_nodes.taint
+    assert taint is not None and INFERENCE_TOLERATION["key"] == taint.key
+
+
+def test_dra_pods_are_judged_with_the_namespace_claims() -> None:
+    """A pod reaches GPUs through a ResourceClaimTemplate of gpu.amd.com: a GPU pod, judged; a pod
+    whose only claim is a NIC is not one."""
+    fake = FakeCluster().start()
+    try:
+        fake.add(node("r1", reserved=True), node("s1"), namespace("ml"))
+        fake.add(resource_claim("gpu-tpl", "ml", template=True), resource_claim("nic", "ml", "nic.example.com"))
+        gpu_claim = [{"name": "gpu", "resourceClaimTemplateName": "gpu-tpl"}]
+        nic_claim = [{"name": "nic", "resourceClaimName": "nic"}]
+        fake.add(
+            pod("dra-gpu", "ml", node=None, gpus={}, tolerations=[TOLERATE_ALL], resource_claims=gpu_claim),
+            pod("dra-nic", "ml", node=None, gpus={}, tolerations=[TOLERATE_ALL], resource_claims=nic_claim),
+        )
+        report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
+        assert keyed(report) == {("pod-can-reach-reserved-nodes", "ml/dra-gpu"), ("namespace-allows-privileged", "ml")}
+        assert report.pods_checked == 1
+        assert report.to_json()["capacity"]["shared"]["pendingPods"] == {
+            "training": {"pods": 1, "oldestWaitSeconds": 3600}
+        }
+    finally:
+        fake.stop()

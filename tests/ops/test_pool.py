@@ -1,0 +1,554 @@
+"""``rocm-isolation-webhook pool`` against the fake Kubernetes API (tests/fake_cluster.py).
+
+kube-apiserver cannot run here: the fake answers over real HTTP the way it does (merge-patch of
+nodes with the resourceVersion precondition and ``dryRun=All``, the policy/v1 eviction subresource
+with PodDisruptionBudgets, Status bodies), and records every request, so the tests assert the exact
+writes that reached the API, and that none did when the input was bad.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from cluster_objects import inference_pod, namespace, node, pod
+from fake_cluster import FakeCluster
+
+from webhook import cli
+from webhook.deploy import reserved_names
+from webhook.ops import pool
+
+POOL_LABEL = "rocm-isolation.io/pool"
+OURS = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
+STALE = {"key": "rocm-isolation.io/reserved", "value": "batch", "effect": "NoSchedule"}
+UNHEALTHY = {"key": "amd-gpu-unhealthy", "value": "true", "effect": "NoSchedule"}
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def daemonset_pod(name: str, ns: str, node_name: str, gpus: str) -> dict[str, Any]:
+    obj = pod(name, ns, node=node_name, gpus={"amd.com/gpu": gpus}, labels={"app": "gpu-agent"})
+    obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "gpu-agent",
+            "uid": "uid-ds-gpu-agent",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return obj
+
+
+def mirror_pod(name: str, ns: str, node_name: str) -> dict[str, Any]:
+    obj = pod(f"{name}-{node_name}", ns, node=node_name, gpus={"amd.com/gpu": "1"}, labels={"app": name})
+    obj["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "0f3c5d9e8b7a6f5e4d3c2b1a09f8e7d6"}
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": f"uid-node-{node_name}", "controller": True}
+    ]
+    return obj
+
+
+def pdb(name: str, ns: str, match_labels: dict[str, str], *, allowed: int) -> dict[str, Any]:
+    """A policy/v1 PodDisruptionBudget as the apiserver returns it, status kept by its controller."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": ns, "generation": 1},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": match_labels}},
+        "status": {
+            "observedGeneration": 1,
+            "disruptionsAllowed": allowed,
+            "currentHealthy": 1,
+            "desiredHealthy": 1,
+            "expectedPods": 1,
+        },
+    }
+
+
+@pytest.fixture
+def cluster() -> Iterator[FakeCluster]:
+    """Five MI300X nodes (8 GPUs each): gpu-a reserved and running inference; gpu-c with a stale
+    same-key taint, another taint and labels of its own; training pods here and there."""
+    fake = FakeCluster().start()
+    fake.add(
+        namespace("ml-training"),
+        namespace("serving", {"rocm-isolation.io/class": "inference"}),
+        namespace("kube-system"),
+        node("gpu-a", reserved=True),
+        node("gpu-b"),
+        node("gpu-c", labels={"team": "ml"}, taints=[STALE, UNHEALTHY]),
+        node("gpu-d"),
+        node("gpu-e"),
+        node("cpu-1", allocatable={}),
+        inference_pod("llm-0", "serving", node="gpu-a", gpus={"amd.com/gpu": "4"}),
+        pod("train-b", "ml-training", node="gpu-b", gpus={"amd.com/gpu": "4"}, labels={"app": "train-b"}),
+        pod("train-c", "ml-training", node="gpu-c", gpus={"amd.com/gpu": "2"}, labels={"app": "train-c"}),
+        pod("train-d", "ml-training", node="gpu-d", gpus={"amd.com/gpu": "1"}, labels={"app": "train-d"}),
+        daemonset_pod("gpu-agent-c", "ml-training", "gpu-c", "1"),
+        mirror_pod("gpu-burnin", "ml-training", "gpu-c"),
+        pod("done", "ml-training", node="gpu-e", phase="Succeeded", gpus={"amd.com/gpu": "8"}),
+    )
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Evictions refused by a budget are retried with backoff; the tests shorten the waits only.
+    monkeypatch.setattr(pool, "EVICTION_BACKOFF", (0.01, 0.02))
+
+
+def run(cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    code = cli.main(["pool", *argv, "--kubeconfig", str(kubeconfig)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def writes(cluster: FakeCluster) -> list[Any]:
+    """Writes to nodes and evictions (the backstop's params ConfigMap: ``configmap_writes``)."""
+    with cluster.lock:
+        return [r for r in cluster.requests if r.method != "GET" and "/configmaps" not in r.path]
+
+
+def configmap_writes(cluster: FakeCluster) -> list[Any]:
+    with cluster.lock:
+        return [r for r in cluster.requests if r.method != "GET" and "/configmaps" in r.path]
+
+
+def test_apply_and_release_keep_the_backstops_reserved_node_names(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c")
+    assert code == 0, out
+    stored = cluster.get_object("configmaps", f"{reserved_names.NAMESPACE}/{reserved_names.PARAMS_CONFIGMAP}")
+    assert stored is not None
+    labelled = sorted(
+        name
+        for name in ("gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e")
+        if (cluster.get_object("nodes", name) or {}).get("metadata", {}).get("labels", {}).get(POOL_LABEL)
+        == "inference"
+    )
+    assert "gpu-c" in labelled and sorted(stored["data"]) == labelled
+    assert f"configmap/{reserved_names.PARAMS_CONFIGMAP}" in out
+    code, out, _ = run(cluster, tmp_path, capsys, "release", "--nodes", "gpu-c", "--force")
+    assert code == 0, out
+    stored = cluster.get_object("configmaps", f"{reserved_names.NAMESPACE}/{reserved_names.PARAMS_CONFIGMAP}")
+    assert stored is not None and "gpu-c" not in (stored.get("data") or {})
+    assert [r.method for r in configmap_writes(cluster)] == ["POST", "PATCH"]
+
+
+def stored_node(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    obj = cluster.get_object("nodes", name)
+    assert obj is not None
+    return obj
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+def test_plan_chooses_by_selector_and_count_and_changes_nothing(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(cluster, tmp_path, capsys, "--selector", "amd.com/gpu.device-id=74a1", "--count", "3")
+    assert code == 0
+    # gpu-a is reserved already; then the fewest non-inference GPUs: gpu-e 0 (its pod finished), gpu-d 1
+    lines = out.splitlines()
+    assert (
+        lines[0]
+        == "Reserved pool: label rocm-isolation.io/pool=inference, taint rocm-isolation.io/reserved=inference:NoSchedule"
+    )
+    assert lines[2].split() == ["NODE", "GPUS", "LABEL", "TAINT", "WHY"]
+    assert lines[3].split()[:5] == ["gpu-a", "8", "keep", "keep", "already"]
+    assert lines[4].split("   ")[0] == "gpu-e" and "0 GPUs requested by non-inference pods" in lines[4]
+    assert lines[5].startswith("gpu-d") and lines[5].endswith(
+        "1 GPU requested by non-inference pods (fewer than gpu-b: 4)"
+    )
+    assert "gpu-c   8      4 GPUs requested by non-inference pods" in out  # not chosen, with why
+    assert "Left for training: 2 nodes, 16 GPUs allocatable, 8 requested by non-inference pods (8 free)." in out
+    assert writes(cluster) == []
+
+
+def test_plan_json_lists_the_pods_the_taint_leaves(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(cluster, tmp_path, capsys, "plan", "--nodes", "gpu-c", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    [gpu_c] = doc["nodes"]
+    assert (gpu_c["label"], gpu_c["taint"], gpu_c["gpus"]) == ("add", "replace", 8)
+    assert gpu_c["replacesTaints"] == [STALE]
+    assert [(p["name"], p["owner"], p["gpus"], p["evictable"]) for p in gpu_c["podsStaying"]] == [
+        ("gpu-agent-c", "DaemonSet/gpu-agent", 1, False),
+        ("gpu-burnin-gpu-c", "Node/gpu-c", 1, False),
+        ("train-c", "ReplicaSet/trainer-7d9c8b6f5", 2, True),
+    ]
+    assert doc["reserved"]["after"] == {"nodes": 2, "gpusAllocatable": 16, "gpusRequested": 4, "gpusFree": 12}
+    assert doc["displacedGpus"] == 2
+    assert writes(cluster) == []
+
+
+def test_plan_by_gpus(cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(cluster, tmp_path, capsys, "--gpus", "20", "-o", "json")
+    assert code == 0
+    assert [n["name"] for n in json.loads(out)["nodes"]] == ["gpu-a", "gpu-e", "gpu-d"]
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+
+def test_apply_sends_only_our_label_and_taint(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = stored_node(cluster, "gpu-c")
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c")
+    assert code == 0
+    [request] = writes(cluster)
+    assert (request.method, request.path, request.content_type) == ("PATCH", "/api/v1/nodes/gpu-c", MERGE_PATCH)
+    assert "dryRun" not in request.query
+    assert request.body == {
+        "metadata": {"labels": {POOL_LABEL: "inference"}, "resourceVersion": before["metadata"]["resourceVersion"]},
+        # the stale same-key taint is replaced where it was; the GPU operator's taint is untouched
+        "spec": {"taints": [OURS, UNHEALTHY]},
+    }
+    after = stored_node(cluster, "gpu-c")
+    assert after["metadata"]["labels"] == {**before["metadata"]["labels"], POOL_LABEL: "inference"}
+    assert after["spec"]["taints"] == [OURS, UNHEALTHY]
+    # nothing else of the node moved
+    for key in ("spec", "metadata"):
+        rest = {k: v for k, v in after[key].items() if k not in ("labels", "taints", "resourceVersion")}
+        assert rest == {k: v for k, v in before[key].items() if k not in ("labels", "taints", "resourceVersion")}
+    assert after["status"] == before["status"]
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Node", **after}, "1.37.0", strict=True)
+    assert "node/gpu-c labeled and tainted" in out
+    assert "The pods listed above keep running: pool apply --evict evicts them." in out
+    assert cluster.get_object("pods", "train-c", "ml-training") is not None
+
+
+def test_apply_twice_changes_nothing_the_second_time(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("apply", "--selector", "amd.com/gpu.device-id=74a1", "--count", "2")
+    assert run(cluster, tmp_path, capsys, *args)[0] == 0
+    patched = [r.path for r in writes(cluster)]
+    assert patched == ["/api/v1/nodes/gpu-e"]  # gpu-a was reserved already
+    first = stored_node(cluster, "gpu-e")
+    code, out, _ = run(cluster, tmp_path, capsys, *args)
+    assert code == 0
+    assert [r.path for r in writes(cluster)] == patched  # no new write
+    assert "node/gpu-a unchanged" in out and "node/gpu-e unchanged" in out
+    assert out.rstrip().endswith("Nothing changed: the pool was already set up.")
+    assert stored_node(cluster, "gpu-e") == first
+
+
+def test_a_concurrent_edit_is_reread_and_kept(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    maintenance = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+
+    def someone_else(obj: dict[str, Any]) -> None:  # e.g. another operator's kubectl taint, meanwhile
+        obj["metadata"]["labels"]["example.com/rack"] = "r7"
+        obj["spec"].setdefault("taints", []).append(maintenance)
+
+    cluster.edit_before_next_patch("gpu-d", someone_else)
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-d")
+    assert code == 0
+    patches = writes(cluster)
+    assert [r.status for r in patches] == [409, 200]
+    assert patches[0].body["spec"]["taints"] == [OURS]  # built from what was read first
+    assert patches[1].body["spec"]["taints"] == [maintenance, OURS]  # rebuilt after the re-read
+    after = stored_node(cluster, "gpu-d")
+    assert after["spec"]["taints"] == [maintenance, OURS]
+    assert after["metadata"]["labels"]["example.com/rack"] == "r7"
+    assert after["metadata"]["labels"][POOL_LABEL] == "inference"
+    assert "node/gpu-d labeled and tainted" in out
+
+
+def test_a_node_that_keeps_changing_is_left_alone_and_reported(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def relabel(obj: dict[str, Any]) -> None:  # a controller rewriting the node all the time
+        obj["metadata"]["labels"]["example.com/heartbeat"] = str(obj["metadata"]["resourceVersion"])
+
+    cluster.edit_before_next_patch("gpu-d", relabel, times=pool.CONFLICT_RETRIES)
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-d", "-o", "json")
+    assert code == 1
+    assert [r.status for r in writes(cluster)] == [409] * pool.CONFLICT_RETRIES
+    assert json.loads(out)["nodes"][0]["result"] == "conflict"
+    assert POOL_LABEL not in stored_node(cluster, "gpu-d")["metadata"]["labels"]
+
+
+def test_a_pod_gone_before_its_eviction_is_fine(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the pod finishes and is deleted between the read and the eviction (404: what was wanted)
+    cluster.edit_before_next_patch("gpu-b", lambda _: cluster.delete_object("pods", "train-b", "ml-training"))
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-b", "--evict", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["nodes"] == [{"name": "gpu-b", "result": "patched", "patch": writes(cluster)[-2].body}]
+    assert doc["evictions"] == [
+        {"namespace": "ml-training", "name": "train-b", "outcome": "gone", "message": "already gone", "attempts": 1}
+    ]
+    assert writes(cluster)[-1].status == 404
+
+
+def test_server_dry_run_sends_dry_run_all_and_persists_nothing(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = stored_node(cluster, "gpu-c")
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c", "--evict", "--dry-run=server")
+    assert code == 0
+    requests = writes(cluster)
+    assert [(r.method, r.path, r.query.get("dryRun")) for r in requests] == [
+        ("PATCH", "/api/v1/nodes/gpu-c", "All"),
+        ("POST", "/api/v1/namespaces/ml-training/pods/train-c/eviction", "All"),
+    ]
+    assert requests[1].body["deleteOptions"] == {"dryRun": ["All"]}
+    assert stored_node(cluster, "gpu-c") == before
+    assert cluster.get_object("pods", "train-c", "ml-training") is not None
+    assert "node/gpu-c labeled and tainted (server dry run)" in out
+
+
+# --- eviction ------------------------------------------------------------------------------------
+
+
+def test_evict_retries_a_budget_refusal_and_skips_daemonset_and_mirror_pods(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.add(pdb("train-c", "ml-training", {"app": "train-c"}, allowed=0))
+    cluster.allow_evictions_after("ml-training", "train-c", refusals=2)
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c", "--evict", "--timeout", "30s")
+    assert code == 0
+    evictions = [r for r in writes(cluster) if r.method == "POST"]
+    assert {r.path for r in evictions} == {"/api/v1/namespaces/ml-training/pods/train-c/eviction"}
+    assert [r.status for r in evictions] == [429, 429, 201]
+    assert evictions[0].body == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "train-c", "namespace": "ml-training"},
+    }
+    assert cluster.get_object("pods", "train-c", "ml-training") is None
+    assert cluster.get_object("pods", "gpu-agent-c", "ml-training") is not None
+    assert cluster.get_object("pods", "gpu-burnin-gpu-c", "ml-training") is not None
+    assert "pod/train-c -n ml-training evicted" in out
+    assert "pod/gpu-agent-c -n ml-training skipped: DaemonSet pod (its controller would recreate it)" in out
+    assert "pod/gpu-burnin-gpu-c -n ml-training skipped: mirror pod (static, managed by the kubelet)" in out
+
+
+def test_an_eviction_still_refused_at_the_timeout_is_reported_not_forced(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.add(pdb("train-c", "ml-training", {"app": "train-c"}, allowed=0))
+    code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c", "--evict", "--timeout", "0.1s")
+    assert code == 1
+    assert cluster.get_object("pods", "train-c", "ml-training") is not None
+    assert not [r for r in writes(cluster) if r.method == "DELETE"]
+    assert (
+        "pod/train-c -n ml-training not evicted: Cannot evict pod as it would violate the pod's disruption budget. "
+        "(The disruption budget train-c needs 1 healthy pods and has 1 currently)"
+    ) in out
+    # the node itself was reserved: only the eviction is left undone
+    assert stored_node(cluster, "gpu-c")["metadata"]["labels"][POOL_LABEL] == "inference"
+
+
+# --- release -------------------------------------------------------------------------------------
+
+
+def test_release_refuses_when_inference_would_lose_its_last_room(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(cluster, tmp_path, capsys, "release", "--nodes", "gpu-a")
+    assert code == 1
+    assert "release refused: these inference pods would have no room left" in err
+    assert "serving     llm-0   gpu-a   4" in err
+    assert writes(cluster) == []
+    code, _, _ = run(cluster, tmp_path, capsys, "release", "--all")
+    assert code == 1
+    assert writes(cluster) == []
+
+
+def test_release_removes_only_our_label_and_taint_when_there_is_room(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-c")[0] == 0
+    before = stored_node(cluster, "gpu-a")
+    # gpu-c (8 GPUs, 2 requested by a training pod still there: 6 free) takes llm-0 (4)
+    code, out, _ = run(cluster, tmp_path, capsys, "release", "--nodes", "gpu-a")
+    assert code == 0
+    request = writes(cluster)[-1]
+    assert request.body == {
+        "metadata": {"labels": {POOL_LABEL: None}, "resourceVersion": before["metadata"]["resourceVersion"]},
+        "spec": {"taints": None},
+    }
+    after = stored_node(cluster, "gpu-a")
+    assert POOL_LABEL not in after["metadata"]["labels"]
+    assert "taints" not in after["spec"]
+    assert {k: v for k, v in after["metadata"]["labels"].items()} == {
+        k: v for k, v in before["metadata"]["labels"].items() if k != POOL_LABEL
+    }
+    assert "node/gpu-a released (label and taint removed)" in out
+    # gpu-c keeps the GPU operator's taint
+    code, _, _ = run(cluster, tmp_path, capsys, "release", "--all", "--force")
+    assert code == 0
+    gpu_c = stored_node(cluster, "gpu-c")
+    assert gpu_c["spec"]["taints"] == [UNHEALTHY]
+    assert gpu_c["metadata"]["labels"]["team"] == "ml" and POOL_LABEL not in gpu_c["metadata"]["labels"]
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    half = copy.deepcopy(node("gpu-f", labels={POOL_LABEL: "inference"}))
+    other = node("gpu-g", labels={POOL_LABEL: "batch"})
+    cluster.add(half, other, pod("stray", "ml-training", node="gpu-a", gpus={"amd.com/gpu": "2"}))
+    code, out, _ = run(cluster, tmp_path, capsys, "status", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [(n["name"], n["labelled"], n["tainted"], n["gpusRequested"]) for n in doc["nodes"]] == [
+        ("gpu-a", True, True, 6),
+        ("gpu-c", False, False, 4),
+        ("gpu-f", True, False, 0),
+        ("gpu-g", False, False, 0),
+    ]
+    assert doc["nodes"][3]["state"] == (
+        "label rocm-isolation.io/pool=batch is not the policy's: pool apply or release --nodes gpu-g"
+    )
+    assert doc["nodes"][1]["state"].startswith("taint rocm-isolation.io/reserved=batch:NoSchedule is not the policy's")
+    assert doc["nodes"][2]["state"].startswith("label without taint")
+    assert doc["reserved"]["podsByClass"] == {"inference": {"pods": 1, "gpus": 4}, "training": {"pods": 1, "gpus": 2}}
+    assert doc["nonInferenceOnReserved"] == [
+        {"namespace": "ml-training", "name": "stray", "node": "gpu-a", "gpus": 2, "class": "training"}
+    ]
+    code, out, _ = run(cluster, tmp_path, capsys, "status")
+    assert code == 0
+    assert (
+        "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pod / 4 GPUs, training 1 pod / 2 GPUs)" in out
+    )
+    assert writes(cluster) == []
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("apply", "--nodes", "gpu-a,gpu-zz"), "error: node not found: gpu-zz; nothing was changed"),
+        (
+            ("apply", "--selector", "amd.com/gpu.device-id=740f", "--count", "1"),
+            "error: no node matches --selector amd.com/gpu.device-id=740f; nothing was changed",
+        ),
+        (
+            ("apply", "--selector", "amd.com/gpu.device-id=74a1", "--count", "6"),
+            "error: --count 6: --selector amd.com/gpu.device-id=74a1 has only 5 candidate node(s) with allocatable "
+            "GPUs (1 more without allocatable GPUs); nothing was changed",
+        ),
+        (
+            ("apply", "--selector", "nonsense"),
+            "error: --selector 'nonsense': 'nonsense' is not KEY=VALUE; nothing was changed",
+        ),
+        (("release", "--nodes", "gpu-zz"), "error: node not found: gpu-zz; nothing was changed"),
+        (("apply",), "error: say which nodes: --nodes NAME[,...], or --selector KEY=VALUE with --count N or --gpus N"),
+        (("plan", "--nodes", "gpu-a", "--evict"), "error: --evict is only for pool apply"),
+        (("release", "--nodes", "gpu-a", "--all"), "error: pool release needs --nodes NAME[,NAME...] or --all"),
+        (("status", "--nodes", "gpu-a"), "error: pool status shows the whole pool: --nodes does not apply"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_writes_nothing(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(cluster, tmp_path, capsys, *argv)
+    assert code == 2
+    assert err.strip() == message
+    assert out == ""
+    assert writes(cluster) == []
+
+
+def test_an_unreachable_api_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "gone", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "op", "user": {"token": "t"}}],
+                "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "op"}}],
+                "current-context": "gone",
+            }
+        )
+    )
+    code = cli.main(["pool", "plan", "--nodes", "gpu-a", "--kubeconfig", str(kubeconfig)])
+    err = capsys.readouterr().err
+    assert code == 2
+    # the last line: urllib3 logs its connection retries, and another test may have left a log
+    # handler on a stream that pytest has closed since (a "--- Logging error ---" block before it)
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port}")
+
+
+def test_without_an_operator_kubeconfig_it_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # even inside a pod
+    code = cli.main(["pool", "status"])
+    assert code == 2
+    assert "pool needs an operator's kubeconfig" in capsys.readouterr().err
+
+
+def test_the_webhook_service_account_gets_none_of_what_pool_does() -> None:
+    """pool patches nodes and evicts pods with a person's credentials; the rendered RBAC stays read-only."""
+    from webhook.deploy import render
+
+    rules = [
+        rule
+        for resource in render.render()
+        if resource["kind"] in ("ClusterRole", "Role")
+        for rule in resource.get("rules", [])
+    ]
+    assert rules
+    for rule in rules:
+        resources = set(rule.get("resources", []))
+        if resources & {"nodes", "pods", "pods/eviction", "*"}:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+        assert "pods/eviction" not in resources
+
+
+def test_the_plan_shown_in_operations_md_is_this_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/operations.md shows `pool plan` run against this cluster: the docs stay true."""
+    fake = FakeCluster().start()
+    try:
+        fake.add(
+            namespace("ml-training"),
+            namespace("serving", {"rocm-isolation.io/class": "inference"}),
+            node("gpu-node-01", reserved=True),
+            node("gpu-node-02"),
+            node("gpu-node-03"),
+            node("gpu-node-04"),
+            node("gpu-node-05", taints=[UNHEALTHY]),
+            inference_pod("llm-7b9f-abcde", "serving", node="gpu-node-01", gpus={"amd.com/gpu": "4"}),
+            pod("trainer-7d9c8b6f5-x2klm", "ml-training", node="gpu-node-02", gpus={"amd.com/gpu": "8"}),
+            pod("trainer-7d9c8b6f5-q8wzp", "ml-training", node="gpu-node-03", gpus={"amd.com/gpu": "2"}),
+            pod("trainer-7d9c8b6f5-m4n7r", "ml-training", node="gpu-node-05", gpus={"amd.com/gpu": "4"}),
+        )
+        code, out, _ = run(fake, tmp_path, capsys, "--selector", "amd.com/gpu.device-id=74a1", "--count", "3")
+    finally:
+        fake.stop()
+    assert code == 0
+    docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    shown = "$ rocm-isolation-webhook pool --selector amd.com/gpu.device-id=74a1 --count 3\n" + out
+    assert shown in docs

@@ -1,0 +1,98 @@
+"""The layering of webhook/'s parts (``[tool.importlinter]`` in pyproject.toml, run by ``make lint``) holds
+today, and each contract breaks when the import it forbids is added to a copy of the package: an upward
+import, a sideways one, one hidden inside a function, a forbidden library, a module outside every part."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+LAYERS = "webhook's parts are layered"
+PURE = "the decision core is pure"
+NO_SERVER = "never load the web server"
+DRY_RUN = "the dry run needs the core alone"
+RENDERING = "rendering needs no cluster"
+
+
+def lint_imports(package_parent: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(package_parent)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],
+        cwd=package_parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def broken(output: str) -> list[str]:
+    """The contracts the summary calls BROKEN (it wraps long names over lines)."""
+    summary = " ".join(output.split("dependencies.", 1)[1].split("Contracts:", 1)[0].split()).strip("- ")
+    return [name for name, verdict in re.findall(r"(.+?) (KEPT|BROKEN) ?", summary) if verdict == "BROKEN"]
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    """A copy of webhook/ (sources only) that a case may edit."""
+    shutil.copytree(
+        ROOT / "webhook",
+        tmp_path / "webhook",
+        symlinks=True,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "_manifests"),
+    )
+    return tmp_path
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "added", "contract"),
+    [
+        # upward, inside a function: the core reaching for the service's metrics
+        ("core/rocm.py", "def _probe() -> None:\n    from webhook.service import metrics  # noqa\n", LAYERS),
+        # upward: the dry run importing the server
+        ("offline/dryrun.py", "import webhook.service.serve  # noqa\n", LAYERS),
+        # sideways: the renderer reading the cluster
+        ("deploy/cel.py", "from webhook.cluster import kubeapi  # noqa\n", LAYERS),
+        # sideways: audit using the dry run
+        ("ops/audit.py", "from webhook.offline import workloads  # noqa\n", LAYERS),
+        # the core doing I/O or keeping time
+        ("core/pods.py", "import logging  # noqa\n", PURE),
+        ("core/engine.py", "import time  # noqa\n", PURE),
+        ("core/policy.py", "import kubernetes  # noqa\n", PURE),
+        # a command loading the web server
+        ("ops/pool.py", "import uvicorn  # noqa\n", NO_SERVER),
+        ("cluster/cache.py", "import prometheus_client  # noqa\n", NO_SERVER),
+        # the dry run or the renderer needing a cluster
+        ("offline/workloads.py", "import kubernetes  # noqa\n", DRY_RUN),
+        ("offline/dryrun.py", "from webhook.deploy import render  # noqa\n", DRY_RUN),
+        ("deploy/render.py", "import urllib3  # noqa\n", RENDERING),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(package: Path, module: str, added: str, contract: str) -> None:
+    path = package / "webhook" / module
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + added, encoding="utf-8")
+    result = lint_imports(package)
+    assert result.returncode != 0, result.stdout
+    assert [name for name in broken(result.stdout) if contract in name], result.stdout
+
+
+def test_a_module_outside_every_part_breaks_the_layers(package: Path) -> None:
+    (package / "webhook" / "helpers.py").write_text('"""Belongs to no part."""\n', encoding="utf-8")
+    result = lint_imports(package)
+    assert result.returncode != 0
+    assert "webhook.helpers" in result.stdout

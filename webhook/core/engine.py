@@ -1,0 +1,865 @@
+"""``decide``: the pure decision core shared by the webhook and the offline ``mutate`` command.
+
+classify (scope, class, mode) -> check (reachability of reserved nodes) -> plan (JSON patch).
+No I/O: everything it needs is passed in, so what CI dry-runs is exactly what the cluster does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final, cast, get_args
+
+from webhook.core import patch, pods, scheduling
+from webhook.core.decision import (
+    NO_CLAIMS,
+    NO_DEVICES,
+    ClaimFacts,
+    Decision,
+    DeviceFacts,
+    NamespaceFacts,
+    NodeFacts,
+    Violation,
+)
+from webhook.core.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass, route_catalogue, route_matcher
+
+CLASS_ANNOTATION = "rocm-isolation.io/class"
+MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+KFD_TOPOLOGY_PATH = "/sys/class/kfd/kfd/topology/nodes"
+KFD_VOLUME_NAME = "rocm-kfd-topology"
+KFD_VOLUME = {"name": KFD_VOLUME_NAME, "hostPath": {"path": KFD_TOPOLOGY_PATH, "type": "Directory"}}
+KFD_MOUNT = {"name": KFD_VOLUME_NAME, "mountPath": KFD_TOPOLOGY_PATH, "readOnly": True}
+# The AMD GPU operator's own taints: warn when a pod tolerates them, never add them.
+AMD_OPERATOR_TAINT_KEYS = ("amd-gpu-unhealthy", "amd-dcm")
+
+# Stable rule identifiers (metrics labels, docs/policy.md).
+RULE_MUTATED = "mutated"
+RULE_COMPLIANT = "compliant"
+RULE_CHECKED = "update-checked"
+RULE_EXCLUDED = "excluded-namespace"
+RULE_NOT_GPU = "not-gpu-pod"
+RULE_MIRROR = "mirror-pod"
+RULE_OPERATION = "operation-ignored"
+RULE_DELETING = "pod-terminating"
+RULE_MALFORMED = "malformed-pod"
+DENY_NODE_NAME = "deny-node-name"
+DENY_NODE_SELECTOR = "deny-node-selector"
+DENY_NODE_AFFINITY = "deny-node-affinity"
+DENY_TOLERATION = "deny-toleration"
+DENY_CLASS = "deny-class-not-allowed"
+DENY_DIRECT_ACCESS = "deny-direct-gpu-access"
+DENY_EPHEMERAL = "deny-ephemeral-gpu-access"
+DENY_RULES = (
+    DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS, DENY_DIRECT_ACCESS,
+    DENY_EPHEMERAL,
+)  # fmt: skip
+# The one subresource the engine reads: kubectl debug adds containers to a running pod through it.
+EPHEMERAL_CONTAINERS = "ephemeralcontainers"
+
+_MODES: frozenset[str] = frozenset(get_args(Mode))
+# Phrases of two warnings that the offline dry run recognises (it says them its own way): one source.
+CLAIM_UNRESOLVED = "could not be resolved (not known to the webhook yet)"
+LABELS_UNKNOWN = ": labels unknown (no cluster connection); class from "
+
+
+def decide(
+    *,
+    operation: str,
+    pod: Any,
+    old_pod: Any = None,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    claims: ClaimFacts = NO_CLAIMS,
+    devices: DeviceFacts = NO_DEVICES,
+    sub_resource: str = "",
+) -> Decision:
+    """Decide what to do with one pod. Pure; never raises for any input.
+
+    ``claims`` resolves the pod's Dynamic Resource Allocation claims (default: none resolvable, so a
+    pod that references a claim counts as a GPU pod); ``devices`` is what the cluster's DeviceClasses
+    add to the GPU routes. ``sub_resource`` ``ephemeralcontainers``: an UPDATE adding debug containers
+    (checked, never patched); any other subresource is not the engine's."""
+    spec = policy.spec
+    mode, mode_warnings = _mode(spec, namespace)
+    if operation not in ("CREATE", "UPDATE"):
+        return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
+    if namespace.name in spec.excluded_namespaces:
+        return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
+    matcher = route_matcher_for(policy, devices)
+    try:
+        if sub_resource:
+            if sub_resource != EPHEMERAL_CONTAINERS or operation != "UPDATE":
+                return _allow(RULE_OPERATION, f"{operation} of pods/{sub_resource} is not checked", mode)
+            return _decide_ephemeral(pod, old_pod, namespace, nodes, policy, matcher, mode, mode_warnings)
+        return _decide_pod(
+            operation, pod, old_pod, namespace, nodes, policy, claims, devices, matcher, mode, mode_warnings
+        )
+    except pods.MalformedPod as err:
+        return Decision(
+            allowed=False,
+            rule=RULE_MALFORMED,
+            message=f"the pod cannot be checked: {err}",
+            mode=mode,
+            code=400,
+            violations=(Violation(RULE_MALFORMED, err.field, str(err)),),
+        )
+
+
+def route_matcher_for(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
+    """The policy's catalogue of GPU routes with what the cluster's DeviceClasses add to it. Most
+    clusters (and every review without a DeviceClass watch) add nothing: no cache lookup then."""
+    if not devices.gpu_classes and not devices.extended_resources:
+        return policy.routes
+    return _cluster_route_matcher(policy, devices)
+
+
+@lru_cache(maxsize=64)
+def _cluster_route_matcher(policy: Policy, devices: DeviceFacts) -> pods.RouteMatcher:
+    extra = sorted(devices.extended_resources) + [
+        pods.DEVICE_CLASS_RESOURCE_PREFIX + name for name in sorted(devices.gpu_classes)
+    ]
+    return route_matcher(route_catalogue(policy.spec.scope, extra))
+
+
+@lru_cache(maxsize=64)
+def _reserved(policy: Policy, node_names: frozenset[str] | None) -> scheduling.Reserved:
+    key, value = policy.spec.reserved_nodes.label
+    return scheduling.Reserved(key, value, node_names)
+
+
+class _Review:
+    """Working state of one decision."""
+
+    __slots__ = (
+        "direct", "done", "metadata", "namespace", "operations", "pod", "policy", "reserved", "spec", "terms",
+        "tolerations", "violations", "warnings",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        pod: dict[str, Any],
+        spec: dict[str, Any],
+        metadata: dict[str, Any],
+        policy: Policy,
+        namespace: NamespaceFacts,
+        reserved: scheduling.Reserved,
+        warnings: list[str],
+    ) -> None:
+        self.pod: Final = pod
+        self.spec: Final = spec
+        self.metadata: Final = metadata
+        self.policy: Final = policy
+        self.namespace: Final = namespace
+        self.reserved: Final = reserved
+        self.warnings: Final = warnings
+        self.operations: Final[list[dict[str, Any]]] = []
+        self.done: Final[list[str]] = []
+        self.violations: Final[list[Violation]] = []
+        # Read once by the check (in the order its errors are reported), reused by the plan.
+        self.terms: list[scheduling.Term] | None = None
+        self.tolerations: list[tuple[int, dict[str, Any]]] = []
+        # The routes by which the pod reaches GPUs without the device plugin or DRA (named in denials).
+        self.direct: list[pods.Route] = []
+
+
+def _start_review(
+    pod: dict[str, Any],
+    spec: dict[str, Any],
+    metadata: dict[str, Any],
+    policy: Policy,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    mode_warnings: list[str],
+    routes: list[pods.Route],
+) -> _Review:
+    review = _Review(
+        pod=pod,
+        spec=spec,
+        metadata=metadata,
+        policy=policy,
+        namespace=namespace,
+        reserved=_reserved(policy, nodes.reserved_node_names),
+        warnings=list(mode_warnings),
+    )
+    # The routes by which the pod reaches GPUs without the device plugin or DRA (named in denials).
+    review.direct = [route for route in routes if route.direct]
+    return review
+
+
+def _allow(rule: str, message: str, mode: Mode) -> Decision:
+    return Decision(allowed=True, rule=rule, message=message, mode=mode)
+
+
+def _mode(spec: PolicySpec, namespace: NamespaceFacts) -> tuple[Mode, list[str]]:
+    if namespace.labels is None:
+        return spec.mode, []
+    value = namespace.labels.get(spec.labels.namespace_mode)
+    if value is None:
+        return spec.mode, []
+    if value in _MODES:
+        return cast(Mode, value), []
+    return spec.mode, [
+        f"namespace label {spec.labels.namespace_mode}={value!r} is not enforce, warn or audit; "
+        f"using the policy's mode {spec.mode}"
+    ]
+
+
+def _decide_pod(
+    operation: str,
+    pod: Any,
+    old_pod: Any,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    claims: ClaimFacts,
+    devices: DeviceFacts,
+    matcher: pods.RouteMatcher,
+    mode: Mode,
+    mode_warnings: list[str],
+) -> Decision:
+    pod = pods.mapping(pod, "the pod")
+    metadata = pods.mapping(pod.get("metadata"), "metadata")
+    raw_spec = pod.get("spec")
+    spec = pods.mapping(raw_spec, "spec")
+    annotations = pods.string_map(metadata.get("annotations"), "metadata.annotations")
+    labels = pods.string_map(metadata.get("labels"), "metadata.labels")
+    if operation == "UPDATE" and metadata.get("deletionTimestamp"):
+        return _allow(RULE_DELETING, "the pod is terminating", mode)
+    mirror = MIRROR_ANNOTATION in annotations
+    gpu, routes = pods.gpu_routes(spec, matcher)
+    raw_claims = spec.get("resourceClaims")
+    if raw_claims is not None and policy.spec.scope.routes.resource_claims:
+        # Dynamic Resource Allocation: GPUs reached through claims
+        gpu_claim_names = _gpu_claims(pods.resource_claims(raw_claims), claims, devices, policy, mode_warnings)
+        if gpu_claim_names:
+            routes.append(pods.Route(pods.ROUTE_CLAIM, "spec.resourceClaims"))
+            gpu = pods.claim_containers(spec, gpu_claim_names, gpu)
+    if not routes and not policy.spec.scope.all_pods:
+        return _allow(RULE_NOT_GPU, "the pod reaches no GPU by any route the policy knows", mode)
+
+    if raw_spec is None:
+        # Only reachable with scope.allPods: every patch below needs /spec to exist.
+        raise pods.MalformedPod("spec", "an object")
+    review = _start_review(pod, spec, metadata, policy, namespace, nodes, mode_warnings, routes)
+    if operation == "UPDATE":
+        old = pods.mapping(old_pod, "oldObject")
+        old_metadata = pods.mapping(old.get("metadata"), "oldObject.metadata")
+        old_labels = pods.string_map(old_metadata.get("labels"), "oldObject.metadata.labels")
+        class_name = _classify(review, labels, old_labels)
+        cls = policy.spec.classes[class_name]
+        _check_update(review, cls, class_name, old)
+        return _finish(review, mode, class_name, RULE_CHECKED)
+    class_name = _classify(review, labels, None)
+    cls = policy.spec.classes[class_name]
+    if cls.direct_gpu_access == "deny":
+        review.direct.extend(pods.unscanned_runtime_routes(routes, matcher))
+    _check_direct_access(review, cls, class_name)
+    _check_create(review, cls, class_name)
+    if mirror:
+        # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
+        # mutate them. Anyone can set the annotation, so they are still checked.
+        return _finish(review, mode, class_name, RULE_MIRROR)
+    _plan(review, cls, class_name, gpu, labels)
+    return _finish(review, mode, class_name, RULE_COMPLIANT)
+
+
+def _decide_ephemeral(
+    pod: Any,
+    old_pod: Any,
+    namespace: NamespaceFacts,
+    nodes: NodeFacts,
+    policy: Policy,
+    matcher: pods.RouteMatcher,
+    mode: Mode,
+    mode_warnings: list[str],
+) -> Decision:
+    """``kubectl debug`` adds containers to a pod that is already placed: one that reaches GPUs
+    (privileged, the AMD runtime's variables) gets the GPUs of whatever node the pod is on, so a pod of a
+    class kept off the reserved nodes may not get one there. Checked, never patched: the subresource
+    takes nothing but ephemeralContainers."""
+    pod = pods.mapping(pod, "the pod")
+    old = pods.mapping(old_pod, "oldObject")
+    metadata = pods.mapping(pod.get("metadata"), "metadata")
+    spec = pods.mapping(pod.get("spec"), "spec")
+    old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
+    labels = pods.string_map(metadata.get("labels"), "metadata.labels")
+    before = {
+        pods.string(body.get("name"), f"oldObject.spec.{pods.EPHEMERAL}[{index}].name")
+        for index, body in pods.objects(old_spec.get(pods.EPHEMERAL), f"oldObject.spec.{pods.EPHEMERAL}")
+    }
+    added: list[pods.Route] = []
+    for container in pods.containers(spec, ephemeral=True):
+        name = pods.string(container.body.get("name"), f"{container.field}.name")
+        if container.list_name == pods.EPHEMERAL and name not in before:
+            added.extend(pods.container_routes(container, matcher))
+    if not added:
+        return _allow(RULE_NOT_GPU, "no added ephemeral container reaches a GPU", mode)
+    review = _start_review(pod, spec, metadata, policy, namespace, nodes, mode_warnings, added)
+    old_labels = pods.string_map(pods.mapping(old.get("metadata"), "oldObject.metadata").get("labels"), "labels")
+    class_name = _classify(review, labels, old_labels)
+    cls = policy.spec.classes[class_name]
+    if cls.direct_gpu_access == "deny":
+        _check_direct_access(review, cls, class_name)
+    if cls.placement == "unreserved":
+        reach = _ephemeral_reach(review, spec)
+        if reach:
+            route = added[0]
+            key, value = review.reserved.key, review.reserved.value
+            review.violations.append(
+                Violation(
+                    DENY_EPHEMERAL,
+                    route.field,
+                    f"{class_name} pods may not use the GPUs of the reserved nodes ({key}={value}): {route.field} "
+                    f"({route.describe()}) would be added to a pod that {reach}; debug with an unprivileged "
+                    "ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+                )
+            )
+    return _finish(review, mode, class_name, RULE_CHECKED)
+
+
+def _ephemeral_reach(review: _Review, spec: dict[str, Any]) -> str:
+    """How the pod is (or may get) on a reserved node, in words; '' when it is kept off them."""
+    reserved = review.reserved
+    node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
+    if node_name and reserved.node_names is not None:
+        return f"runs on the reserved node {node_name}" if node_name in reserved.node_names else ""
+    if scheduling.affinity_excludes_reserved(scheduling.required_terms(spec), reserved):
+        return ""
+    if node_name:
+        return f"runs on {node_name}, which could not be checked (reserved nodes unknown, no cluster connection)"
+    return "is not scheduled yet and is not kept off the reserved nodes by its node affinity"
+
+
+def _gpu_claims(
+    refs: list[pods.ClaimRef], claims: ClaimFacts, devices: DeviceFacts, policy: Policy, warnings: list[str]
+) -> set[str]:
+    """The names (as containers use them) of the pod's claims that reach a GPU device class. A claim that
+    cannot be resolved counts as one: failing toward isolation is the safe side."""
+    names: set[str] = set()
+    for ref in refs:
+        if ref.template_name:
+            kind, target, classes = "ResourceClaimTemplate", ref.template_name, claims.templates.get(ref.template_name)
+        elif ref.claim_name:
+            kind, target, classes = "ResourceClaim", ref.claim_name, claims.claims.get(ref.claim_name)
+        else:
+            warnings.append(
+                f"{ref.field} ({ref.name}) names neither a ResourceClaim nor a ResourceClaimTemplate; "
+                "counted as a GPU request"
+            )
+            names.add(ref.name)
+            continue
+        if classes is None:
+            warnings.append(
+                f"{ref.field} ({ref.name}): {kind} {target} {CLAIM_UNRESOLVED}; "
+                "counted as a GPU request: the pod is placed and checked as a GPU pod"
+            )
+            names.add(ref.name)
+        elif any(policy.gpu_device_classes(name) or name in devices.gpu_classes for name in classes):
+            names.add(ref.name)
+    return names
+
+
+def _classify(review: _Review, labels: Mapping[str, str], old_labels: Mapping[str, str] | None) -> str:
+    spec = review.policy.spec
+    namespace = review.namespace
+    classes = review.policy.namespace_classes(namespace.name, namespace.labels)
+    if namespace.labels is None:
+        review.warnings.append(_labels_unknown(namespace.name, classes.source))
+    requested = labels.get(spec.labels.pod_class)
+    if requested is None or requested == classes.default:
+        return classes.default
+    if requested in classes.allowed:
+        return requested
+    if old_labels is not None and old_labels.get(spec.labels.pod_class) == requested:
+        # An UPDATE that does not introduce the request: the pod was admitted before (audit or
+        # warn mode, or before a relabel); blocking it would wedge its finalizers and status.
+        return classes.default
+    hint = _class_hint(spec, requested)
+    known = "" if requested in spec.classes else " (no such class in the policy)"
+    review.violations.append(
+        Violation(
+            DENY_CLASS,
+            f"metadata.labels[{spec.labels.pod_class}]",
+            f"the pod asks for class {requested!r}{known} but namespace {namespace.name} allows only "
+            f"{', '.join(classes.allowed)} ({classes.source}); remove the label{hint}",
+        )
+    )
+    return classes.default
+
+
+@lru_cache(maxsize=1024)
+def _labels_unknown(namespace: str, source: str) -> str:
+    # The same warning for every pod of a namespace while there is no cluster connection.
+    return (
+        f"namespace {namespace}{LABELS_UNKNOWN}{source}; label rules, the mode label and Pod Security labels "
+        "were not checked"
+    )
+
+
+def _class_hint(spec: PolicySpec, class_name: str) -> str:
+    if class_name not in spec.classes:
+        return ""
+    return f", or run the pod in a namespace labelled {spec.labels.namespace_class}={class_name}"
+
+
+@lru_cache(maxsize=64)
+def _reserved_hint(policy: Policy) -> str:
+    spec = policy.spec
+    reserved = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+    if not reserved:
+        return ""
+    return f"; to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved[0]}"
+
+
+def _denied(review: _Review, class_name: str, rule: str, where: str, what: str) -> None:
+    key, value = review.reserved.key, review.reserved.value
+    review.violations.append(
+        Violation(
+            rule,
+            where,
+            f"{class_name} pods may not use the reserved nodes ({key}={value}): {where} {what}"
+            + _direct_note(review.direct)
+            + _reserved_hint(review.policy),
+        )
+    )
+
+
+def _direct_note(direct: list[pods.Route]) -> str:
+    """Why a pod that asks for no GPU is a GPU pod: the route and the field (first one found)."""
+    if not direct:
+        return ""
+    route = direct[0]
+    return f" (a GPU pod through {route.field}: {route.describe()})"
+
+
+def _check_direct_access(review: _Review, cls: WorkloadClass, class_name: str) -> None:
+    """A container that takes GPUs itself bypasses the device plugin's and DRA's accounting: warned, or
+    denied where the class says so."""
+    for route in review.direct:
+        if cls.direct_gpu_access == "deny":
+            review.violations.append(
+                Violation(
+                    DENY_DIRECT_ACCESS,
+                    route.field,
+                    f"{class_name} pods may not reach GPUs directly: {route.field} ({route.describe()}); "
+                    "request amd.com/gpu or a DRA claim instead",
+                )
+            )
+        else:
+            review.warnings.append(
+                f"{route.field}: {route.describe()}, bypassing GPU accounting (the device plugin and DRA do not "
+                f"count it); the pod is placed and checked as a {class_name} GPU pod"
+            )
+
+
+def _deny_node_selector(review: _Review, class_name: str) -> None:
+    key, value = review.reserved.key, review.reserved.value
+    _denied(review, class_name, DENY_NODE_SELECTOR, "spec.nodeSelector", f"selects {key}={value}")
+
+
+def _deny_node_affinity(review: _Review, class_name: str) -> None:
+    where = f"spec.affinity.nodeAffinity.{scheduling.REQUIRED}"
+    _denied(review, class_name, DENY_NODE_AFFINITY, where, "selects reserved nodes in every term")
+
+
+def _reserved_taint(review: _Review) -> Taint | None:
+    return review.policy.spec.reserved_nodes.taint
+
+
+def _tolerations(spec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    found = pods.objects(spec.get("tolerations"), "spec.tolerations")
+    for index, tol in found:
+        if (
+            type(tol.get("key")) in _STRING_OR_NULL
+            and type(tol.get("operator")) in _STRING_OR_NULL
+            and type(tol.get("value")) in _STRING_OR_NULL
+            and type(tol.get("effect")) in _STRING_OR_NULL
+        ):
+            continue
+        for name in ("key", "operator", "value", "effect"):
+            pods.string(tol.get(name), f"spec.tolerations[{index}].{name}")
+    return found
+
+
+_STRING_OR_NULL = (str, type(None))
+
+
+def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
+    """Reachability of reserved nodes for a class that may not use them."""
+    spec = review.spec
+    reserved = review.reserved
+    node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
+    node_selector = pods.string_map(spec.get("nodeSelector"), "spec.nodeSelector")
+    terms = review.terms = scheduling.required_terms(spec)
+    tolerations = review.tolerations = _tolerations(spec)
+    _warn_operator_taints(review, tolerations)
+    if cls.placement != "unreserved":
+        known = reserved.node_names
+        if cls.placement == "reserved" and node_name and known is not None and node_name not in known:
+            review.warnings.append(
+                f"spec.nodeName {node_name} is not a reserved node: the kubelet will reject the pod "
+                f"because of the required {reserved.key}={reserved.value} node affinity"
+            )
+        return
+    if node_name:
+        if reserved.node_names is None:
+            review.warnings.append(
+                f"spec.nodeName {node_name} could not be checked (reserved nodes unknown, no cluster "
+                f"connection); the added {reserved.key} NotIn affinity makes the kubelet reject it on a reserved node"
+            )
+        elif node_name in reserved.node_names:
+            _denied(review, class_name, DENY_NODE_NAME, "spec.nodeName", f"is {node_name}, a reserved node")
+    if node_selector.get(reserved.key) == reserved.value:
+        _deny_node_selector(review, class_name)
+    if scheduling.affinity_only_reserved(terms, reserved):
+        _deny_node_affinity(review, class_name)
+    elif terms and reserved.node_names is None and any(t.fields for t in terms):
+        review.warnings.append(
+            "matchFields on node names could not be checked against the reserved nodes (no cluster connection)"
+        )
+    _check_tolerations(review, class_name, tolerations)
+
+
+def _check_tolerations(
+    review: _Review, class_name: str, tolerations: list[tuple[int, dict[str, Any]]], old: Any = None
+) -> None:
+    taint = _reserved_taint(review)
+    if taint is None:
+        return
+    previous = old or []
+    for index, tol in tolerations:
+        if scheduling.tolerates(tol, taint.key, taint.value, taint.effect) and tol not in previous:
+            what = (
+                "tolerates every taint" if not tol.get("key") else f"tolerates {taint.key}={taint.value}:{taint.effect}"
+            )
+            _denied(review, class_name, DENY_TOLERATION, f"spec.tolerations[{index}]", what)
+
+
+def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, dict[str, Any]]]) -> None:
+    for index, tol in tolerations:
+        if tol.get("key") in AMD_OPERATOR_TAINT_KEYS:
+            review.warnings.append(
+                f"spec.tolerations[{index}] tolerates {tol.get('key')}: the AMD GPU operator uses that taint to keep "
+                "pods off unhealthy or re-partitioning GPUs"
+            )
+
+
+def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: dict[str, Any]) -> None:
+    """On UPDATE only what the update introduces is checked: rejecting a pod that was admitted
+    before the policy would block its finalizers and status changes."""
+    if cls.placement != "unreserved":
+        return
+    old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
+    reserved = review.reserved
+    old_tolerations = [tol for _, tol in pods.objects(old_spec.get("tolerations"), "oldObject.spec.tolerations")]
+    review.tolerations = _tolerations(review.spec)
+    _check_tolerations(review, class_name, review.tolerations, old_tolerations)
+    selector = pods.string_map(review.spec.get("nodeSelector"), "spec.nodeSelector")
+    old_selector = pods.string_map(old_spec.get("nodeSelector"), "oldObject.spec.nodeSelector")
+    if selector.get(reserved.key) == reserved.value and old_selector.get(reserved.key) != reserved.value:
+        _deny_node_selector(review, class_name)
+    review.terms = scheduling.required_terms(review.spec)
+    if scheduling.affinity_only_reserved(review.terms, reserved) and not scheduling.affinity_only_reserved(
+        scheduling.required_terms(old_spec), reserved
+    ):
+        _deny_node_affinity(review, class_name)
+
+
+def _plan(
+    review: _Review,
+    cls: WorkloadClass,
+    class_name: str,
+    gpu: list[pods.ContainerRef],
+    labels: Mapping[str, str],
+) -> None:
+    plan = _class_plan(review.policy, class_name)
+    _plan_affinity(review, plan)
+    _plan_tolerations(review, plan)
+    _plan_spread(review, cls, labels)
+    _plan_env(review, plan, gpu)
+    _plan_kfd_mount(review, cls, gpu)
+    # The class annotation lands even when nothing else changes; the list of what was done only
+    # when something was (so that a reinvocation on our own output yields no operation).
+    entries = {CLASS_ANNOTATION: class_name}
+    if review.operations:
+        recorded = _recorded_mutations(review.metadata.get("annotations"), review.done)
+        if recorded is not None:
+            entries[MUTATIONS_ANNOTATION] = recorded
+    review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
+
+
+def _recorded_mutations(annotations: Any, done: list[str]) -> str | None:
+    """The mutations annotation with ``done`` merged in, or None when it already lists all of it.
+
+    The MutatingAdmissionPolicy records what it did in the same annotation before the webhook is
+    called (``mutating_policy._mutations_annotation_patch``, the same merge in CEL): the entries are a
+    union, the existing ones first and in their order, nothing listed twice, so that neither
+    overwrites the other's record and a reinvocation adds nothing."""
+    current = annotations.get(MUTATIONS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not current:
+        return ",".join(done)
+    listed = current.split(",")
+    added = [entry for entry in done if entry not in listed]
+    return current + "," + ",".join(added) if added else None
+
+
+@dataclass(frozen=True)
+class _ClassPlan:
+    """What a class adds to a pod, built once per policy and class (the pods only decide which parts)."""
+
+    requirements: tuple[scheduling.Requirement, ...]  # ANDed into every node-selector term
+    reserved_toleration: dict[str, Any] | None  # a reserved class tolerates the reserved taint
+    tolerations: tuple[dict[str, Any], ...]
+    env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
+    env_names: tuple[str, ...]  # compared, not hashed: hashing every name of every env list costs more
+
+
+@lru_cache(maxsize=256)
+def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
+    reserved = _reserved(policy, None)
+    cls = policy.spec.classes[class_name]
+    requirements: list[scheduling.Requirement] = []
+    if cls.placement == "reserved":
+        requirements.append(
+            scheduling.Requirement(({"key": reserved.key, "operator": "In", "values": [reserved.value]},))
+        )
+    elif cls.placement == "unreserved":
+        requirements.append(
+            scheduling.Requirement(
+                ({"key": reserved.key, "operator": "NotIn", "values": [reserved.value]},),
+                satisfied_by_exclusion=reserved,
+            )
+        )
+    for extra in cls.node_selector_requirements:
+        keys = (extra.key, *extra.key_aliases)
+        requirements.append(scheduling.Requirement(tuple(extra.expression(key) for key in keys)))
+    taint = policy.spec.reserved_nodes.taint
+    reserved_toleration = None
+    if cls.placement == "reserved" and taint is not None:
+        reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+    return _ClassPlan(
+        requirements=tuple(requirements),
+        reserved_toleration=reserved_toleration,
+        tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
+        env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
+        env_names=tuple(var.name for var in cls.env),
+    )
+
+
+def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:
+    requirements = plan.requirements
+    if not requirements:
+        return
+    terms = review.terms
+    if terms is None:
+        # No required affinity (or no terms): one new term, its missing parents created.
+        required_path = scheduling.TERMS_PATH[:-1]
+        new_terms = scheduling.narrow_terms(None, requirements)
+        review.operations.extend(patch.set_map_entries(review.pod, required_path, {"nodeSelectorTerms": new_terms}))
+        review.done.append("node-affinity")
+        return
+    if scheduling.splits(terms, requirements):
+        new_terms = scheduling.narrow_terms(terms, requirements)
+        review.operations.append(patch.replace(patch.pointer(*scheduling.TERMS_PATH), new_terms))
+        review.done.append("node-affinity")
+        return
+    changed = False
+    for term in terms:
+        added = scheduling.missing_requirements(term, requirements)
+        if added:
+            path = patch.pointer(*scheduling.TERMS_PATH, term.index, "matchExpressions")
+            review.operations.extend(patch.append_to_list(term.body.get("matchExpressions"), path, added))
+            changed = True
+    if changed:
+        review.done.append("node-affinity")
+
+
+def _plan_tolerations(review: _Review, plan: _ClassPlan) -> None:
+    existing = [tol for _, tol in review.tolerations]
+    wanted: list[dict[str, Any]] = []
+    reserved = plan.reserved_toleration
+    if reserved is not None:
+        key, value, effect = reserved["key"], reserved["value"], reserved["effect"]
+        if not any(scheduling.tolerates(t, key, value, effect) for t in existing):
+            wanted.append(dict(reserved))
+    for body in plan.tolerations:
+        if body not in existing and body not in wanted:
+            wanted.append(dict(body))
+    if wanted:
+        review.operations.extend(patch.append_to_list(review.spec.get("tolerations"), "/spec/tolerations", wanted))
+        review.done.append("tolerations")
+
+
+def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str]) -> None:
+    spread = cls.topology_spread
+    if spread is None:
+        return
+    current = review.spec.get("topologySpreadConstraints")
+    if any(
+        c.get("topologyKey") == spread.topology_key for _, c in pods.objects(current, "spec.topologySpreadConstraints")
+    ):
+        return
+    match_labels, match_label_keys = _spread_selector(review.policy, labels)
+    if not match_labels and not match_label_keys:
+        review.warnings.append(
+            f"no topology spread on {spread.topology_key} added: the pod has no labels to select its peers by "
+            "(a constraint without a selector counts nothing, and per-pod labels such as a StatefulSet's pod-name "
+            "select only the pod itself); give the pod labels"
+        )
+        return
+    constraint: dict[str, Any] = {
+        "maxSkew": spread.max_skew,
+        "topologyKey": spread.topology_key,
+        "whenUnsatisfiable": spread.when_unsatisfiable,
+        # An empty selector matches every pod; matchLabelKeys then narrows it to the pod's own revision.
+        "labelSelector": {"matchLabels": match_labels} if match_labels else {},
+    }
+    if match_label_keys:
+        constraint["matchLabelKeys"] = match_label_keys
+    if spread.min_domains is not None:
+        constraint["minDomains"] = spread.min_domains
+    review.operations.extend(patch.append_to_list(current, "/spec/topologySpreadConstraints", [constraint]))
+    review.done.append("topology-spread")
+
+
+def _spread_selector(policy: Policy, labels: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The spread constraint's matchLabels and matchLabelKeys: per-pod identity labels left out,
+    revision and controller-instance labels as keys (``spec.spreadSelector``)."""
+    excluded, by_key = _spread_keys(policy)
+    match_labels = {key: value for key, value in labels.items() if key not in excluded and key not in by_key}
+    return match_labels, [key for key in by_key if key in labels]
+
+
+@lru_cache(maxsize=64)
+def _spread_keys(policy: Policy) -> tuple[frozenset[str], tuple[str, ...]]:
+    selector = policy.spec.spread_selector
+    return frozenset(selector.excluded_label_keys), tuple(selector.match_label_keys)
+
+
+def _plan_env(review: _Review, plan: _ClassPlan, gpu: list[pods.ContainerRef]) -> None:
+    if not plan.env:
+        return
+    changed = False
+    for container in gpu:
+        current = container.body.get("env")
+        entries, found = _env_indexes(current, plan.env_names, container)
+        missing: list[dict[str, Any]] = []
+        for name, wanted, override in plan.env:
+            indexes = found.get(name)
+            if indexes is None:
+                missing.append(dict(wanted))
+            elif override:
+                for i in indexes:
+                    if entries[i] != wanted:
+                        review.operations.append(patch.replace(f"{container.pointer}/env/{i}", dict(wanted)))
+                        changed = True
+        if missing:
+            review.operations.extend(patch.append_to_list(current, container.pointer + "/env", missing))
+            changed = True
+    if changed:
+        review.done.append("env")
+
+
+def _env_indexes(
+    env: Any, names: tuple[str, ...], container: pods.ContainerRef
+) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """A container's env entries, and where each of ``names`` is set in them (env lists of a hundred
+    variables are common, and every GPU container is read)."""
+    if type(env) is list and all(type(entry) is dict for entry in env):
+        entries: list[dict[str, Any]] = env
+    else:  # the field name is only formatted for a list that is not plain JSON objects
+        entries = [entry for _, entry in pods.objects(env, f"{container.field}.env")]
+    found: dict[str, list[int]] = {}
+    for index, entry in enumerate(entries):
+        name = entry.get("name")
+        if isinstance(name, str):
+            for wanted in names:  # a class sets a few variables: compared one by one, never hashed
+                if name == wanted:
+                    found.setdefault(name, []).append(index)
+    return entries, found
+
+
+def _plan_kfd_mount(review: _Review, cls: WorkloadClass, gpu: list[pods.ContainerRef]) -> None:
+    if not cls.kfd_topology_mount or not gpu:
+        return
+    labels = review.namespace.labels
+    if labels is None:
+        review.warnings.append(
+            f"KFD topology mount skipped: the Pod Security level of namespace {review.namespace.name} is unknown "
+            "(no cluster connection), and a hostPath volume is rejected under baseline and restricted"
+        )
+        return
+    level = labels.get(PSS_ENFORCE_LABEL)
+    if level in ("baseline", "restricted"):
+        review.warnings.append(
+            f"KFD topology mount skipped: namespace {review.namespace.name} enforces Pod Security {level}, "
+            "which forbids hostPath volumes"
+        )
+        return
+    volumes = review.spec.get("volumes")
+    same_name = [v for _, v in pods.objects(volumes, "spec.volumes") if v.get("name") == KFD_VOLUME_NAME]
+    if same_name and dict(same_name[0]) != KFD_VOLUME:
+        review.warnings.append(f"KFD topology mount skipped: the pod already has a different volume {KFD_VOLUME_NAME}")
+        return
+    changed = False
+    if not same_name:
+        review.operations.extend(patch.append_to_list(volumes, "/spec/volumes", [dict(KFD_VOLUME)]))
+        changed = True
+    for container in gpu:
+        mounts = container.body.get("volumeMounts")
+        if any(
+            m.get("mountPath") == KFD_TOPOLOGY_PATH for _, m in pods.objects(mounts, f"{container.field}.volumeMounts")
+        ):
+            continue
+        review.operations.extend(patch.append_to_list(mounts, container.pointer + "/volumeMounts", [dict(KFD_MOUNT)]))
+        changed = True
+    if changed:
+        review.done.append("kfd-topology-mount")
+
+
+def _finish(review: _Review, mode: Mode, class_name: str, quiet_rule: str) -> Decision:
+    """The Decision in ``mode``. ``quiet_rule`` names an outcome with neither violation nor patch."""
+    violations = tuple(review.violations)
+    operations = tuple(review.operations)
+    warnings = list(review.warnings)
+    audit = {"class": class_name, "mode": mode}
+    if violations:
+        audit["violations"] = ",".join(sorted({v.rule for v in violations}))
+    denial = "; ".join(v.message for v in violations)
+    rule = violations[0].rule if violations else (RULE_MUTATED if operations else quiet_rule)
+    allowed, code, patch_out = True, 200, operations
+    if mode == "audit":
+        audit["would-patch-operations"] = str(len(operations))
+        if violations:
+            audit["would-deny"] = denial[:1000]
+        message = "audit mode: nothing changed" + (f"; would deny: {denial}" if violations else "")
+        patch_out = ()
+    elif violations and mode == "enforce":
+        audit["decision"] = "denied"
+        allowed, code, message, patch_out = False, 403, denial, ()
+    else:
+        if violations:  # warn mode: the denial becomes a warning, the pod is still mutated
+            warnings = [f"would be denied in enforce mode: {v.message}" for v in violations] + warnings
+        audit["decision"] = "patched" if operations else "allowed"
+        if operations:
+            audit["patch-operations"] = str(len(operations))
+            message = f"class {class_name}: " + (", ".join(review.done) or "annotated")
+        else:
+            message = f"class {class_name}: compliant"
+    return Decision(
+        allowed=allowed,
+        rule=rule,
+        message=message,
+        mode=mode,
+        workload_class=class_name,
+        patch=patch_out,
+        warnings=tuple(warnings),
+        audit_annotations=audit,
+        violations=violations,
+        code=code,
+    )

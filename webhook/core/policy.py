@@ -1,0 +1,718 @@
+"""The IsolationPolicy: its YAML schema (pydantic), its validation, and its compiled form.
+
+A policy is loaded once and compiled (regexes, lookup tables) so that ``decide`` does no parsing.
+Every validation error names the field's path and what is wrong, so a person can fix the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from webhook.core import rocm
+from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX, GpuResources, RouteMatcher
+from webhook.core.scheduling import tolerates
+
+API_VERSION = "rocm-isolation.io/v1alpha1"
+KIND = "IsolationPolicy"
+DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
+
+# AMD GPU operator taints protect unhealthy or re-partitioning GPUs: never tolerate them.
+PROTECTED_TAINT_KEYS = frozenset({"amd-gpu-unhealthy", "amd-dcm"})
+
+Mode = Literal["enforce", "warn", "audit"]
+Placement = Literal["reserved", "unreserved", "any"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_DEVICE_CLASS = re.compile(r"^[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?(\.[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?)*$")
+
+
+class PolicyError(Exception):
+    """The policy file cannot be used; ``problems`` lists each one as ``path: what is wrong``."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid policy:\n  " + "\n  ".join(problems))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=False, frozen=True, strict=True
+    )
+
+
+def _check_label_key(key: str) -> str:
+    if len(key) > 316 or not _LABEL_KEY.match(key):
+        raise ValueError(f"{key!r} is not a valid label key (prefix/name, e.g. example.com/pool)")
+    return key
+
+
+def _check_label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"{value!r} is not a valid label value")
+    return value
+
+
+class Taint(_Model):
+    key: str
+    value: str = ""
+    effect: TaintEffect
+
+    @model_validator(mode="after")
+    def _valid(self) -> Taint:
+        _check_label_key(self.key)
+        _check_label_value(self.value)
+        return self
+
+
+class Toleration(_Model):
+    key: str = ""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = ""
+    effect: TaintEffect | None = None
+    toleration_seconds: int | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        return tolerates(self.as_k8s(), taint.key, taint.value, taint.effect)
+
+    def as_k8s(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.key:
+            out["key"] = self.key
+        out["operator"] = self.operator
+        if self.operator == "Equal":
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+    @model_validator(mode="after")
+    def _valid(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists must not have a value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        return self
+
+
+class NodeSelectorRequirement(_Model):
+    key: str
+    # Other spellings of the same node label (the AMD labeller writes both amd.com/X and amd.com/gpu.X);
+    # a node carrying any one of them satisfies the requirement.
+    key_aliases: list[str] = Field(default_factory=list)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid(self) -> NodeSelectorRequirement:
+        for key in (self.key, *self.key_aliases):
+            _check_label_key(key)
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not self.values[0].lstrip("-").isdigit()):
+            raise ValueError(f"operator {self.operator} takes exactly one integer value")
+        return self
+
+    def expression(self, key: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": key or self.key, "operator": self.operator}
+        if self.values:
+            out["values"] = list(self.values)
+        return out
+
+
+class TopologySpread(_Model):
+    max_skew: Annotated[int, Field(ge=1)] = 1
+    topology_key: str = "kubernetes.io/hostname"
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = "DoNotSchedule"
+    min_domains: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> TopologySpread:
+        _check_label_key(self.topology_key)
+        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
+            raise ValueError("minDomains is only allowed with whenUnsatisfiable: DoNotSchedule")
+        return self
+
+
+class EnvVar(_Model):
+    name: str
+    value: str
+    # keep: a value the container already sets wins; override: the policy's value wins
+    # (use it for anything a pod must not choose for itself, such as priorities).
+    on_conflict: Literal["keep", "override"] = "keep"
+    # The operator knows ROCm ignores this variable and sets it anyway (e.g. a runbook value):
+    # the loader's "no effect" warning is not repeated. Only for variables known to have no effect.
+    acknowledge_no_effect: bool = False
+
+    @model_validator(mode="after")
+    def _valid(self) -> EnvVar:
+        if not _ENV_NAME.match(self.name):
+            raise ValueError(f"{self.name!r} is not a valid environment variable name")
+        if self.acknowledge_no_effect and self.name not in rocm.NO_EFFECT_VARIABLES:
+            raise ValueError(
+                f"acknowledgeNoEffect: {self.name} is not a variable known to have no effect in ROCm "
+                f"({', '.join(sorted(rocm.NO_EFFECT_VARIABLES))}); remove the field"
+            )
+        if self.name == "HSA_CU_MASK":
+            errors = rocm.cu_mask_errors(self.value)
+            if errors:
+                raise ValueError(
+                    "HSA_CU_MASK "
+                    + repr(self.value)
+                    + ": "
+                    + "; ".join(errors)
+                    + " (ROCm ignores a malformed mask silently, so it is rejected here)"
+                )
+        return self
+
+
+class WorkloadClass(_Model):
+    placement: Placement
+    node_selector_requirements: list[NodeSelectorRequirement] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    topology_spread: TopologySpread | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    kfd_topology_mount: bool = False
+    # A container that reaches GPUs without the device plugin or DRA (privileged, the AMD container
+    # runtime's variables or RuntimeClass) bypasses GPU accounting. isolate: placed and checked like any
+    # GPU pod, with a warning; deny: refused in this class.
+    direct_gpu_access: Literal["isolate", "deny"] = "isolate"
+
+    @model_validator(mode="after")
+    def _valid(self) -> WorkloadClass:
+        names = [var.name for var in self.env]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"env sets {', '.join(duplicates)} more than once")
+        for tol in self.tolerations:
+            if not tol.key and tol.operator == "Exists":
+                raise ValueError(
+                    "a class toleration must name a key: operator Exists without a key tolerates every taint"
+                )
+            if tol.key in PROTECTED_TAINT_KEYS:
+                raise ValueError(
+                    f"tolerating {tol.key} is not allowed: the AMD GPU operator uses it to keep pods off unhealthy "
+                    "or re-partitioning GPUs"
+                )
+        return self
+
+
+class ReservedNodes(_Model):
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"rocm-isolation.io/pool": "inference"})
+    taint: Taint | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> ReservedNodes:
+        if len(self.node_selector) != 1:
+            raise ValueError("nodeSelector must have exactly one label (key: value) that marks reserved nodes")
+        for key, value in self.node_selector.items():
+            _check_label_key(key)
+            _check_label_value(value)
+        return self
+
+    @property
+    def label(self) -> tuple[str, str]:
+        return next(iter(self.node_selector.items()))
+
+
+class Routes(_Model):
+    """Which routes to an AMD GPU make a pod a GPU pod (``spec.scope.routes``). Each one can be switched
+    off; docs/policy.md says when that is safe (it rarely is: a route left out is a way onto the
+    reserved nodes' GPUs that nothing checks)."""
+
+    # resources.requests/limits named in gpuResources or matching gpuResourcePatterns (the device plugin).
+    device_plugin: bool = True
+    # spec.resourceClaims naming a ResourceClaim(Template) of a GPU DeviceClass (Dynamic Resource Allocation).
+    resource_claims: bool = True
+    # DRA extended resources (KEP-5004): deviceclass.resource.kubernetes.io/<GPU class>, or the
+    # extendedResourceName of a GPU DeviceClass; the scheduler makes the claim after admission.
+    dra_extended_resources: bool = True
+    # securityContext.privileged of any container (regular, init, ephemeral): it sees every device of the node.
+    privileged_containers: bool = True
+    # The AMD container runtime's GPU selection variables in a container's env, and runtimeClassNames.
+    container_runtime: bool = True
+
+
+class Scope(_Model):
+    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu"])
+    # Regular expressions (RE2-compatible, searched as CEL's matches() does). The device plugin's names
+    # vary (gpu, partitions such as cpx_nps4, gpu_vf/gpu_pf): every name under amd.com/ is a GPU.
+    gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/"])
+    # DRA DeviceClasses that hand out GPUs (exact names or shell-style globs): a pod whose
+    # ResourceClaim(Template) requests one of them is a GPU pod. gpu.amd.com: AMD's DRA driver.
+    gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
+    # DRA drivers that hand out GPUs: a DeviceClass whose selectors name one (or that does not pin a
+    # driver at all) is a GPU class too, whatever it is called (webhook.core.claims.selects_driver).
+    gpu_drivers: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
+    # extendedResourceNames of GPU DeviceClasses, for what cannot look DeviceClasses up (the webhook's
+    # matchConditions, the ValidatingAdmissionPolicy); the webhook and audit also read them from the
+    # cluster, and audit reports a GPU DeviceClass whose name is missing here.
+    extended_resource_names: list[str] = Field(default_factory=list)
+    # The AMD container runtime (ROCm container toolkit) gives the GPUs these variables select to any
+    # container it runs, unprivileged: exact names, and prefixes.
+    runtime_variables: list[str] = Field(default_factory=lambda: ["AMD_VISIBLE_DEVICES"])
+    runtime_variable_prefixes: list[str] = Field(default_factory=lambda: ["DOCKER_RESOURCE_"])
+    # RuntimeClasses whose handler is the AMD container runtime: every container of such a pod may get GPUs.
+    runtime_class_names: list[str] = Field(default_factory=list)
+    routes: Routes = Field(default_factory=Routes)
+    all_pods: bool = False
+
+    @model_validator(mode="after")
+    def _valid(self) -> Scope:
+        for pattern in self.gpu_resource_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"gpuResourcePatterns: {pattern!r} is not a regular expression: {err}") from None
+        for name in self.gpu_device_classes:
+            if not name or len(name) > 253 or not _DEVICE_CLASS.match(name):
+                raise ValueError(
+                    f"gpuDeviceClasses: {name!r} is not a DeviceClass name (a DNS subdomain such as gpu.amd.com; "
+                    "* and ? may stand for parts of it)"
+                )
+        for name in self.gpu_drivers:
+            if not name or len(name) > 63 or not _DNS_SUBDOMAIN.match(name):
+                raise ValueError(f"gpuDrivers: {name!r} is not a DRA driver name (a DNS subdomain such as gpu.amd.com)")
+        for name in self.extended_resource_names:
+            if not _RESOURCE_NAME.match(name):
+                raise ValueError(
+                    f"extendedResourceNames: {name!r} is not an extended resource name (domain/name, e.g. "
+                    "example.com/amd-gpu)"
+                )
+        for name in (*self.runtime_variables, *self.runtime_variable_prefixes):
+            if not _ENV_NAME.match(name):
+                raise ValueError(
+                    f"{name!r} is not an environment variable name (runtimeVariables, runtimeVariablePrefixes)"
+                )
+        for name in self.runtime_class_names:
+            if not _DNS_SUBDOMAIN.match(name):
+                raise ValueError(f"runtimeClassNames: {name!r} is not a RuntimeClass name")
+        return self
+
+
+class SpreadSelector(_Model):
+    """Which pod labels the added topology spread constraint selects its peers by.
+
+    A constraint counts the pods its selector matches; a label that a controller makes unique per pod
+    would make it count only the pod itself (maxSkew always met: nothing spreads)."""
+
+    # Per-pod identity labels: never in the selector.
+    excluded_label_keys: list[str] = Field(
+        default_factory=lambda: [
+            "statefulset.kubernetes.io/pod-name",
+            "apps.kubernetes.io/pod-index",
+            "batch.kubernetes.io/job-completion-index",
+            "leaderworkerset.sigs.k8s.io/worker-index",
+            "training.kubeflow.org/replica-index",
+        ]
+    )
+    # Labels whose values the controller chooses per revision or per instance: the constraint lists the
+    # keys in matchLabelKeys (the scheduler reads the values from the pod itself), so replicas of one
+    # revision count each other and no value is hard-wired.
+    match_label_keys: list[str] = Field(
+        default_factory=lambda: [
+            "pod-template-hash",
+            "controller-revision-hash",
+            "pod-template-generation",
+            "batch.kubernetes.io/controller-uid",
+            "controller-uid",
+            "batch.kubernetes.io/job-name",
+            "job-name",
+        ]
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> SpreadSelector:
+        for key in (*self.excluded_label_keys, *self.match_label_keys):
+            _check_label_key(key)
+        both = sorted(set(self.excluded_label_keys) & set(self.match_label_keys))
+        if both:
+            raise ValueError(f"{', '.join(both)}: a key is either excluded or a matchLabelKey, not both")
+        return self
+
+
+class Labels(_Model):
+    namespace_class: str = "rocm-isolation.io/class"
+    namespace_mode: str = "rocm-isolation.io/mode"
+    pod_class: str = "rocm-isolation.io/workload-class"
+
+    @model_validator(mode="after")
+    def _valid(self) -> Labels:
+        for key in (self.namespace_class, self.namespace_mode, self.pod_class):
+            _check_label_key(key)
+        return self
+
+
+class NamespaceMatch(_Model):
+    # Exact names or shell-style globs (inference-*); a namespace matching any of them matches.
+    names: list[str] = Field(default_factory=list)
+    # Namespace labels that must all be present with these values.
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _valid(self) -> NamespaceMatch:
+        if not self.names and not self.labels:
+            raise ValueError("a namespace rule must match by names, by labels, or both")
+        for key in self.labels:
+            _check_label_key(key)
+        return self
+
+
+class NamespaceRule(_Model):
+    match: NamespaceMatch
+    allowed_classes: list[str]
+    default_class: str | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> NamespaceRule:
+        if not self.allowed_classes:
+            raise ValueError("allowedClasses must name at least one class")
+        if self.default_class is not None and self.default_class not in self.allowed_classes:
+            raise ValueError(f"defaultClass {self.default_class!r} is not in allowedClasses")
+        return self
+
+    @property
+    def effective_default(self) -> str:
+        return self.default_class or self.allowed_classes[0]
+
+
+class PolicySpec(_Model):
+    mode: Mode = "enforce"
+    scope: Scope = Field(default_factory=Scope)
+    excluded_namespaces: list[str] = Field(
+        default_factory=lambda: [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "rocm-isolation-system",
+            "kube-amd-gpu",
+        ]
+    )
+    reserved_nodes: ReservedNodes = Field(default_factory=ReservedNodes)
+    labels: Labels = Field(default_factory=Labels)
+    default_class: str = "training"
+    spread_selector: SpreadSelector = Field(default_factory=SpreadSelector)
+    classes: dict[str, WorkloadClass]
+    namespaces: list[NamespaceRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid(self) -> PolicySpec:
+        problems: list[str] = []
+        if self.default_class not in self.classes:
+            problems.append(
+                f"defaultClass: {self.default_class!r} is not one of the classes ({', '.join(self.classes)})"
+            )
+        for index, rule in enumerate(self.namespaces):
+            for name in [*rule.allowed_classes, rule.effective_default]:
+                if name not in self.classes:
+                    problems.append(f"namespaces[{index}]: class {name!r} is not defined under classes")
+        taint = self.reserved_nodes.taint
+        for name, cls in self.classes.items():
+            if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name) or len(name) > 63:
+                problems.append(f"classes.{name}: a class name must be a DNS label (it is used as a label value)")
+            if cls.placement == "unreserved" and taint is not None:
+                for i, tol in enumerate(cls.tolerations):
+                    if tol.tolerates(taint):
+                        problems.append(
+                            f"classes.{name}.tolerations[{i}]: an unreserved class must not tolerate the reserved taint"
+                        )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class PolicyMetadata(_Model):
+    name: str = "default"
+
+
+class IsolationPolicy(_Model):
+    api_version: Literal["rocm-isolation.io/v1alpha1"]
+    kind: Literal["IsolationPolicy"]
+    metadata: PolicyMetadata = Field(default_factory=PolicyMetadata)
+    spec: PolicySpec
+
+
+@dataclass(frozen=True)
+class NamespaceClasses:
+    """What a namespace may run: the classes it allows and the one its pods get by default."""
+
+    allowed: tuple[str, ...]
+    default: str
+    source: str  # how it was decided, for messages: 'rule namespaces[2]', 'label ...', 'defaultClass'
+
+
+@dataclass(frozen=True, eq=False)
+class Policy:
+    """A validated, compiled policy. Immutable: a reload builds a new one."""
+
+    document: IsolationPolicy
+    source: str
+    digest: str
+    warnings: tuple[str, ...] = ()
+    # Per namespace rule, its names and globs as one pattern (None: the rule matches by labels only).
+    _name_patterns: tuple[re.Pattern[str] | None, ...] = field(default=(), repr=False)
+    # Which resource names are GPUs by the policy alone (compiled, remembered per name): the device
+    # plugin's names and the DRA extended resources the policy names (the engine adds the cluster's).
+    gpu: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
+    # The whole catalogue of GPU routes, by the policy alone (the engine extends it with DeviceFacts).
+    catalogue: RouteCatalogue = field(default_factory=lambda: route_catalogue(Scope()), repr=False)
+    routes: RouteMatcher = field(default_factory=lambda: RouteMatcher(None, False, (), (), frozenset()), repr=False)
+    # Which DRA DeviceClasses are GPUs (same matcher: exact names, then the globs as patterns).
+    gpu_device_classes: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
+    # document.spec, read for every review: an attribute, not a property.
+    spec: PolicySpec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", self.document.spec)
+
+    @property
+    def name(self) -> str:
+        return self.document.metadata.name
+
+    def is_gpu_resource(self, resource: str) -> bool:
+        return self.gpu(resource)
+
+    def namespace_classes(self, namespace: str, labels: Mapping[str, str] | None) -> NamespaceClasses:
+        """The first namespace rule that matches, then the class label, then ``defaultClass``.
+
+        ``labels`` is None when the namespace's labels are unknown (no cluster connection): rules that
+        need labels cannot match then, which falls back to the default class (never to reserved nodes).
+        """
+        label_key = frozenset(labels.items()) if labels is not None else None
+        return _namespace_classes(self, namespace, label_key)
+
+    def _match_rules(self, namespace: str, labels: frozenset[tuple[str, str]] | None) -> int | None:
+        for index, (rule, names) in enumerate(zip(self.spec.namespaces, self._name_patterns, strict=True)):
+            if names is not None and not names.match(namespace):
+                continue
+            if rule.match.labels and (labels is None or not set(rule.match.labels.items()) <= labels):
+                continue
+            return index
+        return None
+
+
+@lru_cache(maxsize=4096)
+def _namespace_classes(policy: Policy, namespace: str, labels: frozenset[tuple[str, str]] | None) -> NamespaceClasses:
+    spec = policy.spec
+    index = policy._match_rules(namespace, labels)
+    if index is not None:
+        rule = spec.namespaces[index]
+        return NamespaceClasses(tuple(rule.allowed_classes), rule.effective_default, f"policy rule namespaces[{index}]")
+    if labels is not None:
+        value = dict(labels).get(spec.labels.namespace_class)
+        if value is not None and value in spec.classes:
+            return NamespaceClasses((value,), value, f"namespace label {spec.labels.namespace_class}={value}")
+    return NamespaceClasses((spec.default_class,), spec.default_class, "the policy's defaultClass")
+
+
+def _names_regex(names: list[str]) -> re.Pattern[str] | None:
+    """Exact names and shell-style globs as one anchored pattern (fnmatch escapes exact names)."""
+    return re.compile("|".join(fnmatch.translate(name) for name in names)) if names else None
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part and not str(part).startswith("function-"):
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _policy_warnings(doc: IsolationPolicy) -> list[str]:
+    warnings: list[str] = []
+    for name, cls in doc.spec.classes.items():
+        for i, var in enumerate(cls.env):
+            for text in rocm.variable_warnings(var.name, var.value, acknowledged=var.acknowledge_no_effect):
+                warnings.append(f"spec.classes.{name}.env[{i}] ({var.name}): {text}")
+        if cls.kfd_topology_mount:
+            warnings.append(
+                f"spec.classes.{name}.kfdTopologyMount: ROCm does not need this hostPath mount (the device plugin "
+                "already exposes /dev/kfd and the render nodes); it is skipped in Pod Security baseline/restricted "
+                "namespaces"
+            )
+    return warnings
+
+
+def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Policy:
+    digest = hashlib.sha256((text or doc.model_dump_json()).encode()).hexdigest()
+    catalogue = route_catalogue(doc.spec.scope)
+    return Policy(
+        document=doc,
+        source=source,
+        digest=digest,
+        warnings=tuple(_policy_warnings(doc)),
+        _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
+        gpu=gpu_resource_matcher(catalogue),
+        gpu_device_classes=_device_class_matcher(doc.spec.scope.gpu_device_classes),
+        catalogue=catalogue,
+        routes=route_matcher(catalogue),
+    )
+
+
+@dataclass(frozen=True)
+class RouteCatalogue:
+    """The GPU routes of a policy as plain data: the one definition that the engine compiles
+    (``route_matcher``) and that ``webhook.deploy.cel`` renders into the apiserver's CEL, so both read a pod
+    the same way (tests/deploy/test_cel.py proves it on every fixture)."""
+
+    resource_names: tuple[str, ...]  # exact resource names
+    resource_patterns: tuple[str, ...]  # RE2-compatible regular expressions, searched (CEL's matches())
+    resource_claims: bool  # spec.resourceClaims (CEL cannot read the claim: any claim counts there)
+    privileged: bool
+    runtime_variables: tuple[str, ...]
+    runtime_variable_prefixes: tuple[str, ...]
+    runtime_class_names: tuple[str, ...]
+
+
+def route_catalogue(scope: Scope, cluster_names: Iterable[str] = ()) -> RouteCatalogue:
+    """The catalogue, each route as it is switched on. ``cluster_names``: resource names the cluster's
+    DeviceClasses add (DeviceFacts: extendedResourceNames, deviceclass.resource.kubernetes.io/<class>)."""
+    routes = scope.routes
+    names: list[str] = []
+    patterns: list[str] = []
+    if routes.device_plugin:
+        names.extend(scope.gpu_resources)
+        patterns.extend(scope.gpu_resource_patterns)
+    if routes.dra_extended_resources:
+        names.extend(scope.extended_resource_names)
+        names.extend(cluster_names)
+        prefix = re.escape(DEVICE_CLASS_RESOURCE_PREFIX)
+        for name in scope.gpu_device_classes:
+            if any(ch in name for ch in "*?"):
+                patterns.append("^" + prefix + glob_regex(name)[1:])
+            else:
+                names.append(DEVICE_CLASS_RESOURCE_PREFIX + name)
+    runtime = routes.container_runtime
+    return RouteCatalogue(
+        resource_names=tuple(dict.fromkeys(names)),
+        resource_patterns=tuple(dict.fromkeys(patterns)),
+        resource_claims=routes.resource_claims,
+        privileged=routes.privileged_containers,
+        runtime_variables=tuple(scope.runtime_variables) if runtime else (),
+        runtime_variable_prefixes=tuple(scope.runtime_variable_prefixes) if runtime else (),
+        runtime_class_names=tuple(scope.runtime_class_names) if runtime else (),
+    )
+
+
+def gpu_resource_matcher(catalogue: RouteCatalogue) -> GpuResources:
+    return GpuResources(catalogue.resource_names, [re.compile(p) for p in catalogue.resource_patterns])
+
+
+def route_matcher(catalogue: RouteCatalogue) -> RouteMatcher:
+    return RouteMatcher(
+        gpu_resource_matcher(catalogue) if (catalogue.resource_names or catalogue.resource_patterns) else None,
+        catalogue.privileged,
+        catalogue.runtime_variables,
+        catalogue.runtime_variable_prefixes,
+        frozenset(catalogue.runtime_class_names),
+    )
+
+
+def glob_regex(pattern: str) -> str:
+    """A shell glob (fnmatch: ``*``, ``?``, ``[...]``, ``[!...]``) as an anchored RE2 expression (also a
+    Python one: the engine and the apiserver's CEL match with the same string)."""
+    out = ["^"]
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[":
+            # The closing bracket as fnmatch finds it: a leading "!" or "]" belongs to the set.
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append("\\[")
+                continue
+            body = pattern[i:j].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            elif body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{body}]")
+            i = j + 1
+        else:
+            out.append(ch if ch.isalnum() or ch in "-_" else re.escape(ch))
+    out.append("$")
+    return "".join(out)
+
+
+def _device_class_matcher(names: list[str]) -> GpuResources:
+    exact = [name for name in names if not any(ch in name for ch in "*?")]
+    # Anchored at the start too: GpuResources searches its patterns.
+    globs = [re.compile("^" + fnmatch.translate(name)) for name in names if name not in exact]
+    return GpuResources(exact, globs)
+
+
+def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
+    """Parse and validate policy YAML; raise PolicyError with one line per problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise PolicyError(source, [f"{where}not valid YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise PolicyError(source, ["the file must hold one YAML mapping (apiVersion, kind, spec)"])
+    try:
+        doc = IsolationPolicy.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{_format_location(tuple(error['loc']))}: {message}")
+        raise PolicyError(source, problems) from None
+    return compile_policy(doc, source=source, text=text)
+
+
+def load_policy(path: str | Path) -> Policy:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise PolicyError(str(path), [f"cannot read the file: {err}"]) from None
+    return parse_policy(text, source=str(path))
+
+
+def default_policy_text() -> str:
+    return resources.files("webhook").joinpath(DEFAULT_POLICY_RESOURCE).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def default_policy() -> Policy:
+    return parse_policy(default_policy_text(), source="<built-in default policy>")

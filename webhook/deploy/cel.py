@@ -1,0 +1,485 @@
+"""CEL run by the kube-apiserver itself: the webhook's ``matchConditions`` and the
+ValidatingAdmissionPolicy backstop, generated from the IsolationPolicy so they always agree with it.
+
+Only functions both Kubernetes CEL and cel-python implement are used (``has``, ``in``, ``size``,
+``all``/``exists``, ``matches``, ternaries), so the tests evaluate these exact strings. Every field
+read is guarded by ``has()``: a missing field is an evaluation error, and an error in a match
+condition or a policy with ``failurePolicy: Fail`` would reject the request.
+
+What the policy cannot see that the engine can (documented in docs/operations.md):
+- node labels: ``spec.nodeName`` or ``matchFields metadata.name`` of a reserved node is not caught;
+- glob namespace rules are translated to anchored regular expressions (same meaning for DNS names).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from webhook.core.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
+
+__all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+# A label value can never contain "<", so this stands for "label absent" when comparing old and new.
+ABSENT = "<absent>"
+CLASS_LABEL_EDITORS = "rocm-isolation-class-label-editors"
+
+
+def quote(text: str) -> str:
+    """A CEL single-quoted string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def str_list(items: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(quote(item) for item in items) + "]"
+
+
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+# --- GPU pods -------------------------------------------------------------------------------------
+
+
+def _gpu_key(var: str, catalogue: RouteCatalogue) -> str:
+    parts = []
+    if catalogue.resource_names:
+        parts.append(f"{var} in {str_list(catalogue.resource_names)}")
+    parts.extend(f"{var}.matches({quote(pattern)})" for pattern in catalogue.resource_patterns)
+    return " || ".join(parts)
+
+
+def _container_routes(catalogue: RouteCatalogue) -> str:
+    """A container ``c`` that reaches a GPU by a route of its own (the engine's pods.container_routes)."""
+    parts = []
+    key = _gpu_key("r", catalogue)
+    if key:
+        parts.append(
+            "(has(c.resources) && (\n"
+            f"  (has(c.resources.requests) && c.resources.requests.exists(r, {key})) ||\n"
+            f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
+            "))"
+        )
+    if catalogue.privileged:
+        parts.append("(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged)")
+    variables = [f"e.name in {str_list(catalogue.runtime_variables)}"] if catalogue.runtime_variables else []
+    variables += [f"e.name.matches({quote('^' + re.escape(p))})" for p in catalogue.runtime_variable_prefixes]
+    if variables:
+        parts.append(f"(has(c.env) && c.env.exists(e, {' || '.join(variables)}))")
+    return " ||\n".join(parts)
+
+
+CONTAINER_FIELDS = ("containers", "initContainers", "ephemeralContainers")
+# Every extended resource name has a domain prefix (cpu, memory, hugepages-* have none).
+ANY_EXTENDED_RESOURCE = "/"
+
+
+def gpu_pod(policy: Policy, root: str = "object") -> str:
+    """True when the pod reaches a GPU by any route of the policy's catalogue (``Policy.catalogue``,
+    the engine's definition): a container (regular, init, ephemeral) requesting or limiting a GPU
+    resource, privileged, or setting the AMD container runtime's variables; a RuntimeClass of the AMD
+    runtime; or any Dynamic Resource Allocation claim.
+
+    CEL in admission cannot read the ResourceClaim(Template) a pod names, so it cannot tell a GPU claim
+    from another: every pod with a claim is treated as a GPU pod. The webhook then resolves the claim
+    (and leaves a non-GPU one alone); the ValidatingAdmissionPolicy keeps any claim-holding pod of a
+    non-inference class off the reserved nodes (documented in docs/policy.md). Nor can it read
+    DeviceClasses: the DRA extended resources it knows are the policy's (``extendedResourceNames``,
+    ``deviceclass.resource.kubernetes.io/<gpuDeviceClasses>``)."""
+    return gpu_routes(route_catalogue(policy.spec.scope), root)
+
+
+def gpu_routes(catalogue: RouteCatalogue, root: str = "object") -> str:
+    container = _container_routes(catalogue)
+    parts = []
+    if container:
+        parts += [
+            f"(has({root}.spec.{field}) && {root}.spec.{field}.exists(c, {container}))" for field in CONTAINER_FIELDS
+        ]
+    if catalogue.runtime_class_names:
+        runtime_class = f"{root}.spec.runtimeClassName"
+        parts.append(f"(has({runtime_class}) && {runtime_class} in {str_list(catalogue.runtime_class_names)})")
+    if catalogue.resource_claims:
+        parts.append(f"(has({root}.spec.resourceClaims) && size({root}.spec.resourceClaims) > 0)")
+    return " ||\n".join(parts) if parts else "false"
+
+
+def direct_routes(catalogue: RouteCatalogue) -> str:
+    """An ephemeral container ``c`` that reaches GPUs itself (privileged, the runtime's variables)."""
+    without_resources = replace(
+        catalogue, resource_names=(), resource_patterns=(), resource_claims=False, runtime_class_names=()
+    )
+    return _container_routes(without_resources) or "false"
+
+
+def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
+    """The mutating webhook's matchConditions: GPU pods only (unless the policy scopes all pods).
+
+    Mirror pods are sent too: anyone can set the mirror annotation, so the engine checks them
+    (``spec.nodeName`` on a reserved node is beyond the ValidatingAdmissionPolicy) but never mutates them.
+    """
+    conditions = []
+    if not policy.spec.scope.all_pods:
+        catalogue = route_catalogue(policy.spec.scope)
+        if policy.spec.scope.routes.dra_extended_resources:
+            # The webhook knows the cluster's DeviceClasses (their extendedResourceNames and
+            # deviceclass.resource.kubernetes.io/<class>), CEL does not: a pod asking for any extended
+            # resource is sent, and the engine tells a GPU class's from the others.
+            catalogue = replace(catalogue, resource_patterns=(*catalogue.resource_patterns, ANY_EXTENDED_RESOURCE))
+        conditions.append({"name": "gpu-pods", "expression": gpu_routes(catalogue)})
+    return conditions
+
+
+# --- namespace class ------------------------------------------------------------------------------
+
+
+def _label_equals(root: str, key: str, value: str) -> str:
+    labels = f"{root}.metadata.labels"
+    return f"(has({labels}) && {quote(key)} in {labels} && {labels}[{quote(key)}] == {quote(value)})"
+
+
+def _label_or_absent(root: str, key: str) -> str:
+    labels = f"{root}.metadata.labels"
+    return f"(has({labels}) && {key} in {labels} ? {labels}[{key}] : {quote(ABSENT)})"
+
+
+def _rule_matches(policy: Policy, index: int) -> str:
+    match = policy.spec.namespaces[index].match
+    parts = []
+    if match.names:
+        exact = [name for name in match.names if not _is_glob(name)]
+        names = [f"request.namespace in {str_list(exact)}"] if exact else []
+        names += [f"request.namespace.matches({quote(glob_regex(name))})" for name in match.names if _is_glob(name)]
+        parts.append("(" + " || ".join(names) + ")")
+    parts.extend(_label_equals("namespaceObject", key, value) for key, value in match.labels.items())
+    return " && ".join(parts)
+
+
+def _namespace_choice(policy: Policy, *, allowed: bool) -> str:
+    """Nested ternary mirroring Policy.namespace_classes: first rule, then the class label, then the default."""
+    spec = policy.spec
+    label = "variables.namespaceClassLabel"
+    fallback = (
+        f"{label} in {str_list(list(spec.classes))} ? "
+        + (f"[{label}]" if allowed else label)
+        + " : "
+        + (str_list([spec.default_class]) if allowed else quote(spec.default_class))
+    )
+    for index in reversed(range(len(spec.namespaces))):
+        rule = spec.namespaces[index]
+        value = str_list(rule.allowed_classes) if allowed else quote(rule.effective_default)
+        fallback = f"{_rule_matches(policy, index)} ? {value} :\n({fallback})"
+    return fallback
+
+
+# --- reaching reserved nodes ----------------------------------------------------------------------
+
+
+def node_selector_reserved(policy: Policy, root: str) -> str:
+    key, value = policy.spec.reserved_nodes.label
+    selector = f"{root}.spec.nodeSelector"
+    return f"has({selector}) && {quote(key)} in {selector} && {selector}[{quote(key)}] == {quote(value)}"
+
+
+# A node-selector term ``t`` that can match a node (an empty term matches none).
+LIVE_TERM = (
+    "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+)
+
+
+def _every_live_term(root: str, condition: str) -> str:
+    """The pod has required node affinity with a live term, and every live term meets ``condition`` (on ``t``)."""
+    affinity = f"{root}.spec.affinity"
+    required = f"{affinity}.nodeAffinity.{REQUIRED}"
+    terms = f"{required}.nodeSelectorTerms"
+    return (
+        f"has({affinity}) && has({affinity}.nodeAffinity) && has({required}) && has({terms}) &&\n"
+        f"{terms}.exists(t, {LIVE_TERM}) &&\n"
+        f"{terms}.all(t, !{LIVE_TERM} ||\n  {condition})"
+    )
+
+
+def affinity_only_reserved(policy: Policy, root: str) -> str:
+    """Every non-empty required term has a requirement ``key In [value...]`` selecting only reserved nodes
+    (an empty term matches no node and is ignored; with no non-empty term the pod reaches nothing)."""
+    key, value = policy.spec.reserved_nodes.label
+    only_reserved = (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && e.operator == 'In' "
+        f"&& has(e.values) && size(e.values) > 0 && e.values.all(v, v == {quote(value)})))"
+    )
+    return _every_live_term(root, only_reserved)
+
+
+def affinity_excludes_reserved(policy: Policy, root: str) -> str:
+    """Every non-empty required term keeps off the reserved nodes by their label (``NotIn`` the value,
+    ``DoesNotExist``, or ``In`` other values), as scheduling.affinity_excludes_reserved."""
+    key, value = policy.spec.reserved_nodes.label
+    listed = f"(has(e.values) && {quote(value)} in e.values)"
+    excludes = (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && ("
+        f"e.operator == 'DoesNotExist' || (e.operator == 'NotIn' && {listed}) || "
+        f"(e.operator == 'In' && !{listed}))))"
+    )
+    return _every_live_term(root, excludes)
+
+
+def ephemeral_gpu_access(policy: Policy) -> str:
+    """pods/ephemeralcontainers: an ephemeral container the old pod did not have reaches GPUs itself
+    (privileged, the AMD runtime's variables), as the engine's _decide_ephemeral reads it."""
+    ephemeral = "object.spec.ephemeralContainers"
+    before = "oldObject.spec.ephemeralContainers"
+    return (
+        "has(request.subResource) && request.subResource == 'ephemeralcontainers' &&\n"
+        f"has({ephemeral}) && {ephemeral}.exists(c,\n  ({direct_routes(route_catalogue(policy.spec.scope))}) &&\n"
+        f"  !(has({before}) && {before}.exists(o, o.name == c.name)))"
+    )
+
+
+def may_be_on_reserved(policy: Policy) -> str:
+    """Whether the pod may be on a reserved node, as far as the pod itself tells (CEL knows no node
+    names): not kept off them by its affinity, and (with a reserved taint) tolerating it or selecting
+    them. A pod pinned with spec.nodeName at creation and not tolerating the taint is the documented gap."""
+    excluded = f"({affinity_excludes_reserved(policy, 'object')})"
+    if policy.spec.reserved_nodes.taint is None:
+        return f"!{excluded}"
+    tolerates = tolerates_any_reserved(policy)
+    selects = f"({node_selector_reserved(policy, 'object')}) ||\n({affinity_only_reserved(policy, 'object')})"
+    return f"!{excluded} &&\n(({tolerates}) ||\n{selects})"
+
+
+def _tolerates_reserved_taint(policy: Policy) -> str:
+    """A toleration ``t`` that tolerates the reserved taint (Kubernetes' ToleratesTaint)."""
+    taint = policy.spec.reserved_nodes.taint
+    assert taint is not None
+    effect = f"(!has(t.effect) || t.effect == '' || t.effect == {quote(taint.effect)})"
+    exists = "(has(t.operator) && t.operator == 'Exists')"
+    equal = "(!has(t.operator) || t.operator == '' || t.operator == 'Equal')"
+    value = f"(has(t.value) ? t.value : '') == {quote(taint.value)}"
+    keyed = f"t.key == {quote(taint.key)} && ({exists} || ({equal} && {value}))"
+    return f"{effect} &&\n  ((!has(t.key) || t.key == '') ? {exists} : ({keyed}))"
+
+
+def tolerates_any_reserved(policy: Policy) -> str:
+    """Any toleration of the pod tolerates the reserved taint (old or new)."""
+    if policy.spec.reserved_nodes.taint is None:
+        return "false"
+    return f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n  {_tolerates_reserved_taint(policy)})"
+
+
+def tolerates_reserved(policy: Policy) -> str:
+    """A toleration that tolerates the reserved taint (Kubernetes' ToleratesTaint: an empty key with
+    Exists tolerates every taint) and that the old pod did not already have (on UPDATE only what the
+    update adds is checked, as the engine does)."""
+    if policy.spec.reserved_nodes.taint is None:
+        return "false"
+    already = "request.operation == 'UPDATE' && has(oldObject.spec.tolerations) && t in oldObject.spec.tolerations"
+    return (
+        f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n"
+        f"  {_tolerates_reserved_taint(policy)} &&\n  !({already}))"
+    )
+
+
+# Pods labelled rocm-isolation.io/ignore=true are not sent to the webhook (its objectSelector).
+OPT_OUT_LABEL = "rocm-isolation.io/ignore"
+
+
+def opted_out_with_node_name(root: str) -> str:
+    """An opted-out pod that names its node: only the webhook knows which nodes are reserved (the
+    policy sees no node labels) and the kubelet ignores NoSchedule taints for such a pod."""
+    label = quote(OPT_OUT_LABEL)
+    return (
+        f"has({root}.metadata.labels) && {label} in {root}.metadata.labels && "
+        f"{root}.metadata.labels[{label}] == 'true' &&\n"
+        f"has({root}.spec.nodeName) && {root}.spec.nodeName != ''"
+    )
+
+
+def _old(expression: str) -> str:
+    # On UPDATE only a change that newly reaches reserved nodes is denied (ratcheting): pods admitted
+    # before the policy existed can still have their labels or finalizers edited.
+    return f"request.operation == 'UPDATE' &&\n{expression}"
+
+
+def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes."""
+    spec = policy.spec
+    unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
+    reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
+    advice = (
+        f"move the pod to a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
+        if reserved_class
+        else ""
+    )
+    pod_label = quote(spec.labels.pod_class)
+    variables = [
+        {
+            "name": "namespaceClassLabel",
+            "expression": _label_or_absent("namespaceObject", quote(spec.labels.namespace_class)),
+        },
+        {"name": "namespaceAllowedClasses", "expression": _namespace_choice(policy, allowed=True)},
+        {"name": "namespaceDefaultClass", "expression": _namespace_choice(policy, allowed=False)},
+        {
+            "name": "podClass",
+            "expression": (
+                f"has(object.metadata.labels) && {pod_label} in object.metadata.labels &&\n"
+                f"object.metadata.labels[{pod_label}] in variables.namespaceAllowedClasses\n"
+                f"? object.metadata.labels[{pod_label}] : variables.namespaceDefaultClass"
+            ),
+        },
+        {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
+    ]
+    # (variable name, expression on the new pod, the same on the old pod or None, what, how to fix)
+    checks: list[tuple[str, str, str | None, str, str]] = [
+        (
+            "nodeSelectorReserved",
+            node_selector_reserved(policy, "object"),
+            node_selector_reserved(policy, "oldObject"),
+            "spec.nodeSelector selects the reserved nodes",
+            "remove the selector",
+        ),
+        (
+            "affinityReserved",
+            affinity_only_reserved(policy, "object"),
+            affinity_only_reserved(policy, "oldObject"),
+            "every term of spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution selects only "
+            "reserved nodes",
+            "remove that requirement",
+        ),
+    ]
+    taint = spec.reserved_nodes.taint
+    if taint is not None:
+        checks.append(
+            (
+                "tolerationReserved",
+                tolerates_reserved(policy),
+                None,
+                f"spec.tolerations tolerate the reserved taint {taint.key}={taint.value}:{taint.effect}",
+                "remove that toleration (an empty key with operator Exists tolerates every taint)",
+            )
+        )
+    checks.append(
+        (
+            "optedOutWithNodeName",
+            opted_out_with_node_name("object"),
+            opted_out_with_node_name("oldObject"),
+            f"it opts out of the webhook ({OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the webhook "
+            "can check against the reserved nodes",
+            f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
+        )
+    )
+    variables.append({"name": "ephemeralGpuAccess", "expression": ephemeral_gpu_access(policy)})
+    checks.append(
+        (
+            "ephemeralOnReserved",
+            f"variables.ephemeralGpuAccess &&\n{may_be_on_reserved(policy)}",
+            None,
+            "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
+            "of a pod that may be on a reserved node",
+            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+        )
+    )
+    validations = []
+    for name, current, before, what, fix in checks:
+        variables.append({"name": name, "expression": current})
+        expression = f"!variables.unreservedClass || !variables.{name}"
+        if before is not None:
+            variables.append({"name": f"{name}Before", "expression": _old(before)})
+            expression += f" || variables.{name}Before"
+        validations.append(
+            {
+                "expression": expression,
+                # Used when messageExpression cannot be evaluated.
+                "message": f"rocm-isolation: the class of this GPU pod may not use the nodes reserved for "
+                f"inference: {what}",
+                "messageExpression": quote("rocm-isolation: a GPU pod of class ")
+                + " + variables.podClass + "
+                + quote(f" may not use the nodes reserved for inference: {what}; {advice}{fix}"),
+                "reason": "Forbidden",
+            }
+        )
+    out: dict[str, Any] = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
+                # kubectl debug: the one subresource that adds containers to a running pod.
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["pods/ephemeralcontainers"],
+                },
+            ]
+        },
+    }
+    conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": gpu_pod(policy)}]
+    # A terminating pod is never scheduled again: its updates (finalizers, status) are not checked.
+    conditions.append(
+        {
+            "name": "not-terminating",
+            "expression": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
+        }
+    )
+    out["matchConditions"] = conditions
+    out["variables"] = variables
+    out["validations"] = validations
+    return out
+
+
+def namespace_label_keys(policy: Policy) -> list[str]:
+    """Namespace labels that decide a class or its enforcement: the class label, the mode label (``audit``
+    or ``warn`` on a namespace turns the denials off there, in the webhook and in the policy's bindings)
+    and every label a namespace rule matches on."""
+    keys = [policy.spec.labels.namespace_class, policy.spec.labels.namespace_mode]
+    for rule in policy.spec.namespaces:
+        keys.extend(key for key in rule.match.labels if key not in keys)
+    return keys
+
+
+def namespace_class_policy_spec(policy: Policy) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec limiting who may set, change or remove class-deciding labels."""
+    keys = namespace_label_keys(policy)
+    unchanged = (
+        f"{str_list(keys)}.all(k,\n  {_label_or_absent('object', 'k')} ==\n  "
+        f"(request.operation == 'UPDATE' && has(oldObject.metadata.labels) && k in oldObject.metadata.labels ? "
+        f"oldObject.metadata.labels[k] : {quote(ABSENT)}))"
+    )
+    editor = (
+        "has(request.userInfo.groups) && has(params.data) &&\n"
+        "params.data.exists(k, params.data[k] in request.userInfo.groups)"
+    )
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["namespaces"],
+                }
+            ]
+        },
+        "variables": [
+            {"name": "classLabelsUnchanged", "expression": unchanged},
+            {"name": "classLabelEditor", "expression": editor},
+        ],
+        "validations": [
+            {
+                "expression": "variables.classLabelsUnchanged || variables.classLabelEditor",
+                "message": f"rocm-isolation: only the groups listed in the ConfigMap {CLASS_LABEL_EDITORS} may set, "
+                f"change or remove the namespace labels {', '.join(keys)}",
+                "messageExpression": quote("rocm-isolation: only the groups listed in the ConfigMap ")
+                + " + params.metadata.name + "
+                + quote(
+                    f" may set, change or remove the namespace labels {', '.join(keys)}: they decide which pods "
+                    "may use the nodes reserved for inference"
+                ),
+                "reason": "Forbidden",
+            }
+        ],
+    }

@@ -1,0 +1,812 @@
+"""``mutate``: the webhook's decision run offline on manifests, the pod author's and CI's dry run.
+
+Every pod, every pod template of a known workload (core controllers and the ML CRDs of
+``workloads.TABLE``) and every AdmissionReview in the input goes through the same ``decide`` as
+``serve``, as a CREATE (or the review's own operation), with the labels the template's controller
+will add and the DRA claims of the input's ResourceClaim(Template) documents. The engine's patch
+is relative to the pod; here it is moved to where the pod sits in the object (``/spec/template``,
+``/request/object``, a KServe component's fields) and applied to the object itself, so the
+manifests printed are by construction what the patch gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonpatch
+
+from webhook.core import claims, patch, pods
+from webhook.core.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.engine import CLAIM_UNRESOLVED, LABELS_UNKNOWN, RULE_MALFORMED, decide, route_matcher_for
+from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
+from webhook.offline import manifest_yaml, workloads
+
+STDIN = "-"
+EXIT_ADMITTED = 0
+EXIT_DENIED = 1
+EXIT_UNREADABLE = 2
+RULE_PASSED = "passed-through"
+RULE_PATCH_FAILED = "patch-not-applicable"
+
+CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
+CLAIM_NOT_IN_INPUT = "could not be resolved (not in the input: add its document to the manifests checked)"
+REVIEW_PATH = ("request", "object")
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+EPILOG = """\
+input:
+  Multi-document YAML or JSON (a file, or - for stdin; -f may be repeated): Pods; the pod
+  templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers, Jobs
+  and CronJobs, and of the ML workload CRDs (Kubeflow PyTorchJob, TFJob, MPIJob, PaddleJob,
+  XGBoostJob, JAXJob; Trainer TrainJob, TrainingRuntime, ClusterTrainingRuntime; JobSet;
+  LeaderWorkerSet; RayCluster, RayJob, RayService; KServe InferenceService; Volcano Job): each
+  checked as a CREATE of the pod the controller would make, with the labels it would add;
+  AdmissionReviews (admission.k8s.io/v1: request.object is checked with request.operation,
+  request.namespace and request.oldObject); and the items of a List. Other kinds are passed
+  through unchanged, with a note on stderr (and a warning when they request a GPU). Empty
+  documents (e.g. after a trailing ---) are skipped.
+
+namespace of an object:
+  metadata.namespace (for a review: request.namespace), else --namespace (default: default).
+
+namespace labels (they decide the class, the mode and the Pod Security level), first that applies:
+  1. --namespace-label KEY=VALUE: the labels of every object's namespace;
+  2. the labels of a `kind: Namespace` document of the same name in the input;
+  3. unknown: the policy's defaultClass applies, and stderr says so once per run.
+
+DRA claims: ResourceClaim and ResourceClaimTemplate documents (resource.k8s.io v1, v1beta2,
+  v1beta1) in the input resolve the claims of the pods in their namespace; a claim not in the
+  input counts as a GPU request, with a warning.
+
+output (stdout):
+  manifests  the objects in input order, mutated, as multi-document YAML; an object left unchanged
+             (or denied) is printed as the text it came in, so the stream stays aligned with the input.
+  patch      a JSON array, one entry per object: file, document, item (List items only), apiVersion,
+             kind, namespace, name, allowed, rule, message, warnings, podPath (where the pod sits
+             in the object; null for CRDs, whose entry lists its templates in "templates") and
+             patch: RFC 6902 operations relative to that object (the document, or items[item] of a
+             List); applying them gives the object of the manifests output.
+
+stderr: one line per object (per pod template for CRDs: what was done, or why it is denied) and
+  its warnings.
+exit status: 0 all admitted, 1 any denied (or, with --strict, a GPU request the dry run cannot
+  check), 2 unreadable input or policy.
+"""
+
+
+class DryRunError(Exception):
+    """The dry run cannot start: the input or the policy cannot be used (exit 2)."""
+
+
+class InputError(DryRunError):
+    """An input document cannot be read; the message names the file and the document."""
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    document: int
+    item: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}: document {self.document}"
+        return where if self.item is None else f"{where}, items[{self.item}]"
+
+
+@dataclass(frozen=True)
+class Document:
+    where: Location
+    body: dict[str, Any]
+    source: manifest_yaml.Source | None = None  # the text it came in, to print it unchanged
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the engine is told about the cluster; offline, most of it comes from the command line."""
+
+    policy: Policy
+    nodes: NodeFacts
+    default_namespace: str
+    given_labels: Mapping[str, str] | None
+    namespace_documents: Mapping[str, Mapping[str, str]]
+    claim_documents: Mapping[str, ClaimFacts] = field(default_factory=dict)
+    # The DeviceClass documents of the input: GPU classes by driver and their extendedResourceNames.
+    devices: DeviceFacts = NO_DEVICES
+
+    def namespace(self, name: str) -> NamespaceFacts:
+        if self.given_labels is not None:
+            return NamespaceFacts(name, self.given_labels)
+        return NamespaceFacts(name, self.namespace_documents.get(name))
+
+    def claims_in(self, namespace: str) -> ClaimFacts:
+        return self.claim_documents.get(namespace, NO_CLAIMS)
+
+    @property
+    def spread_label_keys(self) -> frozenset[str]:
+        """Label keys the engine keeps out of a spread's matchLabels: a controller label with one of
+        these keys may be given to the engine with a placeholder value (it never reaches the output)."""
+        return spread_label_keys(self.policy)
+
+
+Verdict = Literal["mutated", "unchanged", "denied", "passed through"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One object's result: the object printed, the patch that leads to it, and what to report."""
+
+    where: Location
+    body: dict[str, Any]
+    namespace: str | None
+    name: str
+    output: dict[str, Any]
+    verdict: Verdict
+    rule: str
+    message: str
+    pod_path: str | None = None
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    templates: tuple[TemplateOutcome, ...] = ()  # one per template of a workload CRD (named templates)
+    uncovered: tuple[str, ...] = ()  # GPU requests in an object the table does not cover
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict != "denied"
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "-f",
+        "--filename",
+        dest="filenames",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="manifests to check (YAML or JSON, - for stdin); may be repeated",
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default="default",
+        help="namespace of objects that name none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--namespace-label",
+        dest="namespace_labels",
+        action="append",
+        type=_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the objects' namespace; may be repeated (overrides Namespace documents)",
+    )
+    parser.add_argument(
+        "--reserved-node",
+        dest="reserved_nodes",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="name of a reserved node, to check spec.nodeName and matchFields; may be repeated",
+    )
+    parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("manifests", "patch"),
+        default="manifests",
+        help="print the mutated manifests (YAML) or the JSON patches (default: %(default)s)",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="do not print the policy's warnings")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when an object the dry run cannot check (an unknown kind) requests a GPU",
+    )
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+        documents = [doc for name in args.filenames for doc in parse_documents(name, read_text(name))]
+        facts = Facts(
+            policy=policy,
+            nodes=NodeFacts(frozenset(args.reserved_nodes) if args.reserved_nodes else None),
+            default_namespace=args.namespace,
+            given_labels=dict(args.namespace_labels) if args.namespace_labels else None,
+            namespace_documents=namespace_labels(documents),
+            claim_documents=claim_documents(documents, args.namespace),
+            devices=device_class_documents(documents, policy),
+        )
+        results = [process_document(doc, facts) for doc in documents]
+    except (DryRunError, PolicyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if not args.quiet:
+        for warning in policy.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    outcomes = [outcome for _, found in results for outcome in found]
+    unlabelled = unlabelled_namespaces(outcomes)
+    if unlabelled:
+        print(
+            f"warning: namespace labels not given for {', '.join(unlabelled)} (no --namespace-label, no Namespace "
+            "document): the class comes from the namespace rules by name or the policy's defaultClass; label "
+            "rules, the mode label and Pod Security labels were not checked",
+            file=sys.stderr,
+        )
+    for outcome in outcomes:
+        print("\n".join(report_lines(outcome)), file=sys.stderr)
+    if args.output == "patch":
+        sys.stdout.write(json.dumps([patch_entry(o) for o in outcomes], indent=2) + "\n")
+    else:
+        sys.stdout.write(dump_manifests(documents, (output for output, _ in results)))
+    if not all(o.allowed for o in outcomes):
+        return EXIT_DENIED
+    if args.strict and any(o.uncovered for o in outcomes):
+        return EXIT_DENIED
+    return EXIT_ADMITTED
+
+
+def unlabelled_namespaces(outcomes: Sequence[Outcome]) -> list[str]:
+    """Namespaces whose labels were unknown, in order of first use (said once per run, not per object)."""
+    found: dict[str, None] = {}
+    for outcome in outcomes:
+        for warnings in (outcome.warnings, *(t.warnings for t in outcome.templates)):
+            for warning in warnings:
+                if LABELS_UNKNOWN in warning and warning.startswith("namespace "):
+                    found[warning.removeprefix("namespace ").partition(LABELS_UNKNOWN)[0]] = None
+    return list(found)
+
+
+def _shown(warnings: Iterable[str]) -> list[str]:
+    # The engine's per-review "labels unknown" warning is said once per run by main(); offline, a claim
+    # the engine does not know is one the input does not contain.
+    return [_offline(w) for w in warnings if LABELS_UNKNOWN not in w]
+
+
+def _offline(warning: str) -> str:
+    return warning.replace(CLAIM_UNRESOLVED, CLAIM_NOT_IN_INPUT)
+
+
+# --- input ----------------------------------------------------------------------------------
+
+
+def read_text(name: str) -> str:
+    try:
+        if name == STDIN:
+            return sys.stdin.read()
+        return Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{_file_label(name)}: cannot read: {err}") from None
+
+
+def _file_label(name: str) -> str:
+    return "<stdin>" if name == STDIN else name
+
+
+def parse_documents(name: str, text: str) -> list[Document]:
+    """The objects of a YAML or JSON stream, read as kubectl reads them; null documents are skipped."""
+    label = _file_label(name)
+    try:
+        loaded = manifest_yaml.load(text)
+    except manifest_yaml.ReadError as err:
+        raise InputError(f"{label}: {err}") from None
+    documents = []
+    for found in loaded:
+        where = Location(label, found.number)
+        _check_object(found.body, where)
+        documents.append(Document(where, found.body, found.source))
+    return documents
+
+
+def _check_object(body: Any, where: Location) -> None:
+    if not isinstance(body, dict):
+        raise InputError(f"{where}: not a Kubernetes object (a mapping with apiVersion and kind)")
+    for key in ("apiVersion", "kind"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            raise InputError(f"{where}: not a Kubernetes object: {key} is missing")
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _metadata(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _mapping(body.get("metadata"))
+
+
+def _items(doc: Document) -> Iterator[Document]:
+    """The document itself, or the items of a List (an item may omit kind: a PodList's items are Pods)."""
+    body = doc.body
+    kind = body["kind"]
+    if not (kind.endswith("List") and isinstance(body.get("items"), list)):
+        yield doc
+        return
+    for index, item in enumerate(body["items"]):
+        where = Location(doc.where.file, doc.where.document, index)
+        if isinstance(item, dict) and "kind" not in item and kind != "List":
+            item = {"apiVersion": body["apiVersion"], "kind": kind.removesuffix("List"), **item}
+        _check_object(item, where)
+        yield Document(where, item)
+
+
+def spread_label_keys(policy: Policy) -> frozenset[str]:
+    """The label keys the engine keeps out of a spread's matchLabels (policy spec.spreadSelector);
+    none when the engine knows no such keys, so that no placeholder can reach a selector."""
+    selector = getattr(policy.spec, "spread_selector", None)
+    if selector is None:
+        return frozenset()
+    excluded = getattr(selector, "excluded_label_keys", ())
+    match = getattr(selector, "match_label_keys", ())
+    return frozenset(excluded) | frozenset(match)
+
+
+def claim_documents(documents: Iterable[Document], default_namespace: str) -> dict[str, ClaimFacts]:
+    """The device classes of the ResourceClaim and ResourceClaimTemplate documents, by namespace."""
+    found: dict[str, tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]] = {}
+    for doc in documents:
+        for item in _items(doc):
+            body = item.body
+            if not claims.is_claim_kind(body["apiVersion"], body["kind"]):
+                continue
+            metadata = _metadata(body)
+            name = metadata.get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{item.where}: {body['kind']}: metadata.name is missing")
+            try:
+                classes = claims.device_classes(body)
+            except claims.MalformedClaim as err:
+                raise InputError(f"{item.where}: {body['kind']} {name}: {err}") from None
+            namespace = metadata.get("namespace") or default_namespace
+            if not isinstance(namespace, str):
+                raise InputError(f"{item.where}: {body['kind']} {name}: metadata.namespace must be a string")
+            by_claim, by_template = found.setdefault(namespace, ({}, {}))
+            (by_template if body["kind"] == claims.TEMPLATE_KIND else by_claim)[name] = classes
+    return {namespace: ClaimFacts(claims=c, templates=t) for namespace, (c, t) in found.items()}
+
+
+def device_class_documents(documents: Iterable[Document], policy: Policy) -> DeviceFacts:
+    """What the DeviceClass documents of the input add to the GPU routes (as the webhook's DeviceClass
+    watch does): classes selecting a GPU driver, whatever they are called, and their extendedResourceNames."""
+    found: dict[str, claims.DeviceClassInfo] = {}
+    for doc in documents:
+        for item in _items(doc):
+            body = item.body
+            if not claims.is_device_class_kind(body["apiVersion"], body["kind"]):
+                continue
+            name = _metadata(body).get("name")
+            if not isinstance(name, str) or not name:
+                raise InputError(f"{item.where}: DeviceClass: metadata.name is missing")
+            try:
+                found[name] = claims.device_class_info(body)
+            except claims.MalformedClaim as err:
+                raise InputError(f"{item.where}: DeviceClass {name}: {err}") from None
+    return claims.device_facts(found, policy.spec.scope.gpu_drivers) if found else NO_DEVICES
+
+
+def namespace_labels(documents: Iterable[Document]) -> dict[str, Mapping[str, str]]:
+    """Labels of the ``kind: Namespace`` documents in the input, by namespace name."""
+    found: dict[str, Mapping[str, str]] = {}
+    for doc in documents:
+        for item in _items(doc):
+            if item.body["kind"] != "Namespace" or _group(item.body["apiVersion"]) != "":
+                continue
+            name = _metadata(item.body).get("name")
+            try:
+                labels = pods.string_map(_metadata(item.body).get("labels"), "metadata.labels")
+            except pods.MalformedPod as err:
+                raise InputError(f"{item.where}: Namespace {name}: {err}") from None
+            if isinstance(name, str):
+                found[name] = labels
+    return found
+
+
+# --- decision -------------------------------------------------------------------------------
+
+
+def process_document(doc: Document, facts: Facts) -> tuple[dict[str, Any], list[Outcome]]:
+    """The document to print, and one outcome per object in it (one, or one per List item)."""
+    items = list(_items(doc))
+    if len(items) == 1 and items[0] is doc:
+        outcome = process_object(doc, facts)
+        return outcome.output, [outcome]
+    outcomes = [process_object(item, facts) for item in items]
+    return {**doc.body, "items": [o.output for o in outcomes]}, outcomes
+
+
+def process_object(doc: Document, facts: Facts) -> Outcome:
+    body = doc.body
+    kind, group = body["kind"], _group(body["apiVersion"])
+    if kind == "AdmissionReview" and group == "admission.k8s.io":
+        return _review(doc, facts)
+    found = workloads.workload(body["apiVersion"], kind)
+    if found is None:
+        return _passed(doc, _pass_reason(body, facts), _uncovered(body, facts))
+    namespace = str(_metadata(body).get("namespace") or facts.default_namespace)
+    try:
+        templates = workloads.templates(body, found)
+    except pods.MalformedPod as err:
+        return _malformed(doc, namespace, err)
+    if not templates:
+        patterns = ", ".join(rule.pattern for rule in found.templates)
+        if all(rule.shape == workloads.OVERRIDE for rule in found.templates):
+            # A TrainJob without overrides: its pods are the runtime's, checked where the runtime is.
+            return _passed(doc, f"nothing shapes its pods here (looked at {patterns}); they are its runtime's", ())
+        return _passed(doc, f"no pod template found (looked at {patterns})", _uncovered(body, facts))
+    label_keys = facts.spread_label_keys
+    results = []
+    for template in templates:
+        try:
+            pod = workloads.predicted_pod(body, template, label_keys)
+        except pods.MalformedPod as err:
+            return _malformed(doc, namespace, err, template)
+        decision = decide(
+            operation="CREATE",
+            pod=pod,
+            namespace=facts.namespace(namespace),
+            nodes=facts.nodes,
+            policy=facts.policy,
+            claims=facts.claims_in(namespace),
+            devices=facts.devices,
+        )
+        results.append((template, pod, decision))
+    return _apply_templates(doc, namespace, pods.pod_name(body), results)
+
+
+def _uncovered(body: Mapping[str, Any], facts: Facts) -> tuple[str, ...]:
+    kind, api_version = body["kind"], body["apiVersion"]
+    if claims.is_claim_kind(api_version, kind) or claims.is_device_class_kind(api_version, kind) or kind == "Namespace":
+        return ()
+    # The GPU-route catalogue, with what the input's DeviceClasses add.
+    routes = route_matcher_for(facts.policy, facts.devices)
+    is_gpu = routes.resources if routes.resources is not None else _no_resource
+    return tuple(workloads.uncovered_gpu_paths(body, is_gpu, routes))
+
+
+def _no_resource(name: str) -> bool:
+    return False
+
+
+def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
+    if body["kind"] == "Namespace" and _group(body["apiVersion"]) == "":
+        if facts.given_labels is None:
+            return "its labels are used for the objects in it"
+        return "its labels are not used (--namespace-label given)"
+    if claims.is_claim_kind(body["apiVersion"], body["kind"]):
+        return "used to resolve the resource claims of the pods in its namespace"
+    if claims.is_device_class_kind(body["apiVersion"], body["kind"]):
+        return "used to tell which DeviceClasses hand out GPUs"
+    return f"{body['apiVersion']} {body['kind']} is not a pod or a known workload with a pod template"
+
+
+def _review(doc: Document, facts: Facts) -> Outcome:
+    request = doc.body.get("request")
+    if not isinstance(request, Mapping):
+        raise InputError(f"{doc.where}: AdmissionReview: request must be an object")
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise InputError(f"{doc.where}: AdmissionReview: request.operation must be one of {', '.join(OPERATIONS)}")
+    obj, old = request.get("object"), request.get("oldObject")
+    request_kind = _mapping(request.get("kind")).get("kind") or _mapping(obj).get("kind")
+    if request_kind != "Pod":
+        return _passed(doc, f"the AdmissionReview is for a {request_kind or 'non-pod object'}, not a pod")
+    namespace = str(request.get("namespace") or _metadata(_mapping(obj)).get("namespace") or facts.default_namespace)
+    decision = decide(
+        operation=str(operation),
+        pod=obj,
+        old_pod=old,
+        namespace=facts.namespace(namespace),
+        nodes=facts.nodes,
+        policy=facts.policy,
+        devices=facts.devices,
+        sub_resource=str(request.get("subResource") or ""),
+    )
+    name = str(request.get("name") or pods.pod_name(_mapping(obj)))
+    return _apply(doc, namespace, name, REVIEW_PATH, decision)
+
+
+def _apply(doc: Document, namespace: str, name: str, pod_path: tuple[str, ...], decision: Decision) -> Outcome:
+    common: dict[str, Any] = {
+        "where": doc.where,
+        "body": doc.body,
+        "namespace": namespace,
+        "name": name,
+        "pod_path": patch.pointer(*pod_path),
+        "warnings": decision.warnings,
+    }
+    if not decision.allowed:
+        return Outcome(**common, output=doc.body, verdict="denied", rule=decision.rule, message=decision.message)
+    operations = prefixed(decision.patch, doc.body, pod_path)
+    return _patched(doc, common, operations, decision.rule, decision.message)
+
+
+def _patched(
+    doc: Document, common: dict[str, Any], operations: list[dict[str, Any]], rule: str, message: str
+) -> Outcome:
+    """The object with ``operations`` applied, or denied as the apiserver would when they do not apply."""
+    try:
+        output = jsonpatch.apply_patch(doc.body, operations)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+        # The apiserver fails the request when a webhook's patch does not apply.
+        return Outcome(
+            **common,
+            output=doc.body,
+            verdict="denied",
+            rule=RULE_PATCH_FAILED,
+            message=f"the webhook's patch does not apply to this object ({str(err)[:200]}); please report this as a bug",
+        )
+    return Outcome(
+        **common,
+        output=output,
+        verdict="mutated" if operations else "unchanged",
+        rule=rule,
+        message=message,
+        patch=tuple(operations),
+    )
+
+
+@dataclass(frozen=True)
+class TemplateOutcome:
+    """The decision on one pod template of a workload (CRDs have several)."""
+
+    name: str | None
+    pod_path: str
+    fields: str  # where the fields a message names are: "relative to spec.x.template", "the pod made from ..."
+    allowed: bool
+    rule: str
+    message: str
+    warnings: tuple[str, ...]
+    patch: tuple[dict[str, Any], ...]
+
+
+def template_operations(
+    template: workloads.Template, pod: Mapping[str, Any], operations: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The engine's operations on the predicted pod, as operations on the object."""
+    out: list[dict[str, Any]] = []
+    if not template.path:
+        return [dict(op) for op in operations]
+    if (
+        template.rule.shape == workloads.TEMPLATE
+        and not isinstance(template.node.get("metadata"), Mapping)
+        and "metadata" in pod
+    ):
+        # The engine saw the metadata that carries the controller's labels; the real template has none.
+        operations = _created_metadata(operations, patch.pointer(*template.path, "metadata"), out)
+    for operation in operations:
+        path = workloads.operation_path(template, operation["path"])
+        if path is None:
+            continue
+        moved = {**operation, "path": path}
+        if "from" in operation:
+            source = workloads.operation_path(template, operation["from"])
+            if source is None:
+                continue
+            moved["from"] = source
+        out.append(moved)
+    return out
+
+
+def _created_metadata(
+    operations: Sequence[Mapping[str, Any]], pointer: str, out: list[dict[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The operations on ``/metadata/...`` folded into one that creates the template's metadata (appended
+    to ``out``); the other operations are returned."""
+    inside = [op for op in operations if op["path"].startswith("/metadata/")]
+    rest = [op for op in operations if not op["path"].startswith("/metadata/")]
+    if not inside:
+        return rest
+    relative = [{**op, "path": op["path"].removeprefix("/metadata")} for op in inside]
+    try:
+        metadata = jsonpatch.apply_patch({}, relative)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+        out.append(patch.add(pointer, {}))
+        return list(operations)
+    out.append(patch.add(pointer, metadata))
+    return rest
+
+
+def _template_outcome(template: workloads.Template, pod: Mapping[str, Any], decision: Decision) -> TemplateOutcome:
+    operations: list[dict[str, Any]] = []
+    message = decision.message
+    if decision.allowed:
+        operations = template_operations(template, pod, decision.patch)
+        if template.rule.shape == workloads.OVERRIDE and decision.patch:
+            message = (
+                f"checked, class {decision.workload_class}: not mutated (an override has no place for what the "
+                "webhook adds; it adds it to the pods in the cluster)"
+            )
+    if template.rule.shape == workloads.INLINE:
+        where = f"the pod made from {template.dotted}"
+    else:
+        where = f"relative to {template.dotted}" if template.path else ""
+    return TemplateOutcome(
+        name=template.name,
+        pod_path=patch.pointer(*template.path),
+        fields=where,
+        allowed=decision.allowed,
+        rule=decision.rule,
+        message=message,
+        warnings=decision.warnings,
+        patch=tuple(operations),
+    )
+
+
+def _apply_templates(
+    doc: Document,
+    namespace: str,
+    name: str,
+    results: Sequence[tuple[workloads.Template, Mapping[str, Any], Decision]],
+) -> Outcome:
+    """One outcome for the object: denied when any template is, else every template's patch applied."""
+    done = tuple(_template_outcome(template, pod, decision) for template, pod, decision in results)
+    named = any(t.name is not None for t in done)
+    denied = [t for t in done if not t.allowed]
+    first = denied[0] if denied else done[0]
+    common: dict[str, Any] = {
+        "where": doc.where,
+        "body": doc.body,
+        "namespace": namespace,
+        "name": name,
+        "pod_path": None if named else first.pod_path,
+        "warnings": () if named else first.warnings,
+        "templates": done if named else (),
+    }
+    message = "; ".join(f"{t.name}: {t.message}" for t in (denied or done)) if named else first.message
+    if denied:
+        return Outcome(**common, output=doc.body, verdict="denied", rule=first.rule, message=message)
+    operations = [op for t in done for op in t.patch]
+    return _patched(doc, common, operations, first.rule, message)
+
+
+def prefixed(
+    operations: Sequence[Mapping[str, Any]], body: Mapping[str, Any], pod_path: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The pod's operations made relative to the object, creating the pod's parents when absent."""
+    if not operations:
+        return []
+    prefix = patch.pointer(*pod_path)
+    out: list[dict[str, Any]] = []
+    if pod_path and not isinstance(patch.resolve(body, pod_path), Mapping):
+        out.extend(patch.set_map_entries(pods.mapping(body, "the document"), tuple(pod_path[:-1]), {pod_path[-1]: {}}))
+    for operation in operations:
+        moved = {**operation, "path": prefix + operation["path"]}
+        if "from" in operation:
+            moved["from"] = prefix + operation["from"]
+        out.append(moved)
+    return out
+
+
+def _passed(doc: Document, why: str, uncovered: tuple[str, ...] = ()) -> Outcome:
+    namespace = _metadata(doc.body).get("namespace")
+    warnings = tuple(
+        f"a GPU request at {where}, outside any pod template the dry run knows for this kind: "
+        "its pods are only checked in the cluster (--strict makes this an error)"
+        for where in uncovered
+    )
+    return Outcome(
+        where=doc.where,
+        body=doc.body,
+        namespace=namespace if isinstance(namespace, str) else None,
+        name=pods.pod_name(doc.body),
+        output=doc.body,
+        verdict="passed through",
+        rule=RULE_PASSED,
+        message=why,
+        warnings=warnings,
+        uncovered=uncovered,
+    )
+
+
+def _malformed(
+    doc: Document, namespace: str, err: pods.MalformedPod, template: workloads.Template | None = None
+) -> Outcome:
+    pod_path = template.path if template is not None and template.path else ()
+    return Outcome(
+        where=doc.where,
+        body=doc.body,
+        namespace=namespace,
+        name=pods.pod_name(doc.body),
+        output=doc.body,
+        verdict="denied",
+        rule=RULE_MALFORMED,
+        message=f"the pod template cannot be checked: {err}",
+        pod_path=patch.pointer(*pod_path) if pod_path else None,
+    )
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def _who(outcome: Outcome) -> str:
+    kind, namespace, name = outcome.body["kind"], outcome.namespace, outcome.name
+    group = _group(outcome.body["apiVersion"])
+    if outcome.templates and (group, kind) not in CORE_KINDS and ("batch", kind) in CORE_KINDS:
+        kind = f"{kind}.{group}"  # kubectl's spelling, where the kind alone names a core kind (Volcano's Job)
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+def report_lines(outcome: Outcome) -> list[str]:
+    who = _who(outcome)
+    if outcome.templates:
+        lines = []
+        for template in outcome.templates:
+            if not template.allowed:
+                what = f"denied [{template.rule}] (fields are {template.fields}): {template.message}"
+            elif not outcome.allowed:
+                what = f"admitted, not printed (the object is denied): {template.message}"
+            else:
+                what = f"{'mutated' if template.patch else 'unchanged'}: {template.message}"
+            lines.append(f"{outcome.where}: {who} {template.name}: {what}")
+            lines.extend(f"  warning: {w}" for w in _shown(template.warnings))
+        if not outcome.allowed and outcome.rule == RULE_PATCH_FAILED:
+            lines.append(f"{outcome.where}: {who}: denied [{outcome.rule}]: {outcome.message}")
+        return lines
+    if outcome.verdict == "denied":
+        where = f" (fields are relative to {_dotted(outcome.pod_path)})" if outcome.pod_path else ""
+        what = f"denied [{outcome.rule}]{where}: {outcome.message}"
+    else:
+        what = f"{outcome.verdict}: {outcome.message}"
+    return [f"{outcome.where}: {who}: {what}", *(f"  warning: {w}" for w in _shown(outcome.warnings))]
+
+
+def _dotted(pointer: str) -> str:
+    return pointer[1:].replace("/", ".")
+
+
+def patch_entry(outcome: Outcome) -> dict[str, Any]:
+    entry: dict[str, Any] = {"file": outcome.where.file, "document": outcome.where.document}
+    if outcome.where.item is not None:
+        entry["item"] = outcome.where.item
+    entry.update(
+        apiVersion=outcome.body["apiVersion"],
+        kind=outcome.body["kind"],
+        namespace=outcome.namespace,
+        name=outcome.name,
+        allowed=outcome.allowed,
+        rule=outcome.rule,
+        message=outcome.message,
+        warnings=[_offline(w) for w in outcome.warnings],
+        podPath=outcome.pod_path,
+        patch=list(outcome.patch),
+    )
+    if outcome.templates:
+        entry["templates"] = [
+            {
+                "name": t.name,
+                "podPath": t.pod_path,
+                "allowed": t.allowed,
+                "rule": t.rule,
+                "message": t.message,
+                "warnings": [_offline(w) for w in t.warnings],
+            }
+            for t in outcome.templates
+        ]
+    if outcome.uncovered:
+        entry["gpuRequests"] = list(outcome.uncovered)
+    return entry
+
+
+def dump_manifests(documents: Iterable[Document], outputs: Iterable[Any]) -> str:
+    """The printed stream: a document left as it was is its input text; a changed one keeps its comments."""
+    return manifest_yaml.dump((doc.source, doc.body, output) for doc, output in zip(documents, outputs, strict=True))

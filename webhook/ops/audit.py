@@ -1,0 +1,701 @@
+"""``audit``: running pods, nodes and namespaces against the policy, and the pools' capacity.
+
+The webhook only sees pods as they are admitted; this reads what is already there. Pods are judged
+by the admission engine itself (``engine.decide`` on a CREATE of the pod as it is now, with the
+reserved nodes, the namespace labels and the namespace's DRA claims read from the cluster): its
+violations and the patch it would still send are the findings, so the audit can never disagree
+with admission. Two readings of the decision:
+
+- the policy is judged in ``enforce`` mode, and the namespace mode label is left out: in ``audit``
+  mode ``decide`` sends no patch, and the point here is what the policy *would* do;
+- only patch operations outside ``/metadata/annotations`` count as "missing mutations": the
+  annotations are the webhook's record, not isolation.
+
+Rule ids are stable (metrics labels, PolicyReport rules, docs/operations.md).
+Exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Final, TextIO, get_args
+
+import yaml
+
+from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot, pod_info
+from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
+from webhook.core import engine, patch
+from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
+from webhook.deploy import reserved_names
+
+EXIT_CLEAN: Final = 0
+EXIT_FINDINGS: Final = 1
+EXIT_ERROR: Final = 2
+
+POLICY_NAME: Final = "rocm-isolation"  # the "policy" of PolicyReport results
+SOURCE: Final = "rocm-isolation-webhook"
+UNCLASSIFIED: Final = "unclassified"  # GPU pods of excluded namespaces: no class
+# Pages decoded ahead while the previous one is judged (bounded: each holds ~500 pods).
+PREFETCH_PAGES: Final = 2
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    kind: str  # the kind of object the finding is about
+    severity: str  # PolicyReport severity
+    title: str  # what it means (docs, table)
+
+
+RULES: Final[dict[str, Rule]] = {
+    rule.id: rule
+    for rule in (
+        Rule("pod-on-reserved-node", "Pod", "high", "a pod of a class that may not use reserved nodes runs on one"),
+        Rule(
+            "pod-can-reach-reserved-nodes",
+            "Pod",
+            "high",
+            "a pending pod of a class that may not use reserved nodes can be scheduled onto one",
+        ),
+        Rule(
+            "inference-pod-outside-reserved-pool",
+            "Pod",
+            "medium",
+            "a pod of a reserved class (inference) runs on a node outside the reserved pool",
+        ),
+        Rule("pod-missing-mutations", "Pod", "medium", "a GPU pod lacks what the policy would add to it today"),
+        Rule("pod-would-be-denied", "Pod", "medium", "a running pod that the policy would deny if it were created now"),
+        Rule(
+            "node-label-without-taint", "Node", "high", "a node labelled for the reserved pool lacks the reserved taint"
+        ),
+        Rule("node-taint-without-label", "Node", "medium", "a node has the reserved taint without the pool label"),
+        Rule("reserved-node-without-gpus", "Node", "medium", "a reserved node has no allocatable AMD GPU"),
+        Rule(
+            "reserved-node-gpu-unhealthy",
+            "Node",
+            "high",
+            "a reserved node is tainted amd-gpu-unhealthy by the AMD GPU operator: capacity lost",
+        ),
+        Rule(
+            "namespace-unknown-class", "Namespace", "medium", "a namespace's class label names no class of the policy"
+        ),
+        Rule("namespace-unknown-mode", "Namespace", "low", "a namespace's mode label is not enforce, warn or audit"),
+        Rule(
+            "reserved-node-names-out-of-date",
+            "ConfigMap",
+            "high",
+            "the reserved node names the backstop reads (ConfigMap rocm-isolation-reserved-node-names) disagree with "
+            "the nodes labelled for the reserved pool",
+        ),
+        Rule(
+            "namespace-allows-privileged",
+            "Namespace",
+            "low",
+            "a namespace of a class kept off the reserved nodes does not enforce Pod Security baseline or restricted: "
+            "its pods may be privileged and see every GPU of their node",
+        ),
+        Rule(
+            "deviceclass-not-in-policy",
+            "DeviceClass",
+            "medium",
+            "a DeviceClass that hands out GPUs is not named in the policy's scope: the backstop and the webhook's "
+            "matchConditions do not see pods that ask for it by its extended resource",
+        ),
+        Rule(
+            "pod-gpu-allocation-not-recognised",
+            "Pod",
+            "high",
+            "a pod holds devices of a GPU driver through a claim that the policy does not count as a GPU request",
+        ),
+    )
+}
+PSS_ENFORCE_LABEL: Final = "pod-security.kubernetes.io/enforce"
+
+_REACH_RULES: Final = frozenset({engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION})
+_ANNOTATIONS: Final = "/metadata/annotations"
+_MUTATIONS_POINTER: Final = f"{_ANNOTATIONS}/{patch.escape(engine.MUTATIONS_ANNOTATION)}"
+_MODES: Final = get_args(Mode)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    kind: str
+    name: str
+    message: str
+    namespace: str | None = None
+    uid: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule, "kind": self.kind}
+        if self.namespace is not None:
+            out["namespace"] = self.namespace
+        out["name"] = self.name
+        out["message"] = self.message
+        if self.uid:
+            out["uid"] = self.uid
+        return out
+
+
+@dataclass
+class Pending:
+    pods: int = 0
+    oldest: datetime | None = None
+
+    def add(self, created: datetime | None) -> None:
+        self.pods += 1
+        if created is not None and (self.oldest is None or created < self.oldest):
+            self.oldest = created
+
+    def wait_seconds(self, now: datetime) -> float:
+        return max(0.0, (now - self.oldest).total_seconds()) if self.oldest else 0.0
+
+
+@dataclass
+class PoolCapacity:
+    nodes: int = 0
+    gpus_allocatable: int = 0
+    gpus_requested: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "gpusAllocatable": self.gpus_allocatable,
+            "gpusRequested": dict(sorted(self.gpus_requested.items())),
+            "pendingPods": {
+                cls: {"pods": p.pods, "oldestWaitSeconds": round(p.wait_seconds(now))}
+                for cls, p in sorted(self.pending.items())
+            },
+        }
+
+
+@dataclass
+class Report:
+    now: datetime
+    findings: list[Finding] = field(default_factory=list)
+    capacity: dict[Pool, PoolCapacity] = field(default_factory=lambda: {pool: PoolCapacity() for pool in POOLS})
+    pods_checked: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "capacity": {pool: self.capacity[pool].to_json(self.now) for pool in POOLS},
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Findings per rule, every rule present (0 when none)."""
+        counts = dict.fromkeys(RULES, 0)
+        for finding in self.findings:
+            counts[finding.rule] += 1
+        return counts
+
+
+# -- judging --------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def enforcing(policy: Policy) -> Policy:
+    """The policy in enforce mode (in audit mode ``decide`` sends no patch: nothing to compare)."""
+    if policy.spec.mode == "enforce":
+        return policy
+    spec = policy.document.spec.model_copy(update={"mode": "enforce"})
+    return compile_policy(policy.document.model_copy(update={"spec": spec}), source=policy.source)
+
+
+def judge_node(node: NodeInfo, policy: Policy) -> list[Finding]:
+    key, value = policy.spec.reserved_nodes.label
+    taint = policy.spec.reserved_nodes.taint
+    found = []
+
+    def add(rule: str, message: str) -> None:
+        found.append(Finding(rule, "Node", node.name, message))
+
+    if node.labelled and taint is not None and not node.tainted:
+        add(
+            "node-label-without-taint",
+            f"node {node.name} is labelled {key}={value} but lacks the taint {taint.key}={taint.value}:{taint.effect}: "
+            f"any pod that does not avoid the label can be scheduled onto it; taint it "
+            f"(kubectl taint nodes {node.name} {taint.key}={taint.value}:{taint.effect})",
+        )
+    if node.tainted and not node.labelled and taint is not None:
+        add(
+            "node-taint-without-label",
+            f"node {node.name} has the taint {taint.key}={taint.value}:{taint.effect} but not the label {key}={value}: "
+            f"inference pods require the label and other pods do not tolerate the taint, so nothing GPU-bound runs "
+            f"there; label it (kubectl label nodes {node.name} {key}={value}) or remove the taint",
+        )
+    if node.labelled and node.gpus == 0:
+        add(
+            "reserved-node-without-gpus",
+            f"node {node.name} is in the reserved pool ({key}={value}) but has no allocatable AMD GPU "
+            "(is the AMD device plugin running there?)",
+        )
+    if node.labelled and node.unhealthy:
+        add(
+            "reserved-node-gpu-unhealthy",
+            f"node {node.name} is in the reserved pool and tainted amd-gpu-unhealthy by the AMD GPU operator: its GPUs "
+            "take no new inference pods until the operator clears the taint",
+        )
+    return found
+
+
+def judge_namespace(name: str, labels: Mapping[str, str], policy: Policy) -> list[Finding]:
+    spec = policy.spec
+    found = []
+    value = labels.get(spec.labels.namespace_class)
+    if value is not None and value not in spec.classes:
+        found.append(
+            Finding(
+                "namespace-unknown-class",
+                "Namespace",
+                name,
+                f"namespace {name} is labelled {spec.labels.namespace_class}={value}, which is no class of the policy "
+                f"({', '.join(spec.classes)}); its GPU pods get the default class {spec.default_class}",
+            )
+        )
+    mode = labels.get(spec.labels.namespace_mode)
+    if mode is not None and mode not in _MODES:
+        found.append(
+            Finding(
+                "namespace-unknown-mode",
+                "Namespace",
+                name,
+                f"namespace {name} is labelled {spec.labels.namespace_mode}={mode}, which is not enforce, warn or "
+                f"audit; the policy's mode {spec.mode} applies",
+            )
+        )
+    return found
+
+
+def judge_namespace_pod_security(name: str, labels: Mapping[str, str], policy: Policy) -> list[Finding]:
+    """Pod Security baseline closes the privileged route at admission: a namespace whose classes are all
+    kept off the reserved nodes should enforce it (docs/operations.md, "Pod Security"). Judged for the
+    namespaces a class label or rule classifies, and those running GPU pods (not every namespace that
+    falls to the default class)."""
+    if name in policy.spec.excluded_namespaces or not policy.spec.scope.routes.privileged_containers:
+        return []
+    classes = policy.namespace_classes(name, labels)
+    if any(policy.spec.classes[cls].placement != "unreserved" for cls in classes.allowed):
+        return []
+    level = labels.get(PSS_ENFORCE_LABEL)
+    if level in ("baseline", "restricted"):
+        return []
+    return [
+        Finding(
+            "namespace-allows-privileged",
+            "Namespace",
+            name,
+            f"namespace {name} (class {', '.join(classes.allowed)}, {classes.source}) "
+            + (f"enforces Pod Security {level}" if level else "enforces no Pod Security level")
+            + ": its pods may be privileged, and a privileged container sees every GPU of its node; label it "
+            f"(kubectl label namespace {name} {PSS_ENFORCE_LABEL}=baseline)",
+        )
+    ]
+
+
+def judge_device_classes(snapshot: Snapshot, policy: Policy) -> list[Finding]:
+    """GPU DeviceClasses (by driver) that the CEL cannot know: named neither in gpuDeviceClasses nor, for
+    their extendedResourceName, in extendedResourceNames."""
+    scope = policy.spec.scope
+    devices = snapshot.devices
+    found = []
+    for name in sorted(devices.gpu_classes):
+        info = snapshot.device_classes[name]
+        missing = []
+        if not policy.gpu_device_classes(name):
+            missing.append(f"add {name} to spec.scope.gpuDeviceClasses")
+        extended = info.extended_resource_name
+        if extended and extended not in scope.extended_resource_names and not policy.gpu(extended):
+            missing.append(f"add {extended} (its extendedResourceName) to spec.scope.extendedResourceNames")
+        if missing:
+            found.append(
+                Finding(
+                    "deviceclass-not-in-policy",
+                    "DeviceClass",
+                    name,
+                    f"DeviceClass {name} hands out devices of a GPU driver ({', '.join(scope.gpu_drivers)}), but the "
+                    "ValidatingAdmissionPolicy and the webhook's matchConditions cannot look DeviceClasses up: "
+                    + "; ".join(missing),
+                )
+            )
+    return found
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The ResourceClaims a pod holds: named ones, those made from its templates and the one the scheduler
+    made for its DRA extended resources (``status.resourceClaimStatuses``, ``extendedResourceClaimStatus``)."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    names = [str(c.get("resourceClaimName")) for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName")]
+    names += [
+        str(c.get("resourceClaimName")) for c in status.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")
+    ]
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(str(extended))
+    return names
+
+
+def missing_mutations(decision: Decision) -> list[str]:
+    """What the policy would still add to the pod (the webhook's own names: node-affinity,
+    tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
+    if not any(not str(op["path"]).startswith(_ANNOTATIONS) for op in decision.patch):
+        return []
+    for op in decision.patch:
+        value = op.get("value")
+        if op["path"] == _MUTATIONS_POINTER and isinstance(value, str):
+            return value.split(",")
+        if op["path"] == _ANNOTATIONS and isinstance(value, Mapping):
+            return str(value.get(engine.MUTATIONS_ANNOTATION, "")).split(",")
+    return ["changes"]  # pragma: no cover - decide always records what it did
+
+
+@dataclass
+class PodAudit:
+    """Judges pods one by one into a Report (the pods are streamed, never all held)."""
+
+    snapshot: Snapshot
+    report: Report
+    policy: Policy = field(init=False)
+    nodes: NodeFacts = field(init=False)
+    reserved: frozenset[str] = field(init=False)
+    # Namespaces with GPU pods: their Pod Security level is judged (docs/operations.md, "Pod Security").
+    gpu_namespaces: set[str] = field(default_factory=set)
+    _start: tuple[list[Finding], int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy = enforcing(self.snapshot.policy)
+        self.reserved = self.snapshot.reserved_node_names
+        self.nodes = NodeFacts(reserved_node_names=self.reserved)
+        self._start = (list(self.report.findings), 0)
+
+    def restart(self) -> None:
+        """The pod list started over (expired continue token): forget what it counted."""
+        self.report.findings = list(self._start[0])
+        for pool in POOLS:
+            self.report.capacity[pool].gpus_requested.clear()
+            self.report.capacity[pool].pending.clear()
+        self.report.pods_checked = 0
+
+    def namespace(self, name: str) -> NamespaceFacts:
+        labels = self.snapshot.namespaces.get(name)
+        if labels is not None and self.policy.spec.labels.namespace_mode in labels:
+            labels = {k: v for k, v in labels.items() if k != self.policy.spec.labels.namespace_mode}
+        return NamespaceFacts(name=name, labels=labels)
+
+    def add(self, pod: dict[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace", ""))
+        decision = engine.decide(
+            operation="CREATE",
+            pod=pod,
+            namespace=self.namespace(namespace),
+            nodes=self.nodes,
+            policy=self.policy,
+            claims=self.snapshot.claim_facts(namespace),
+            devices=self.snapshot.devices,
+        )
+        if decision.rule == engine.RULE_NOT_GPU:
+            if self.snapshot.allocations.get(namespace):
+                self.judge_allocations(pod, namespace)
+            return  # most pods of a cluster: nothing more to read
+        in_scope = decision.rule != engine.RULE_EXCLUDED
+        info = pod_info(pod, self.policy)
+        if not in_scope and not info.gpus:
+            return
+        self.report.pods_checked += 1
+        self.gpu_namespaces.add(namespace)
+        class_name = decision.workload_class or UNCLASSIFIED
+        if info.bound and info.phase not in ("Succeeded", "Failed"):
+            node = self.snapshot.nodes.get(info.node)
+            pool: Pool = node.pool if node is not None else "shared"
+            requested = self.report.capacity[pool].gpus_requested
+            requested[class_name] = requested.get(class_name, 0) + info.gpus
+        elif info.pending:
+            placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
+            pool = "reserved" if placement == "reserved" else "shared"
+            self.report.capacity[pool].pending.setdefault(class_name, Pending()).add(info.created)
+        if in_scope and not metadata.get("deletionTimestamp"):
+            self.report.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
+
+    def judge_allocations(self, pod: Mapping[str, Any], namespace: str) -> None:
+        """The ground truth for a pod the policy sees as no GPU pod: the drivers of the devices its claims
+        were allocated. A GPU driver there means a DeviceClass the policy does not recognise."""
+        allocated = self.snapshot.allocations.get(namespace, {})
+        drivers = set(self.policy.spec.scope.gpu_drivers)
+        held = [(claim, sorted(allocated[claim] & drivers)) for claim in claim_names(pod) if claim in allocated]
+        held = [(claim, found) for claim, found in held if found]
+        if not held:
+            return
+        metadata = pod.get("metadata") or {}
+        name, uid = str(metadata.get("name", "")), str(metadata.get("uid", ""))
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        where = f" on the reserved node {node}" if node in self.reserved else (f" on {node}" if node else "")
+        claims = ", ".join(f"{claim} ({', '.join(found)})" for claim, found in held)
+        self.report.findings.append(
+            Finding(
+                "pod-gpu-allocation-not-recognised",
+                "Pod",
+                name,
+                f"pod {namespace}/{name}{where} holds GPU devices through ResourceClaim {claims}, but the policy does "
+                "not count its claims as GPU requests, so it was neither placed nor checked: add the claim's "
+                "DeviceClass to spec.scope.gpuDeviceClasses (or its driver to gpuDrivers)",
+                namespace,
+                uid,
+            )
+        )
+
+    def judge(
+        self, pod: Mapping[str, Any], namespace: str, name: str, uid: str, node: str, decision: Decision
+    ) -> list[Finding]:
+        found: dict[str, list[str]] = {}
+        where = f"pod {namespace}/{name}"
+        for violation in decision.violations:
+            if violation.rule == engine.DENY_NODE_NAME:
+                rule = "pod-on-reserved-node"
+                text = f"{violation.message}; it was admitted before the policy or while the webhook was down: evict it"
+            elif violation.rule in _REACH_RULES and node in self.reserved:
+                rule, text = "pod-on-reserved-node", violation.message
+            elif violation.rule in _REACH_RULES and not node:
+                rule, text = "pod-can-reach-reserved-nodes", violation.message
+            else:
+                rule = "pod-would-be-denied"
+                text = f"{violation.message} ({violation.rule}; the pod's controller cannot recreate it)"
+            found.setdefault(rule, []).append(text)
+        cls = self.policy.spec.classes.get(decision.workload_class or "")
+        missing = missing_mutations(decision)
+        if cls is not None and cls.placement == "reserved" and node and node not in self.reserved:
+            found.setdefault("inference-pod-outside-reserved-pool", []).append(
+                f"class {decision.workload_class} pods belong on the reserved nodes, but it runs on {node}: it was "
+                "admitted without the reserved placement (webhook down or namespace relabelled); delete it so that "
+                "its controller recreates it through the webhook"
+            )
+        if cls is not None and cls.placement == "unreserved" and not node and "node-affinity" in missing:
+            taint = self.policy.spec.reserved_nodes.taint
+            if taint is None or taint.effect == "PreferNoSchedule":
+                found.setdefault("pod-can-reach-reserved-nodes", []).append(
+                    f"class {decision.workload_class} pod lacks the node affinity that keeps it off the reserved nodes "
+                    "and no NoSchedule taint stops it; delete it so that its controller recreates it through the webhook"
+                )
+        if missing:
+            found.setdefault("pod-missing-mutations", []).append(
+                f"class {decision.workload_class}: the policy would add {', '.join(missing)} (admitted while the "
+                "webhook was down, in audit mode, or before the policy changed); recreate the pod to apply them"
+            )
+        return [
+            Finding(rule, "Pod", name, f"{where}: " + "; ".join(texts), namespace, uid) for rule, texts in found.items()
+        ]
+
+
+def _judge_reserved_node_names(api: KubeApi, labelled: list[str], report: Report) -> None:
+    """The backstop's params ConfigMap against the labelled nodes (reserved_names.py)."""
+    path = f"{reserved_names.CONFIGMAP_PATH}/{reserved_names.PARAMS_CONFIGMAP}"
+    try:
+        data: dict[str, str] = api.get(path).get("data") or {}
+    except NotFound:
+        # Until the first pool apply (or on a cluster reserved by hand): said, not a finding.
+        report.warnings.extend(reserved_names.disagreement(None, labelled))
+        return
+    except Forbidden as err:
+        report.warnings.append(f"the backstop's reserved node names were not checked: {err}")
+        return
+    for message in reserved_names.disagreement(data, labelled):
+        report.findings.append(
+            Finding(
+                "reserved-node-names-out-of-date",
+                "ConfigMap",
+                reserved_names.PARAMS_CONFIGMAP,
+                message,
+                namespace=reserved_names.NAMESPACE,
+            )
+        )
+
+
+def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
+    """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
+    snapshot = Snapshot.read(api, policy)
+    report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
+    for node in snapshot.nodes.values():
+        report.findings.extend(judge_node(node, policy))
+        if node.labelled or node.gpus:
+            capacity = report.capacity[node.pool]
+            capacity.nodes += 1
+            capacity.gpus_allocatable += node.gpus
+    _judge_reserved_node_names(api, [n.name for n in snapshot.nodes.values() if n.labelled], report)
+    for name, labels in snapshot.namespaces.items():
+        report.findings.extend(judge_namespace(name, labels, policy))
+    report.findings.extend(judge_device_classes(snapshot, policy))
+    pods = PodAudit(snapshot, report)
+    with _collector_paused():
+        for pod in Snapshot.pods(api, on_restart=pods.restart):
+            pods.add(pod)
+    for name, labels in sorted(snapshot.namespaces.items()):
+        explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
+        if explicit or name in pods.gpu_namespaces:
+            report.findings.extend(judge_namespace_pod_security(name, labels, policy))
+    return report
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cycle collector while pods stream through. A page of JSON holds no reference cycle
+    (reference counting frees it), yet its ~100,000 new containers trigger collections that walk
+    them for nothing: with the collector on, decoding a page takes up to twice as long."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        out.write(
+            "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "   " + row[-1] + "\n"
+        )
+
+
+def _per_class(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{cls}={value}" for cls, value in sorted(values.items())) or "-"
+
+
+def write_table(report: Report, out: TextIO) -> None:
+    if report.findings:
+        rows = [["RULE", "KIND", "NAME", "MESSAGE"]]
+        for f in report.findings:
+            rows.append([f.rule, f.kind, f"{f.namespace}/{f.name}" if f.namespace else f.name, f.message])
+        _table(rows, out)
+    else:
+        out.write(f"No findings ({report.pods_checked} GPU pods checked).\n")
+    out.write("\n")
+    rows = [["POOL", "NODES", "GPUS", "REQUESTED", "PENDING (OLDEST WAIT)"]]
+    for pool in POOLS:
+        capacity = report.capacity[pool]
+        pending = {cls: f"{p.pods} ({round(p.wait_seconds(report.now))}s)" for cls, p in capacity.pending.items()}
+        rows.append(
+            [
+                pool,
+                str(capacity.nodes),
+                str(capacity.gpus_allocatable),
+                _per_class(capacity.gpus_requested),
+                _per_class(pending),
+            ]
+        )
+    _table(rows, out)
+
+
+def policy_reports(report: Report) -> list[dict[str, Any]]:
+    """A PolicyReport per namespace with findings, and one ClusterPolicyReport (nodes, namespaces,
+    DeviceClasses), in ``wgpolicyk8s.io/v1alpha2`` as Kyverno and Policy Reporter read them: what the
+    background audit writes to the cluster (``webhook.ops.reports``)."""
+    from webhook.ops import reports
+
+    return reports.documents(report.findings, int(report.now.timestamp()), reports.WGPOLICY)
+
+
+def write_output(report: Report, output: str, out: TextIO) -> None:
+    if output == "json":
+        out.write(json.dumps(report.to_json(), indent=2) + "\n")
+    elif output == "policyreport":
+        yaml.safe_dump_all(policy_reports(report), out, sort_keys=False, explicit_start=True)
+    else:
+        write_table(report, out)
+
+
+# -- command --------------------------------------------------------------------------------------
+
+EPILOG = (
+    """\
+rules:
+"""
+    + "\n".join(f"  {rule.id:38} {rule.title}" for rule in RULES.values())
+    + """
+
+exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read
+"""
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig to read the cluster with (default: in-cluster, $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="report the pods and the Namespace of this namespace only (nodes are cluster-scoped: all reported)",
+    )
+    parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "policyreport"),
+        default="table",
+        help="table (default), json, or policyreport (wgpolicyk8s.io/v1alpha2 PolicyReport/ClusterPolicyReport YAML)",
+    )
+    parser.add_argument(
+        "--page-size", type=int, default=500, help="objects per list request (limit/continue; default: 500)"
+    )
+
+
+def _in_namespace(finding: Finding, namespace: str) -> bool:
+    """As kubectl's ``-n``: namespaced objects of that namespace, the Namespace itself, cluster-scoped objects."""
+    if finding.namespace is not None:
+        return finding.namespace == namespace
+    return finding.kind != "Namespace" or finding.name == namespace
+
+
+def _explain(err: ApiError) -> str:
+    text = f"audit: cannot read the cluster: {err}"
+    if isinstance(err, Forbidden):
+        text += (
+            "\n  the audit needs get/list on nodes, namespaces and pods, and on resource.k8s.io "
+            "resourceclaims and resourceclaimtemplates"
+        )
+    return text
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+    except PolicyError as err:
+        print(f"audit: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.page_size < 1:
+        print("audit: --page-size must be at least 1", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        api = KubeApi.connect(args.kubeconfig, context=args.context, page_size=args.page_size, prefetch=PREFETCH_PAGES)
+        try:
+            report = run_audit(api, policy)
+        finally:
+            api.close()
+        if args.namespace:
+            report.findings = [f for f in report.findings if _in_namespace(f, args.namespace)]
+    except ApiError as err:
+        print(_explain(err), file=sys.stderr)
+        return EXIT_ERROR
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    write_output(report, args.output, sys.stdout)
+    return EXIT_FINDINGS if report.findings else EXIT_CLEAN

@@ -1,0 +1,641 @@
+"""``rocm-isolation-webhook pool plan|apply|release|status``: label and taint the reserved nodes.
+
+An operator's tool, run with a person's kubeconfig: it patches nodes and evicts pods, which the
+webhook's service account may not do (its ClusterRole only reads). It never falls back to an
+in-cluster service account.
+
+- ``plan`` (the default) reads the cluster and prints what ``apply`` would do; it changes nothing.
+- ``apply`` patches each chosen node (our label and taint only, see ``reservation.py``), re-reading
+  a node and retrying when a concurrent edit makes the apiserver answer 409, and with ``--evict``
+  evicts the non-inference pods the NoSchedule taint leaves in place (``eviction.py``).
+- ``release`` removes our label and taint, after checking that the inference pods on those nodes
+  still have room on the reserved nodes left (or ``--force``).
+- ``status`` shows the pool as it is: label/taint consistency, GPUs, pods by class.
+
+Exit status: 0 done (or nothing to do), 1 something was refused or not done (an eviction still
+refused at ``--timeout``, a release refused, a node that kept changing under us), 2 the cluster
+cannot be read or the input is wrong (unknown node, selector matching nothing, ...): nothing is
+changed then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
+from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
+from webhook.core import engine
+from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
+from webhook.deploy import reserved_names
+from webhook.ops import reserved_names_sync
+from webhook.ops.eviction import EvictionResult, evict_pods, eviction_body
+from webhook.ops.reservation import (
+    Capacity,
+    Plan,
+    PoolNode,
+    PoolPod,
+    Reservation,
+    SelectionError,
+    build_plan,
+    choose_nodes,
+    columns,
+    parse_names,
+    parse_selector,
+    plan_json,
+    plan_lines,
+    plural,
+    release_patch,
+    reserve_patch,
+    room_after_release,
+    taint_text,
+)
+
+EXIT_OK = 0
+EXIT_NOT_DONE = 1
+EXIT_BAD = 2
+
+ACTIONS = ("plan", "apply", "release", "status")
+CONFLICT_RETRIES = 5
+EVICTION_BACKOFF = (1.0, 16.0)  # seconds: the first wait after a refusal, and the longest
+MIRROR_ANNOTATION = engine.MIRROR_ANNOTATION
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
+
+EPILOG = """\
+examples:
+  rocm-isolation-webhook pool --selector amd.com/gpu.device-id=74a1 --count 2
+  rocm-isolation-webhook pool apply --selector amd.com/gpu.device-id=74a1 --count 2 --evict --timeout 10m
+  rocm-isolation-webhook pool apply --nodes gpu-1,gpu-2 --dry-run=server
+  rocm-isolation-webhook pool release --nodes gpu-2
+  rocm-isolation-webhook pool status -o json
+"""
+
+
+class UsageError(Exception):
+    """Options that do not go together: exit 2 before anything is read."""
+
+
+def duration(text: str) -> float:
+    """Seconds from ``300``, ``300s``, ``5m`` or ``1h`` (kubectl's ``--timeout`` spellings)."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 300s, 5m, 1h)")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=ACTIONS,
+        default="plan",
+        help="plan (default: print what apply would do), apply, release, status",
+    )
+    which = parser.add_argument_group("which nodes (plan, apply; release takes --nodes or --all)")
+    which.add_argument("--nodes", metavar="NAME[,NAME...]", help="these nodes")
+    which.add_argument("--selector", "-l", metavar="KEY=VALUE[,...]", help="choose among the nodes with these labels")
+    which.add_argument("--count", type=int, metavar="N", help="choose N nodes (with --selector or among all GPU nodes)")
+    which.add_argument("--gpus", type=int, metavar="N", help="choose enough nodes to hold N allocatable GPUs")
+    which.add_argument("--all", action="store_true", help="release: every node of the pool")
+    parser.add_argument("--evict", action="store_true", help="apply: evict the non-inference pods left on the nodes")
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        default=300.0,
+        metavar="DURATION",
+        help="apply --evict: how long to retry evictions a PodDisruptionBudget refuses (default 5m)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        choices=("none", "server"),
+        default="none",
+        help="apply, release: server sends every write with dryRun=All (validated, not persisted)",
+    )
+    parser.add_argument("--force", action="store_true", help="release: even if inference pods would lose their room")
+    parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="an operator's kubeconfig (default: $KUBECONFIG or ~/.kube/config; never the in-cluster account)",
+    )
+    parser.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="ignored, as kubectl ignores it for cluster-scoped objects: nodes have no namespace (evictions follow "
+        "the pods on the nodes, whatever their namespace)",
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+
+
+def check_usage(args: argparse.Namespace) -> None:
+    action = args.action
+    choosing = [name for name in ("nodes", "selector", "count", "gpus") if getattr(args, name) is not None]
+    only = {
+        "evict": ("apply",),
+        "force": ("release",),
+        "all": ("release",),
+    }
+    for option, actions in only.items():
+        if getattr(args, option) and action not in actions:
+            raise UsageError(f"--{option} is only for pool {' / '.join(actions)}")
+    if args.dry_run != "none" and action not in ("apply", "release"):
+        raise UsageError("--dry-run is only for pool apply / release")
+    if action == "status":
+        if choosing:
+            raise UsageError(f"pool status shows the whole pool: --{choosing[0]} does not apply")
+        return
+    if action == "release":
+        extra = [name for name in choosing if name != "nodes"]
+        if extra:
+            raise UsageError(f"pool release takes --nodes or --all, not --{extra[0]}")
+        if (args.nodes is None) == (not args.all):
+            raise UsageError("pool release needs --nodes NAME[,NAME...] or --all")
+        return
+    if args.nodes is not None and len(choosing) > 1:
+        raise UsageError("--nodes names the nodes: it does not go with --selector, --count or --gpus")
+    if args.count is not None and args.gpus is not None:
+        raise UsageError("give --count or --gpus, not both")
+    if not choosing:
+        raise UsageError("say which nodes: --nodes NAME[,...], or --selector KEY=VALUE with --count N or --gpus N")
+
+
+def kubeconfig_path(given: str | None) -> str:
+    """The operator's kubeconfig; never the in-cluster service account."""
+    if given:
+        return given
+    default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    first = default.split(os.pathsep)[0]
+    if first and Path(first).is_file():
+        return first
+    raise UsageError(
+        "pool needs an operator's kubeconfig (--kubeconfig FILE or $KUBECONFIG): it patches nodes and evicts "
+        "pods, which the webhook's own service account may not do"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Output(sys.stdout, sys.stderr)
+    try:
+        check_usage(args)
+        policy = load_policy(args.policy) if args.policy else default_policy()
+        api = KubeApi.connect(kubeconfig_path(args.kubeconfig), context=args.context)
+    except (UsageError, PolicyError) as err:
+        out.error(str(err))
+        return EXIT_BAD
+    except ApiError as err:
+        out.error(str(err))
+        return EXIT_BAD
+    try:
+        return run(args, api, policy, out)
+    except (SelectionError, UsageError) as err:
+        out.error(f"{err}; nothing was changed")
+        return EXIT_BAD
+    except ApiError as err:
+        out.error(str(err))
+        return EXIT_BAD
+    finally:
+        api.close()
+
+
+@dataclass
+class Output:
+    stdout: Any
+    stderr: Any
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.stdout, flush=True)
+
+    def error(self, text: str) -> None:
+        print(f"error: {text}", file=self.stderr, flush=True)
+
+    def json(self, document: Any) -> None:
+        self.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
+# --- reading the cluster -------------------------------------------------------------------------
+
+
+def pool_node(info: NodeInfo) -> PoolNode:
+    return PoolNode(
+        info.name, info.labels, info.taints, info.resource_version, info.gpus, info.unschedulable, info.unhealthy
+    )
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: list[PoolNode]
+    pods: list[PoolPod]
+
+
+def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
+    """The pod's class as admission decides it (the engine itself), "" when the policy skips it."""
+    namespace = str((raw.get("metadata") or {}).get("namespace", ""))
+    decision = engine.decide(
+        operation="CREATE",
+        pod=raw,
+        namespace=snapshot.namespace_facts(namespace),
+        nodes=snapshot.node_facts(),
+        policy=policy,
+        claims=snapshot.claim_facts(namespace),
+        devices=snapshot.devices,
+    )
+    return decision.workload_class or ""
+
+
+def pool_pod(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> PoolPod | None:
+    """A bound, unfinished pod that holds GPUs or that the policy classifies; None otherwise."""
+    info = pod_info(raw, policy)
+    if not info.bound:
+        return None
+    class_name = classify(raw, snapshot, policy)
+    if not class_name and info.gpus == 0:
+        return None
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    cls = policy.spec.classes.get(class_name)
+    return PoolPod(
+        namespace=info.namespace,
+        name=info.name,
+        node=info.node,
+        owner=f"{info.owner[0]}/{info.owner[1]}" if info.owner else "",
+        gpus=info.gpus,
+        class_name=class_name,
+        inference=cls is not None and cls.placement == "reserved",
+        daemonset=info.owner is not None and info.owner[0] == "DaemonSet",
+        mirror=MIRROR_ANNOTATION in annotations,
+    )
+
+
+def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
+    snapshot = Snapshot.read(api, policy)
+    pods: list[PoolPod] = []
+    for raw in Snapshot.pods(api, on_restart=pods.clear):
+        found = pool_pod(raw, snapshot, policy)
+        if found is not None:
+            pods.append(found)
+    return Cluster([pool_node(info) for info in snapshot.nodes.values()], pods)
+
+
+def read_node(api: KubeApi, name: str, policy: Policy) -> PoolNode:
+    return pool_node(node_info(api.get(api_path("v1", "nodes", name=name)), policy))
+
+
+# --- the actions -----------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> int:
+    reservation = Reservation.from_policy(policy)
+    cluster = read_cluster(api, policy)
+    if args.action == "status":
+        return status(cluster, reservation, args, out)
+    if args.action == "release":
+        return release(api, policy, cluster, reservation, args, out)
+    selection = choose_nodes(
+        cluster.nodes,
+        cluster.pods,
+        reservation,
+        names=parse_names(args.nodes) if args.nodes is not None else None,
+        selector=parse_selector(args.selector) if args.selector is not None else None,
+        count=args.count,
+        gpus=args.gpus,
+    )
+    plan = build_plan(selection, cluster.nodes, cluster.pods, reservation)
+    if args.action == "plan":
+        if args.output == "json":
+            out.json(plan_json(plan))
+        else:
+            for line in plan_lines(plan):
+                out.line(line)
+        return EXIT_OK
+    return apply(api, policy, plan, args, out)
+
+
+@dataclass(frozen=True)
+class Written:
+    node: str
+    result: str  # "patched", "unchanged", "conflict" (kept changing), "gone" (deleted meanwhile)
+    patch: dict[str, Any] | None
+    attempts: int
+
+
+def write_node(
+    api: KubeApi,
+    node: PoolNode,
+    make_patch: Callable[[PoolNode], dict[str, Any] | None],
+    policy: Policy,
+    *,
+    dry_run: bool,
+) -> Written:
+    """Patch ``node``; on 409 (it changed since it was read) read it again and rebuild the patch."""
+    path = api_path("v1", "nodes", name=node.name)
+    patch = make_patch(node)
+    for attempt in range(1, CONFLICT_RETRIES + 1):
+        if patch is None:
+            return Written(node.name, "unchanged", None, attempt - 1)
+        try:
+            api.patch(path, patch, dry_run=dry_run)
+            return Written(node.name, "patched", patch, attempt)
+        except Conflict:
+            try:
+                node = read_node(api, node.name, policy)
+            except NotFound:
+                return Written(node.name, "gone", None, attempt)
+            patch = make_patch(node)
+        except NotFound:
+            return Written(node.name, "gone", None, attempt)
+    return Written(node.name, "conflict", patch, CONFLICT_RETRIES)
+
+
+def _written_line(written: Written, verb: str, dry_run: bool) -> str:
+    suffix = " (server dry run)" if dry_run else ""
+    if written.result == "patched":
+        return f"node/{written.node} {verb}{suffix}"
+    if written.result == "unchanged":
+        return f"node/{written.node} unchanged"
+    if written.result == "gone":
+        return f"node/{written.node} not found: deleted meanwhile"
+    return f"node/{written.node} not changed: it kept changing under us ({written.attempts} conflicts)"
+
+
+def _reserve_verb(patch: Mapping[str, Any]) -> str:
+    labelled = "labels" in patch.get("metadata", {})
+    tainted = "spec" in patch
+    return "labeled and tainted" if labelled and tainted else "labeled" if labelled else "tainted"
+
+
+def evictor(api: KubeApi, *, dry_run: bool) -> Callable[[PoolPod], tuple[int, Mapping[str, Any]]]:
+    def evict(pod: PoolPod) -> tuple[int, Mapping[str, Any]]:
+        path = api_path("v1", "pods", namespace=pod.namespace, name=pod.name, subresource="eviction")
+        try:
+            api.post(path, eviction_body(pod, dry_run=dry_run), dry_run=dry_run)
+        except ApiError as err:
+            if not err.status:
+                raise  # unreachable: exit 2, with what was done so far already printed
+            return err.status, {"message": err.message, "reason": err.reason, "details": dict(err.details)}
+        return 201, {}
+
+    return evict
+
+
+def _eviction_line(result: EvictionResult) -> str:
+    pod = f"pod/{result.pod.name} -n {result.pod.namespace}"
+    if result.outcome == "refused":
+        return f"{pod} not evicted: {result.message} (still refused after {result.attempts} attempts)"
+    if result.outcome == "failed":
+        return f"{pod} not evicted: {result.message}"
+    if result.outcome == "skipped":
+        return f"{pod} skipped: {result.message}"
+    return f"{pod} {result.message}"
+
+
+def sync_reserved_names(api: KubeApi, policy: Policy, *, dry_run: bool, out: Output, table: bool) -> dict[str, Any]:
+    """Rewrite the backstop's params ConfigMap from the nodes now carrying the reserved label (see
+    reserved_names_sync.py); a failure is reported, the nodes stay as written."""
+    try:
+        synced = reserved_names_sync.sync(api, policy, dry_run=dry_run)
+    except ApiError as err:
+        if table:
+            out.error(
+                f"configmap/{reserved_names.PARAMS_CONFIGMAP} -n {reserved_names.NAMESPACE} not written: {err}; "
+                "the backstop does not know the reserved node names until it is (audit reports it)"
+            )
+        return {"result": "failed", "message": str(err)}
+    if table:
+        out.line(reserved_names_sync.synced_line(synced, dry_run))
+    return {"result": synced.result, "nodes": list(synced.names)}
+
+
+def apply(api: KubeApi, policy: Policy, plan: Plan, args: argparse.Namespace, out: Output) -> int:
+    dry_run = args.dry_run == "server"
+    table = args.output == "table"
+    if table:
+        for line in plan_lines(plan):
+            out.line(line)
+        out.line()
+    written: list[Written] = []
+    for node_plan in plan.nodes:
+        result = write_node(api, node_plan.node, lambda n: reserve_patch(n, plan.reservation), policy, dry_run=dry_run)
+        written.append(result)
+        if table:
+            out.line(_written_line(result, _reserve_verb(result.patch or {}), dry_run))
+    names = sync_reserved_names(api, policy, dry_run=dry_run, out=out, table=table)
+    evictions: list[EvictionResult] = []
+    if args.evict:
+        staying = [p for n in plan.nodes for p in n.staying]
+        evictions = evict_pods(
+            staying,
+            evictor(api, dry_run=dry_run),
+            timeout=args.timeout,
+            backoff_initial=EVICTION_BACKOFF[0],
+            backoff_max=EVICTION_BACKOFF[1],
+            on_result=(lambda r: out.line(_eviction_line(r))) if table else None,
+        )
+    elif table and any(n.staying for n in plan.nodes):
+        out.line("The pods listed above keep running: pool apply --evict evicts them.")
+    ok = (
+        all(w.result in ("patched", "unchanged") for w in written)
+        and all(e.done for e in evictions)
+        and names["result"] != "failed"
+    )
+    if table and not any(w.result == "patched" for w in written) and ok and not evictions:
+        out.line("Nothing changed: the pool was already set up.")
+    if not table:
+        out.json(
+            {
+                "plan": plan_json(plan),
+                "dryRun": dry_run,
+                "nodes": [{"name": w.node, "result": w.result, "patch": w.patch} for w in written],
+                "reservedNodeNames": names,
+                "evictions": [
+                    {
+                        "namespace": e.pod.namespace,
+                        "name": e.pod.name,
+                        "outcome": e.outcome,
+                        "message": e.message,
+                        "attempts": e.attempts,
+                    }
+                    for e in evictions
+                ],
+            }
+        )
+    return EXIT_OK if ok else EXIT_NOT_DONE
+
+
+def release(
+    api: KubeApi,
+    policy: Policy,
+    cluster: Cluster,
+    reservation: Reservation,
+    args: argparse.Namespace,
+    out: Output,
+) -> int:
+    dry_run = args.dry_run == "server"
+    by_name = {n.name: n for n in cluster.nodes}
+
+    if args.all:
+        names = sorted(n.name for n in cluster.nodes if n.marked(reservation))
+    else:
+        names = parse_names(args.nodes)
+        unknown = [name for name in names if name not in by_name]
+        if unknown:
+            raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
+    homeless = room_after_release(names, cluster.nodes, cluster.pods, reservation)
+    table = args.output == "table"
+    if homeless and not args.force:
+        if table:
+            out.error(
+                "release refused: these inference pods would have no room left on the reserved nodes "
+                "(allocatable minus requested GPUs); grow the pool first or pass --force"
+            )
+            rows = [["NAMESPACE", "POD", "NODE", "GPUS"]]
+            rows += [[p.namespace, p.name, p.node, str(p.gpus)] for p in homeless]
+            for line in columns(rows):
+                print(line, file=out.stderr)
+        else:
+            out.json({"released": False, "homeless": [_pod_ref(p) for p in homeless], "nodes": []})
+        return EXIT_NOT_DONE
+    written = [
+        write_node(api, by_name[name], lambda n: release_patch(n, reservation), policy, dry_run=dry_run)
+        for name in names
+    ]
+    if table:
+        if not names:
+            out.line("The pool has no nodes: nothing to release.")
+        for w in written:
+            out.line(_written_line(w, "released (label and taint removed)", dry_run))
+        if homeless:
+            out.line(f"warning: --force: {len(homeless)} inference pod(s) have no room left in the pool")
+    reserved_node_names = sync_reserved_names(api, policy, dry_run=dry_run, out=out, table=table)
+    if not table:
+        out.json(
+            {
+                "released": True,
+                "dryRun": dry_run,
+                "homeless": [_pod_ref(p) for p in homeless],
+                "nodes": [{"name": w.node, "result": w.result, "patch": w.patch} for w in written],
+                "reservedNodeNames": reserved_node_names,
+            }
+        )
+    done = all(w.result in ("patched", "unchanged") for w in written) and reserved_node_names["result"] != "failed"
+    return EXIT_OK if done else EXIT_NOT_DONE
+
+
+def _pod_ref(pod: PoolPod) -> dict[str, Any]:
+    return {"namespace": pod.namespace, "name": pod.name, "node": pod.node, "gpus": pod.gpus}
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+def node_state(node: PoolNode, reservation: Reservation) -> str:
+    labelled, tainted = node.labelled(reservation), node.tainted(reservation)
+    other = [t for t in node.taints if reservation.has_our_key(t) and not reservation.is_our_taint(t)]
+    if other:
+        return f"taint {taint_text(other[0])} is not the policy's: pool apply --nodes {node.name} replaces it"
+    key, _ = reservation.label
+    if not labelled and key in node.labels:
+        return f"label {key}={node.labels[key]} is not the policy's: pool apply or release --nodes {node.name}"
+    if reservation.taint is None:
+        return "ok" if labelled else "not reserved"
+    if labelled and tainted:
+        return "no allocatable GPUs" if node.gpus == 0 else "ok"
+    if labelled:
+        return (
+            f"label without taint: pods without the webhook's placement can land here (pool apply --nodes {node.name})"
+        )
+    return f"taint without label: inference placement cannot select it (pool apply or release --nodes {node.name})"
+
+
+def _by_class(pods: Iterable[PoolPod]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        entry = out.setdefault(pod.class_name or "(out of scope)", {"pods": 0, "gpus": 0})
+        entry["pods"] += 1
+        entry["gpus"] += pod.gpus
+    return dict(sorted(out.items()))
+
+
+def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace, out: Output) -> int:
+    members = sorted((n for n in cluster.nodes if n.marked(reservation)), key=lambda n: n.name)
+    names = {n.name for n in members if n.labelled(reservation)}
+    requested: dict[str, int] = {}
+    for pod in cluster.pods:
+        requested[pod.node] = requested.get(pod.node, 0) + pod.gpus
+    on_reserved = [p for p in cluster.pods if p.node in names]
+    shared_nodes = [n for n in cluster.nodes if n.name not in names and n.gpus > 0]
+    shared_names = {n.name for n in shared_nodes}
+    on_shared = [p for p in cluster.pods if p.node in shared_names]
+    reserved_cap = Capacity(
+        len(names), sum(n.gpus for n in members if n.name in names), sum(p.gpus for p in on_reserved)
+    )
+    shared_cap = Capacity(len(shared_nodes), sum(n.gpus for n in shared_nodes), sum(p.gpus for p in on_shared))
+    strays = sorted((p for p in on_reserved if not p.inference), key=lambda p: (p.node, p.namespace, p.name))
+    if args.output == "json":
+        out.json(
+            {
+                "reservation": {
+                    "label": {"key": reservation.label[0], "value": reservation.label[1]},
+                    "taint": reservation.taint,
+                },
+                "nodes": [
+                    {
+                        "name": n.name,
+                        "labelled": n.labelled(reservation),
+                        "tainted": n.tainted(reservation),
+                        "gpusAllocatable": n.gpus,
+                        "gpusRequested": requested.get(n.name, 0),
+                        "state": node_state(n, reservation),
+                    }
+                    for n in members
+                ],
+                "reserved": {**reserved_cap.as_json(), "podsByClass": _by_class(on_reserved)},
+                "shared": {**shared_cap.as_json(), "podsByClass": _by_class(on_shared)},
+                "nonInferenceOnReserved": [{**_pod_ref(p), "class": p.class_name} for p in strays],
+            }
+        )
+        return EXIT_OK
+    out.line(f"Reserved pool: label {reservation.label_text}, taint {reservation.taint_text}")
+    out.line()
+    if members:
+        rows = [["NODE", "LABEL", "TAINT", "GPUS", "REQUESTED", "STATE"]]
+        rows += [
+            [
+                n.name,
+                "yes" if n.labelled(reservation) else "no",
+                "yes" if n.tainted(reservation) else "no",
+                str(n.gpus),
+                str(requested.get(n.name, 0)),
+                node_state(n, reservation),
+            ]
+            for n in members
+        ]
+        for line in columns(rows):
+            out.line(line)
+    else:
+        out.line("No node carries the reserved label or taint (pool plan shows how to set the pool up).")
+    for title, cap, pods in (("Reserved", reserved_cap, on_reserved), ("Shared", shared_cap, on_shared)):
+        classes = ", ".join(
+            f"{name} {plural(v['pods'], 'pod')} / {plural(v['gpus'], 'GPU')}" for name, v in _by_class(pods).items()
+        )
+        out.line()
+        out.line(
+            f"{title}: {plural(cap.nodes, 'node')}, {plural(cap.gpus_allocatable, 'GPU')} allocatable, "
+            f"{cap.gpus_requested} requested" + (f" ({classes})" if classes else "")
+        )
+    if strays:
+        out.line()
+        out.line("Non-inference pods on reserved nodes (pool apply --nodes NODE --evict moves them):")
+        rows = [["NODE", "NAMESPACE", "POD", "CLASS", "GPUS"]]
+        rows += [[p.node, p.namespace, p.name, p.class_name or "-", str(p.gpus)] for p in strays]
+        for line in columns(rows):
+            out.line(line)
+    return EXIT_OK

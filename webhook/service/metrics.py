@@ -1,0 +1,182 @@
+"""Prometheus metrics of the webhook (``GET /metrics``).
+
+Each ``Metrics`` has its own registry, so several apps can live in one process (tests). With
+``--workers N`` uvicorn runs N processes: ``serve`` then sets ``PROMETHEUS_MULTIPROC_DIR`` before
+the workers start, and ``/metrics`` aggregates the files every worker writes (prometheus-client's
+multiprocess mode), so a scrape of any worker sees the whole pod. With one worker (the default)
+nothing sets it and the values are plain floats in memory: the mmapped files of multiprocess mode
+cost about twice as much per update (docs/benchmarks.md, "Metrics").
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+PREFIX = "rocm_isolation"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Server-side latency: the apiserver's own histogram starts at 5 ms, ours has finer buckets below it
+# (a small review takes ~0.1 ms in the server).
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[object, ...], Counter] = {}
+        r = self.registry
+        self.reviews = Counter(
+            f"{PREFIX}_admission_reviews",
+            "Admission reviews answered, by operation, workload class, decision and mode.",
+            ["operation", "workload_class", "decision", "mode"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            f"{PREFIX}_admission_review_duration_seconds",
+            "Time to answer one admission review, from the first body byte read to the reply encoded.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.patch_operations = Counter(
+            f"{PREFIX}_patch_operations", "JSON Patch operations sent back to the apiserver.", registry=r
+        )
+        self.denials = Counter(f"{PREFIX}_denials", "Pods denied, by rule.", ["rule"], registry=r)
+        self.violations = Counter(
+            f"{PREFIX}_violations",
+            "Policy violations found, by rule and mode (in warn and audit modes they do not deny).",
+            ["rule", "mode"],
+            registry=r,
+        )
+        self.errors = Counter(
+            f"{PREFIX}_errors",
+            "Requests that could not be answered normally, by kind "
+            "(body_too_large, unsupported_media_type, malformed, disconnected, internal).",
+            ["kind"],
+            registry=r,
+        )
+        # Exported at 0 from the start: increase() in the alert rules needs a sample before the first error.
+        self.errors.labels("internal")
+        self.policy_reloads = Counter(f"{PREFIX}_policy_reloads", "Policy files loaded after a change.", registry=r)
+        self.policy_reload_failures = Counter(
+            f"{PREFIX}_policy_reload_failures",
+            "Changed policy files that were invalid (the last good policy stays in force).",
+            registry=r,
+        )
+        self.policy_last_reload_ok = Gauge(
+            f"{PREFIX}_policy_last_reload_success",
+            "1 when the policy file on disk is the policy in force, 0 when its last change was rejected.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.certificate_expiry = Gauge(
+            f"{PREFIX}_certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, as a Unix time.",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.certificate_reloads = Counter(
+            f"{PREFIX}_certificate_reloads", "Serving certificates loaded after a change on disk.", registry=r
+        )
+        self.certificate_reload_failures = Counter(
+            f"{PREFIX}_certificate_reload_failures",
+            "Changed certificate files that could not be used (the last good pair stays in use).",
+            registry=r,
+        )
+        self.cluster_synced = Gauge(
+            f"{PREFIX}_cluster_cache_synced",
+            "1 when the namespace/node cache has listed the resource, by resource.",
+            ["resource"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.cluster_watch_restarts = Counter(
+            f"{PREFIX}_cluster_watch_restarts",
+            "Cluster watch restarts, by resource and reason (closed, expired, error).",
+            ["resource", "reason"],
+            registry=r,
+        )
+
+        # The background audit (webhook/service/auditloop.py): set by the replica holding the audit Lease only.
+        # The names are fixed: the monitoring pack's alerts and dashboard read them.
+        self.audit_findings = Gauge(
+            f"{PREFIX}_audit_findings",
+            "Findings of the last background audit, by rule (docs/operations.md).",
+            ["rule"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.audit_runs = Counter(
+            f"{PREFIX}_audit_runs", "Background audits run, by result (success, failure).", ["result"], registry=r
+        )
+        self.audit_last_success = Gauge(
+            f"{PREFIX}_audit_last_success_timestamp_seconds",
+            "When the last background audit succeeded, as a Unix time.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.audit_leader = Gauge(
+            f"{PREFIX}_audit_leader",
+            "1 on the replica holding the audit Lease (it runs the background audit), else 0.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.pool_nodes = Gauge(
+            f"{PREFIX}_pool_nodes",
+            "Nodes per pool (reserved, shared) at the last audit.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_gpus_allocatable = Gauge(
+            f"{PREFIX}_pool_gpus_allocatable",
+            "Allocatable GPUs (amd.com/gpu and partitions) per pool at the last audit.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_gpus_requested = Gauge(
+            f"{PREFIX}_pool_gpus_requested",
+            "GPUs requested by pods bound to the pool's nodes, by workload class, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_pending_pods = Gauge(
+            f"{PREFIX}_pool_pending_pods",
+            "Unscheduled GPU pods by the pool their class is placed on (reserved for placement reserved, "
+            "else shared) and class, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_oldest_pending_seconds = Gauge(
+            f"{PREFIX}_pool_oldest_pending_seconds",
+            "How long the oldest unscheduled GPU pod of the pool and class had waited, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
+    def labelled(self, metric: Counter, *values: str) -> Counter:
+        """``metric.labels(*values)``, remembered: ``labels()`` validates and locks on every call, and
+        the label values of the per-review counters come from small fixed sets (the policy's classes
+        and rules, the decisions, the modes)."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def render(self) -> bytes:
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)
