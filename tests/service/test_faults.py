@@ -8,7 +8,7 @@ Already proven elsewhere and not repeated here (docs/reliability.md lists them):
 certificate files replaced by a valid pair, then a broken one, under load
 (test_rotation.py::test_certificate_rotation_under_load); a broken policy under load
 (test_rotation.py::test_broken_policy_keeps_the_last_good_one_under_load); the Kubernetes API
-answering 500 from the start (test_cluster.py::test_readiness_waits_for_the_cluster); SIGTERM with
+answering 500 from the start (tests/cluster/test_cache.py::test_readiness_waits_for_the_cluster); SIGTERM with
 one review in flight (test_server.py::test_sigterm_finishes_the_review_in_flight).
 """
 

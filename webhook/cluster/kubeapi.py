@@ -1,9 +1,9 @@
 """A thin raw-JSON client for the Kubernetes API, shared by ``audit`` and ``pool``.
 
 It rides on the ``kubernetes`` client's ``ApiClient`` (same kubeconfig / in-cluster loading as
-``cluster.load_api_client``, same TLS and bearer-token handling, token refresh included) but never
+``cache.load_api_client``, same TLS and bearer-token handling, token refresh included) but never
 deserializes into the client's models: objects are read as plain JSON dicts, as the watch cache in
-``cluster.py`` does. A Pod model costs far more than its dict, and a large cluster lists 100,000s.
+``cache.py`` does. A Pod model costs far more than its dict, and a large cluster lists 100,000s.
 
 - ``list`` pages through a collection with ``limit``/``continue`` and yields raw items.
 - ``get`` reads one object.

@@ -10,7 +10,7 @@ The claim's requests name DeviceClasses; AMD's DRA driver (ROCm/k8s-gpu-dra-driv
 - ``v1beta1``: ``spec.devices.requests[].deviceClassName`` and ``...firstAvailable[].deviceClassName``.
 
 A ResourceClaimTemplate holds the claim's spec one level down (``spec.spec``). Pure: the cache
-(``cluster.py``) and the dry run (``dryrun.py``) both read claims with these functions.
+(``cluster/cache.py``) and the dry run (``offline/dryrun.py``) both read claims with these functions.
 """
 
 from __future__ import annotations
