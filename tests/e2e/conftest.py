@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from .controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, LOOPBACK, ControlPlane, free_port, missing_binaries
+from .controlplane import (
+    ASSETS_ENV,
+    HOW_TO_GET_BINARIES,
+    LOOPBACK,
+    ControlPlane,
+    free_port,
+    loopback_only,
+    missing_binaries,
+)
 from .harness import (
     DEVICE_CLASS,
     E2E_DIR,
@@ -84,9 +92,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     assets = os.environ[ASSETS_ENV]
-    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        os.environ.pop(variable, None)
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = f"{LOOPBACK},localhost"
+    loopback_only()
     plane = ControlPlane(Path(assets), tmp_path_factory.mktemp("controlplane"))
     try:
         plane.start()

@@ -285,6 +285,13 @@ class ProcessGroup:
 # --- the control plane ------------------------------------------------------------------------------
 
 
+def loopback_only() -> None:
+    """No proxy between the tests and the control plane: loopback addresses are reached directly."""
+    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        os.environ.pop(variable, None)
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = f"{LOOPBACK},localhost"
+
+
 @dataclass
 class ControlPlane:
     assets: Path
@@ -295,6 +302,8 @@ class ControlPlane:
     apiserver_port: int = 0
     admin_kubeconfig: Path = field(init=False)
     admin: KeyPair = field(init=False)
+    # More kube-apiserver flags (e.g. --runtime-config for an API version that is off by default).
+    apiserver_args: tuple[str, ...] = ()
 
     @property
     def server(self) -> str:
@@ -377,6 +386,7 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={front_proxy.cert}",
                 f"--proxy-client-key-file={front_proxy.key}",
+                *self.apiserver_args,
             ],
         )
         self._wait(apiserver, self._apiserver_ready, "kube-apiserver /readyz", timeout=90)

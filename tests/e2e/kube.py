@@ -73,8 +73,18 @@ class ApiError(Exception):
         super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
 
 
-def path_for(kind: str, name: str | None = None, namespace: str | None = None, subresource: str | None = None) -> str:
+def path_for(
+    kind: str,
+    name: str | None = None,
+    namespace: str | None = None,
+    subresource: str | None = None,
+    *,
+    api_version: str | None = None,
+) -> str:
+    """The REST path of ``kind``; ``api_version`` (group/version) overrides the version KINDS serves it in."""
     prefix, plural, namespaced = KINDS[kind]
+    if api_version is not None:
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     parts = [prefix]
     if namespaced and namespace:
         parts += ["namespaces", urllib.parse.quote(namespace)]
@@ -194,14 +204,19 @@ class Kube:
     def create(self, obj: Obj, *, dry_run: bool = False, namespace: str | None = None) -> Obj:
         ns = namespace or obj.get("metadata", {}).get("namespace")
         params = {"dryRun": "All"} if dry_run else None
-        result: Obj = self.request("POST", path_for(obj["kind"], namespace=ns), obj, params=params)
+        result: Obj = self.request(
+            "POST", path_for(obj["kind"], namespace=ns, api_version=obj.get("apiVersion")), obj, params=params
+        )
         return result
 
     def replace(self, obj: Obj, *, dry_run: bool = False) -> Obj:
         meta = obj["metadata"]
         params = {"dryRun": "All"} if dry_run else None
         result: Obj = self.request(
-            "PUT", path_for(obj["kind"], meta["name"], meta.get("namespace")), obj, params=params
+            "PUT",
+            path_for(obj["kind"], meta["name"], meta.get("namespace"), api_version=obj.get("apiVersion")),
+            obj,
+            params=params,
         )
         return result
 
@@ -211,7 +226,7 @@ class Kube:
         params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
         result: Obj = self.request(
             "PATCH",
-            path_for(obj["kind"], meta["name"], meta.get("namespace")),
+            path_for(obj["kind"], meta["name"], meta.get("namespace"), api_version=obj.get("apiVersion")),
             obj,
             params=params,
             content_type="application/apply-patch+yaml",

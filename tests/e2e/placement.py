@@ -1,0 +1,97 @@
+"""What the placement MutatingAdmissionPolicy is compared on (test_mutating_policy.py for v1,
+test_e2e_map_v1beta1.py for v1beta1): the engine fixture pods, the pod as the policy sees it before
+admission, the engine's result on it, and the fields the policy places."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from webhook.core import engine
+from webhook.core.decision import NamespaceFacts, NodeFacts
+from webhook.core.policy import Policy, default_policy_text, parse_policy
+
+from .harness import OPT_OUT, RESERVED_NODES
+from .kube import Kube, Obj
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
+CLASS_LABEL = "rocm-isolation.io/class"
+PLACED = ("affinity", "tolerations")
+
+
+def policy_without_claims() -> Policy:
+    """The default policy with the claim route off: the GPU pods the MAP places."""
+    text = default_policy_text()
+    assert "resourceClaims: true" in text
+    return parse_policy(text.replace("resourceClaims: true", "resourceClaims: false"))
+
+
+def fixture_pods() -> list[Any]:
+    out = []
+    for path in sorted(FIXTURES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not doc or doc.get("raw") or doc.get("policy", "default") != "default":
+                continue
+            body = doc.get("pod")
+            if not isinstance(body, dict) or ((body.get("metadata") or {}).get("labels") or {}).get(OPT_OUT) == "true":
+                continue
+            out.append(pytest.param(body, id=f"{path.stem}:{doc['name']}"))
+    return out
+
+
+PODS = fixture_pods()
+
+
+def as_pod(body: Obj, namespace: str) -> Obj:
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(body)}
+    meta = pod.setdefault("metadata", {})
+    meta.pop("generateName", None)
+    meta["name"] = "pod"
+    meta["namespace"] = namespace
+    pod["spec"].pop("ephemeralContainers", None)
+    return pod
+
+
+def before_admission(kube: Kube, pod: Obj) -> Obj:
+    """The pod as MAP and webhook see it (defaulted, built-in plugins run): created with the opt-out
+    label, which both skip; the label and any node name taken out and put back."""
+    body = copy.deepcopy(pod)
+    if not isinstance(body["metadata"].get("labels"), dict):
+        body["metadata"]["labels"] = {}
+    body["metadata"]["labels"][OPT_OUT] = "true"
+    node_name = body["spec"].pop("nodeName", None)
+    result = kube.create(body, dry_run=True)
+    result["metadata"]["labels"].pop(OPT_OUT)
+    if node_name:
+        result["spec"]["nodeName"] = node_name
+    return result
+
+
+def engine_result(pod: Obj, labels: dict[str, str], policy: Policy) -> Obj:
+    namespace = pod["metadata"]["namespace"]
+    facts = NamespaceFacts(namespace, {**labels, "kubernetes.io/metadata.name": namespace})
+    nodes = NodeFacts(frozenset(RESERVED_NODES))
+    decision = engine.decide(operation="CREATE", pod=copy.deepcopy(pod), namespace=facts, nodes=nodes, policy=policy)
+    if not decision.allowed:  # denied in enforce mode: what it places is what warn mode patches
+        facts = NamespaceFacts(namespace, {**facts.labels, "rocm-isolation.io/mode": "warn"})  # type: ignore[dict-item]
+        decision = engine.decide(
+            operation="CREATE", pod=copy.deepcopy(pod), namespace=facts, nodes=nodes, policy=policy
+        )
+    return jsonpatch.apply_patch(pod, list(decision.patch)) if decision.patch else copy.deepcopy(pod)
+
+
+def placed(pod: Obj) -> dict[str, Any]:
+    """What the MAP takes over: affinity, tolerations, the class annotation, and its entries of the
+    mutations annotation (recorded exactly when it changed the affinity or the tolerations)."""
+    annotations = pod["metadata"].get("annotations") or {}
+    recorded = (annotations.get(engine.MUTATIONS_ANNOTATION) or "").split(",")
+    return {
+        **{field: pod["spec"].get(field) for field in PLACED},
+        "class": annotations.get(engine.CLASS_ANNOTATION),
+        "recorded": [entry for entry in recorded if entry in ("node-affinity", "tolerations")],
+    }

@@ -1,0 +1,110 @@
+"""The placement MutatingAdmissionPolicy as ``manifests --mutating-admission-policy v1beta1`` renders it
+(for Kubernetes 1.34 and 1.35), on a real kube-apiserver serving admissionregistration.k8s.io/v1beta1
+(``--runtime-config=admissionregistration.k8s.io/v1beta1=true``, the flag docs/operations.md gives for
+those versions; v1.36 still serves the beta version when it is turned on):
+
+- the policy and its binding are created without warnings (the apiserver compiles every expression);
+- alone (no webhook, no backstop) it gives every engine fixture pod, in a namespace of each class, the
+  affinity, tolerations and class annotation the engine gives it: what test_mutating_policy.py proves
+  for the v1 policy.
+
+Its own control plane (the session's does not serve the beta version), started once for the module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonpatch
+import pytest
+
+from webhook.core.policy import default_policy
+from webhook.deploy import mutating_policy, render
+
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .harness import gpu_pod
+from .kube import ApiError, Kube, Obj, wait_until
+from .placement import CLASS_LABEL, PODS, as_pod, before_admission, engine_result, placed, policy_without_claims
+
+BETA = "admissionregistration.k8s.io/v1beta1"
+KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+
+
+@pytest.fixture(scope="module")
+def beta_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    loopback_only()
+    plane = ControlPlane(
+        Path(os.environ[ASSETS_ENV]),
+        tmp_path_factory.mktemp("controlplane-v1beta1"),
+        apiserver_args=(f"--runtime-config={BETA}=true",),
+    )
+    try:
+        plane.start()
+        yield Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def installed(beta_apiserver: Kube) -> tuple[dict[str, str], list[str]]:
+    """The v1beta1 policy and binding created (with the warnings the apiserver sent), a namespace per
+    class, and the policy in effect: a probe pod in the inference namespace gets the reserved toleration."""
+    kube = beta_apiserver
+    documents = [d for d in render.render(mutating_admission_policy="v1beta1") if d["kind"] in KINDS]
+    assert [(d["apiVersion"], d["kind"]) for d in documents] == [(BETA, kind) for kind in KINDS]
+    warnings: list[str] = []
+    for document in documents:
+        kube.create(document)
+        warnings.extend(kube.last_warnings)
+    namespaces = {}
+    for class_name in default_policy().spec.classes:
+        namespaces[class_name] = f"beta-{class_name}"
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespaces[class_name], "labels": {CLASS_LABEL: class_name}},
+            }
+        )
+    probe = gpu_pod("probe", namespaces["inference"])
+    reserved_key = default_policy().spec.reserved_nodes.taint.key
+
+    def placed_by_the_policy() -> bool:
+        try:
+            pod = kube.create(probe, dry_run=True)  # also waits for the namespace's default ServiceAccount
+        except ApiError:
+            return False
+        return any(t.get("key") == reserved_key for t in pod["spec"].get("tolerations") or [])
+
+    wait_until(placed_by_the_policy, timeout=60, what="the v1beta1 placement policy to take effect")
+    return namespaces, warnings
+
+
+def test_the_v1beta1_policy_is_served_and_accepted_without_warnings(
+    beta_apiserver: Kube, installed: tuple[dict[str, str], list[str]]
+) -> None:
+    _, warnings = installed
+    assert warnings == []
+    live = beta_apiserver.request("GET", f"/apis/{BETA}/mutatingadmissionpolicies/{mutating_policy.POLICY_NAME}")
+    rendered = next(d for d in render.render(mutating_admission_policy="v1beta1") if d["kind"] == KINDS[0])
+    assert live["apiVersion"] == BETA
+    assert live["spec"]["mutations"] == rendered["spec"]["mutations"]
+
+
+@pytest.mark.parametrize("body", PODS)
+def test_the_v1beta1_policy_alone_places_like_the_engine(
+    beta_apiserver: Kube, installed: tuple[dict[str, str], list[str]], body: Obj
+) -> None:
+    namespaces, _ = installed
+    policy = policy_without_claims()
+    for class_name, namespace in namespaces.items():
+        pod = as_pod(body, namespace)
+        try:
+            before = before_admission(beta_apiserver, pod)
+        except ApiError:
+            continue  # invalid as a pod: nothing to place
+        expected = engine_result(before, {CLASS_LABEL: class_name}, policy)
+        got = beta_apiserver.create(pod, dry_run=True)  # no backstop here: nothing may refuse it
+        assert placed(got) == placed(expected), (class_name, jsonpatch.make_patch(placed(expected), placed(got)).patch)
