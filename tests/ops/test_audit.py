@@ -305,3 +305,28 @@ def test_dra_pods_are_judged_with_the_namespace_claims() -> None:
         }
     finally:
         fake.stop()
+
+
+def test_a_namespace_being_deleted_gets_no_namespace_findings_but_its_pods_are_judged() -> None:
+    """A Terminating namespace (deletionTimestamp set, as the apiserver returns it while the namespace
+    controller empties it) is no longer worth a finding of its own; a pod still running in it is."""
+    cluster = FakeCluster().start()
+    try:
+        labels = {"rocm-isolation.io/mode": "strict"}  # an unknown mode; GPU pods and no Pod Security level
+        going = namespace("going", labels)
+        going["metadata"]["deletionTimestamp"] = "2026-12-01T08:00:00Z"
+        going["spec"] = {"finalizers": ["kubernetes"]}
+        going["status"] = {"phase": "Terminating"}
+        cluster.add(node("r1", reserved=True), node("s1"), going, namespace("staying", labels))
+        cluster.add(
+            pod("trainer", "going", node="r1", affinity=None, env=[], annotations={}),
+            pod("trainer", "staying", node="r1", affinity=None, env=[], annotations={}),
+        )
+        found = keyed(run(cluster))
+    finally:
+        cluster.stop()
+    namespace_rules = {rule for rule, name in found if name == "staying"}
+    assert {"namespace-unknown-mode", "namespace-allows-privileged"} <= namespace_rules
+    assert not [finding for finding in found if finding[1] == "going"]
+    pod_rules = {rule for rule, name in found if name == "staying/trainer"}
+    assert pod_rules and {rule for rule, name in found if name == "going/trainer"} == pod_rules

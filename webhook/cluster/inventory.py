@@ -236,6 +236,9 @@ class Snapshot:
     policy: Policy
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Namespaces being deleted (deletionTimestamp set, phase Terminating): their own settings are no
+    # longer worth a finding; the pods still in them are judged like any other.
+    terminating: frozenset[str] = frozenset()
     claims: dict[str, ClaimFacts] = field(default_factory=dict)
     claims_version: str | None = None  # the resource.k8s.io version read; None when DRA is not served
     # DeviceClasses (what each selects, its extendedResourceName) and, per namespace and ResourceClaim,
@@ -263,11 +266,21 @@ class Snapshot:
 
     def read_namespaces(self, api: KubeApi) -> None:
         namespaces: dict[str, dict[str, str]] = {}
-        for namespace in api.list(api_path("v1", "namespaces"), on_restart=namespaces.clear):
+        terminating: set[str] = set()
+
+        def restart() -> None:
+            namespaces.clear()
+            terminating.clear()
+
+        for namespace in api.list(api_path("v1", "namespaces"), on_restart=restart):
             metadata = namespace.get("metadata") or {}
+            name = str(metadata.get("name", ""))
             labels = metadata.get("labels") or {}
-            namespaces[str(metadata.get("name", ""))] = {str(k): str(v) for k, v in labels.items()}
+            namespaces[name] = {str(k): str(v) for k, v in labels.items()}
+            if metadata.get("deletionTimestamp") or (namespace.get("status") or {}).get("phase") == "Terminating":
+                terminating.add(name)
         self.namespaces = namespaces
+        self.terminating = frozenset(terminating)
 
     def read_claims(self, api: KubeApi) -> None:
         """ResourceClaims and ResourceClaimTemplates of every namespace, from the newest

@@ -534,7 +534,8 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
             capacity.gpus_allocatable += node.gpus
     _judge_reserved_node_names(api, [n.name for n in snapshot.nodes.values() if n.labelled], report)
     for name, labels in snapshot.namespaces.items():
-        report.findings.extend(judge_namespace(name, labels, policy))
+        if name not in snapshot.terminating:
+            report.findings.extend(judge_namespace(name, labels, policy))
     report.findings.extend(judge_device_classes(snapshot, policy))
     pods = PodAudit(snapshot, report)
     with _collector_paused():
@@ -542,7 +543,7 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
             pods.add(pod)
     for name, labels in sorted(snapshot.namespaces.items()):
         explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
-        if explicit or name in pods.gpu_namespaces:
+        if name not in snapshot.terminating and (explicit or name in pods.gpu_namespaces):
             report.findings.extend(judge_namespace_pod_security(name, labels, policy))
     return report
 
