@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -233,3 +234,51 @@ def test_the_background_audit_hands_its_findings_to_the_writer() -> None:
     assert writer.closed
     off = BackgroundAudit(child, Metrics(), interval=60)
     assert off.run_once() and off.reports_status() == {"apis": [], "detail": "off (serve --no-audit-reports)"}
+
+
+def _many(count: int, namespace: str | None = "ml") -> list[Finding]:
+    # A message as long as the audit's (the pod, its node, the rule's advice): ~200 characters.
+    advice = "it runs on a node reserved for inference; delete it, the webhook places its next incarnation " * 2
+    return [
+        Finding(
+            "pod-on-reserved-node", "Pod", f"trainer-{i}", f"pod ml/trainer-{i} on r1: {advice}", namespace, f"u{i}"
+        )
+        for i in range(count)
+    ]
+
+
+def test_a_report_holds_at_most_max_results_and_says_how_many_it_left_out() -> None:
+    findings = _many(reports.MAX_RESULTS + 250)
+    report = reports.documents(findings, 1)[1]
+    assert len(report["results"]) == reports.MAX_RESULTS
+    assert report["summary"]["fail"] == reports.MAX_RESULTS  # the summary counts what the report holds
+    assert report["metadata"]["annotations"] == {reports.OMITTED_ANNOTATION: "250"}
+    assert [r["resources"][0]["name"] for r in report["results"]][:2] == ["trainer-0", "trainer-1"]
+    # what etcd accepts: 1.5 MiB per object (its default --max-request-bytes)
+    assert len(json.dumps(report)) < 1.5 * 1024 * 1024
+
+
+def test_the_cap_keeps_the_fail_results_before_the_advice() -> None:
+    advice = [NAMESPACE] * 30  # warn results, found first
+    nodes = [
+        Finding("node-label-without-taint", "Node", f"n{i}", "lacks the taint") for i in range(reports.MAX_RESULTS)
+    ]
+    report = reports.documents([*advice, *nodes], 1)[0]
+    assert {r["result"] for r in report["results"]} == {"fail"}
+    assert report["summary"] == {"pass": 0, "fail": reports.MAX_RESULTS, "warn": 0, "error": 0, "skip": 0}
+    assert report["metadata"]["annotations"] == {reports.OMITTED_ANNOTATION: "30"}
+
+
+def test_a_report_under_the_cap_has_no_omitted_annotation() -> None:
+    report = reports.documents(_many(reports.MAX_RESULTS), 1)[1]
+    assert len(report["results"]) == reports.MAX_RESULTS and "annotations" not in report["metadata"]
+
+
+def test_more_findings_beyond_the_cap_rewrite_the_report() -> None:
+    """The kept results are the same, only the count left out grew: the report is written again."""
+    before = [stored(d) for d in reports.documents(_many(reports.MAX_RESULTS + 10), 1)]
+    again = reports.plan(reports.documents(_many(reports.MAX_RESULTS + 10), 2), before)
+    assert again.apply == [] and again.unchanged == 2
+    grown = reports.plan(reports.documents(_many(reports.MAX_RESULTS + 20), 2), before)
+    assert [reports.key(r) for r in grown.apply] == [("ml", reports.REPORT_NAME)]
+    assert grown.apply[0]["metadata"]["annotations"] == {reports.OMITTED_ANNOTATION: "20"}

@@ -14,7 +14,8 @@ without findings has no report (``plan`` deletes the one it had).
 Each finding is one result: ``policy: rocm-isolation``, ``rule`` (the stable rule id), ``result``
 (``fail``, or ``warn`` for the low-severity rules: advice, not scored), ``severity``, ``message``,
 the object (``resources``: apiVersion, kind, name, namespace, uid) and a timestamp. The summary
-counts them (``fail + warn == len(results)``).
+counts them (``fail + warn == len(results)``). A report holds at most ``MAX_RESULTS`` results (fail
+first); ``rocm-isolation.io/results-omitted`` says how many more the audit found.
 
 ``plan`` compares what is there with what the audit found: a result already reported keeps its
 timestamp (when it was first found), so a round that finds the same as the last one writes
@@ -40,6 +41,12 @@ WARN_SEVERITIES: Final = frozenset({"low", "info"})
 DEFAULT_SEVERITY: Final = "medium"
 # What a report's content is, for "did it change": the fields written here besides metadata.
 _CONTENT: Final = ("source", "summary", "results")
+# Results per report: a result is ~0.6 KiB of JSON and etcd refuses an object over 1.5 MiB (its default
+# --max-request-bytes), so a namespace with thousands of findings would get no report at all. Beyond
+# the cap the fail results are kept first; the annotation says how many were left out (``audit -o json``
+# has them all).
+MAX_RESULTS: Final = 1000
+OMITTED_ANNOTATION: Final = "rocm-isolation.io/results-omitted"
 
 
 @dataclass(frozen=True)
@@ -142,11 +149,23 @@ def documents(findings: Sequence[Finding], seconds: int, api: ReportApi = WGPOLI
     return out
 
 
+def capped(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """At most ``MAX_RESULTS`` results, the fail results first (each kind in the audit's order), and how
+    many were left out."""
+    if len(results) <= MAX_RESULTS:
+        return results, 0
+    ordered = sorted(results, key=lambda item: item["result"] != "fail")  # stable
+    return ordered[:MAX_RESULTS], len(results) - MAX_RESULTS
+
+
 def _report(api: ReportApi, namespace: str | None, results: list[dict[str, Any]]) -> dict[str, Any]:
+    results, omitted = capped(results)
     metadata: dict[str, Any] = {"name": REPORT_NAME}
     if namespace is not None:
         metadata["namespace"] = namespace
     metadata["labels"] = dict(LABELS)
+    if omitted:
+        metadata["annotations"] = {OMITTED_ANNOTATION: str(omitted)}
     report: dict[str, Any] = {
         "apiVersion": api.group_version,
         "kind": api.kind if namespace is not None else api.cluster_kind,
@@ -197,8 +216,14 @@ def carry_timestamps(results: list[dict[str, Any]], before: Iterable[Mapping[str
 
 def content(report: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a report written here: compared with what the apiserver holds."""
-    labels = (report.get("metadata") or {}).get("labels") or {}
-    return {"labels": {k: labels.get(k) for k in LABELS}, **{name: report.get(name) for name in _CONTENT}}
+    metadata = report.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    omitted = (metadata.get("annotations") or {}).get(OMITTED_ANNOTATION)
+    return {
+        "labels": {k: labels.get(k) for k in LABELS},
+        "omitted": omitted,
+        **{name: report.get(name) for name in _CONTENT},
+    }
 
 
 def plan(desired: Sequence[dict[str, Any]], existing: Iterable[Mapping[str, Any]]) -> Plan:
