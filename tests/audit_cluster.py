@@ -3,6 +3,8 @@ tests (tests/ops/test_audit.py) and the kubectl plugin's (tests/test_plugin.py) 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from cluster_objects import device_class, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
 
@@ -77,3 +79,11 @@ def populate(fake: FakeCluster) -> None:
             resource_claims=[{"name": "n", "resourceClaimName": "nic"}],
         ),
     )
+
+
+def running() -> Iterator[FakeCluster]:
+    """The fake cluster started and populated, stopped afterwards (the body of a pytest fixture)."""
+    cluster = FakeCluster().start()
+    populate(cluster)
+    yield cluster
+    cluster.stop()

@@ -10,13 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from audit_cluster import populate
+from audit_cluster import running
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -120,12 +119,7 @@ def test_the_namespace_flag_reaches_mutate_before_or_after_the_subcommand(where:
     assert "Pod/default/trainer" in module("mutate", "-f", str(manifest)).stderr
 
 
-@pytest.fixture
-def cluster() -> Iterator[FakeCluster]:
-    fake = FakeCluster().start()
-    populate(fake)
-    yield fake
-    fake.stop()
+cluster = pytest.fixture(running, name="cluster")
 
 
 def two_contexts(fake: FakeCluster, path: Path) -> Path:

@@ -48,12 +48,18 @@ def beta_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
 
 
 @pytest.fixture(scope="module")
-def installed(beta_apiserver: Kube) -> tuple[dict[str, str], list[str]]:
+def documents() -> list[Obj]:
+    """The policy and its binding as ``manifests --mutating-admission-policy v1beta1`` renders them."""
+    rendered = [d for d in render.render(mutating_admission_policy="v1beta1") if d["kind"] in KINDS]
+    assert [(d["apiVersion"], d["kind"]) for d in rendered] == [(BETA, kind) for kind in KINDS]
+    return rendered
+
+
+@pytest.fixture(scope="module")
+def installed(beta_apiserver: Kube, documents: list[Obj]) -> tuple[dict[str, str], list[str]]:
     """The v1beta1 policy and binding created (with the warnings the apiserver sent), a namespace per
     class, and the policy in effect: a probe pod in the inference namespace gets the reserved toleration."""
     kube = beta_apiserver
-    documents = [d for d in render.render(mutating_admission_policy="v1beta1") if d["kind"] in KINDS]
-    assert [(d["apiVersion"], d["kind"]) for d in documents] == [(BETA, kind) for kind in KINDS]
     warnings: list[str] = []
     for document in documents:
         kube.create(document)
@@ -83,14 +89,13 @@ def installed(beta_apiserver: Kube) -> tuple[dict[str, str], list[str]]:
 
 
 def test_the_v1beta1_policy_is_served_and_accepted_without_warnings(
-    beta_apiserver: Kube, installed: tuple[dict[str, str], list[str]]
+    beta_apiserver: Kube, documents: list[Obj], installed: tuple[dict[str, str], list[str]]
 ) -> None:
     _, warnings = installed
     assert warnings == []
     live = beta_apiserver.request("GET", f"/apis/{BETA}/mutatingadmissionpolicies/{mutating_policy.POLICY_NAME}")
-    rendered = next(d for d in render.render(mutating_admission_policy="v1beta1") if d["kind"] == KINDS[0])
     assert live["apiVersion"] == BETA
-    assert live["spec"]["mutations"] == rendered["spec"]["mutations"]
+    assert live["spec"]["mutations"] == documents[0]["spec"]["mutations"]
 
 
 @pytest.mark.parametrize("body", PODS)

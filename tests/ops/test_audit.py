@@ -5,7 +5,6 @@ them (tests/cluster_objects.py, from tests/fixtures/cluster/)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from audit_cluster import TOLERATE_ALL, populate
+from audit_cluster import TOLERATE_ALL, running
 from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
 
@@ -29,12 +28,7 @@ SCHEMA = yaml.safe_load(
 )
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeCluster]:
-    cluster = FakeCluster().start()
-    populate(cluster)
-    yield cluster
-    cluster.stop()
+fake = pytest.fixture(running, name="fake")
 
 
 def run(fake: FakeCluster, **kwargs: Any) -> audit.Report:

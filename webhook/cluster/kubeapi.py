@@ -231,10 +231,7 @@ class KubeApi:
 
     def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """One object (or any JSON document the API serves at ``path``)."""
-        document = self.request("GET", path, query=query)
-        if not isinstance(document, dict):
-            raise ApiError(f"GET {path}: the answer is not a JSON object", method="GET", path=path)
-        return document
+        return self._object("GET", path, query=query)
 
     def list(
         self,
@@ -311,37 +308,25 @@ class KubeApi:
 
     def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST ``body`` to the collection at ``path``; the created object."""
-        document = self.request("POST", path, body=body)
-        if not isinstance(document, dict):
-            raise ApiError(f"POST {path}: the answer is not a JSON object", method="POST", path=path)
-        return document
+        return self._object("POST", path, body=body)
 
     def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT ``body`` (with its ``metadata.resourceVersion``: 409 ``Conflict`` when it changed)."""
-        document = self.request("PUT", path, body=body)
-        if not isinstance(document, dict):
-            raise ApiError(f"PUT {path}: the answer is not a JSON object", method="PUT", path=path)
-        return document
+        return self._object("PUT", path, body=body)
 
     def patch(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386) of the object at ``path``; the object after it.
 
         A ``metadata.resourceVersion`` in the patch is a precondition: 409 ``Conflict`` when the
         object changed since. ``dry_run`` sends ``dryRun=All``: validated and admitted, not persisted."""
-        document = self.request("PATCH", path, query=_dry_run(dry_run), body=body, content_type=MERGE_PATCH)
-        if not isinstance(document, dict):
-            raise ApiError(f"PATCH {path}: the answer is not a JSON object", method="PATCH", path=path)
-        return document
+        return self._object("PATCH", path, query=_dry_run(dry_run), body=body, content_type=MERGE_PATCH)
 
     def apply(self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False) -> dict[str, Any]:
         """Server-side apply of ``body`` (the whole intent of ``field_manager``) to the object at ``path``,
         created when it does not exist; the object after it. ``force`` takes over fields another
         manager owns instead of answering 409 ``Conflict``."""
         query = {"fieldManager": field_manager, **({"force": "true"} if force else {})}
-        document = self.request("PATCH", path, query=query, body=body, content_type=APPLY_PATCH)
-        if not isinstance(document, dict):
-            raise ApiError(f"PATCH {path}: the answer is not a JSON object", method="PATCH", path=path)
-        return document
+        return self._object("PATCH", path, query=query, body=body, content_type=APPLY_PATCH)
 
     def delete(self, path: str) -> None:
         """DELETE the object at ``path`` (``NotFound`` when it is already gone)."""
@@ -353,6 +338,21 @@ class KubeApi:
         return self.request("POST", path, query=_dry_run(dry_run), body=body)
 
     # -- transport ------------------------------------------------------------------------------
+
+    def _object(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+    ) -> dict[str, Any]:
+        """``request`` for an answer that must be one JSON object (an object, or a discovery document)."""
+        document = self.request(method, path, query=query, body=body, content_type=content_type)
+        if not isinstance(document, dict):
+            raise ApiError(f"{method} {path}: the answer is not a JSON object", method=method, path=path)
+        return document
 
     def request(
         self,

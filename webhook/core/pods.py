@@ -264,10 +264,10 @@ def _privileged(container: ContainerRef) -> str:
 def container_routes(container: ContainerRef, matcher: RouteMatcher, *, complete: bool = True) -> list[Route]:
     """The routes by which one container reaches a GPU (resources, privileged, runtime variables).
 
-    ``complete=False`` skips the scan of the env for the AMD runtime's variables when a GPU resource
-    already makes the container a GPU container: the scan reads every variable of every container (the
-    costliest part of a large pod's decision), and for such a container it only adds a warning (the
-    engine reads it where a class denies direct access: ``unscanned_runtime_routes``)."""
+    ``complete=False`` skips the scan of the env for the AMD runtime's variables when a GPU resource or
+    ``privileged`` already makes the container a GPU container: the scan reads every variable of every
+    container (the costliest part of a large pod's decision), and for such a container it only adds a
+    warning (the engine reads it where a class denies direct access: ``unscanned_runtime_routes``)."""
     found: list[Route] = []
     gpu = matcher.resources
     if gpu is not None and container.body.get("resources") is not None and _gpu_resource(container, gpu):
@@ -287,10 +287,14 @@ def unscanned_runtime_routes(routes: list[Route], matcher: RouteMatcher) -> list
     """The runtime-variable routes that ``gpu_routes`` left unread: those of the containers a GPU resource
     already made GPU containers (read only where a class denies direct access)."""
     found: list[Route] = []
+    if not (matcher.variable_names or matcher.variable_prefixes):
+        return found
     for route in routes:
         container = route.container
         if route.kind == ROUTE_RESOURCE and container is not None:
-            found.extend(r for r in container_routes(container, matcher) if r.kind == ROUTE_RUNTIME_VARIABLE)
+            where = _runtime_variable(container, matcher)  # the one check the partial scan left out
+            if where:
+                found.append(Route(ROUTE_RUNTIME_VARIABLE, where, container))
     return found
 
 

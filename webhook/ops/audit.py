@@ -533,17 +533,18 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
             capacity.nodes += 1
             capacity.gpus_allocatable += node.gpus
     _judge_reserved_node_names(api, [n.name for n in snapshot.nodes.values() if n.labelled], report)
-    for name, labels in snapshot.namespaces.items():
-        if name not in snapshot.terminating:
-            report.findings.extend(judge_namespace(name, labels, policy))
+    # A namespace being deleted is not judged itself (its pods are).
+    namespaces = {name: labels for name, labels in snapshot.namespaces.items() if name not in snapshot.terminating}
+    for name, labels in namespaces.items():
+        report.findings.extend(judge_namespace(name, labels, policy))
     report.findings.extend(judge_device_classes(snapshot, policy))
     pods = PodAudit(snapshot, report)
     with _collector_paused():
         for pod in Snapshot.pods(api, on_restart=pods.restart):
             pods.add(pod)
-    for name, labels in sorted(snapshot.namespaces.items()):
+    for name, labels in sorted(namespaces.items()):
         explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
-        if name not in snapshot.terminating and (explicit or name in pods.gpu_namespaces):
+        if explicit or name in pods.gpu_namespaces:
             report.findings.extend(judge_namespace_pod_security(name, labels, policy))
     return report
 

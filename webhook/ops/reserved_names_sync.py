@@ -49,11 +49,10 @@ def sync(api: KubeApi, policy: Policy, *, dry_run: bool = False) -> Synced:
 def synced_line(synced: Synced, dry_run: bool) -> str:
     what = f"configmap/{PARAMS_CONFIGMAP} -n {NAMESPACE}"
     listed = ", ".join(synced.names) or "no nodes"
-    verb = {"created": "created", "updated": "updated", "unchanged": "unchanged"}[synced.result]
     changes = []
     if synced.added:
         changes.append("+" + ",".join(synced.added))
     if synced.removed:
         changes.append("-" + ",".join(synced.removed))
     suffix = f" ({' '.join(changes)})" if changes else ""
-    return f"{what} {verb}{' (server dry run)' if dry_run else ''}: the backstop knows {listed}{suffix}"
+    return f"{what} {synced.result}{' (server dry run)' if dry_run else ''}: the backstop knows {listed}{suffix}"

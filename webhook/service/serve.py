@@ -102,11 +102,8 @@ def build_service(settings: Settings) -> WebhookService:
     certificates = CertificateReloader(Path(settings.cert_dir), metrics=metrics)
     cluster = None
     if settings.cluster:
-        api_client = load_api_client(settings.kubeconfig)
-        if api_client is None:
-            raise RuntimeError("no kubeconfig and not running in a cluster")
         cluster = ClusterCache(
-            api_client,
+            api_client(settings),
             reserved_label=policies.policy.spec.reserved_nodes.label,
             metrics=metrics,
             resync_seconds=settings.resync_seconds,
@@ -127,6 +124,15 @@ def build_service(settings: Settings) -> WebhookService:
     )
 
 
+def api_client(settings: Settings) -> Any:
+    """A new ``kubernetes`` ApiClient from the settings' kubeconfig (or in-cluster): one per user, as the
+    cache's reflectors, the Lease election and the report writer run in threads of their own."""
+    client = load_api_client(settings.kubeconfig)
+    if client is None:
+        raise RuntimeError("no kubeconfig and not running in a cluster")
+    return client
+
+
 def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
     """The background audit: a child ``audit`` process with the server's kubeconfig and policy file,
     elected through a Lease in this namespace (the election has its own API client)."""
@@ -134,11 +140,8 @@ def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
     from webhook.cluster.lease import LeaderElector
     from webhook.service.auditloop import LEASE_NAME, BackgroundAudit, audit_command
 
-    api_client = load_api_client(settings.kubeconfig)
-    if api_client is None:
-        raise RuntimeError("no kubeconfig and not running in a cluster")
     elector = LeaderElector(
-        KubeApi(api_client),
+        KubeApi(api_client(settings)),
         namespace=own_namespace(),
         name=LEASE_NAME,
         identity=f"{socket.gethostname()}_{os.getpid()}",
@@ -147,10 +150,7 @@ def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
     if settings.audit_reports:
         from webhook.service.reportwriter import ReportWriter
 
-        reports_client = load_api_client(settings.kubeconfig)
-        if reports_client is None:
-            raise RuntimeError("no kubeconfig and not running in a cluster")
-        writer = ReportWriter(KubeApi(reports_client))
+        writer = ReportWriter(KubeApi(api_client(settings)))
     return BackgroundAudit(
         audit_command(settings.kubeconfig, settings.policy),
         metrics,
