@@ -189,6 +189,13 @@ class Kube:
                 return None
             raise
 
+    def crd_established(self, name: str) -> bool:
+        """True once the CRD serves its kind. Right after a create the apiserver may answer
+        with ``status.conditions: null`` (seen in CI), so a missing or null list is "not yet"."""
+        crd = self.get_or_none("CustomResourceDefinition", name) or {}
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
     def list(
         self, kind: str, namespace: str | None = None, *, selector: str | None = None, fields: str | None = None
     ) -> list[Obj]:

@@ -105,13 +105,9 @@ def policy_report_crds(cluster: Cluster) -> Iterator[None]:
     for crd in crds:
         cluster.kube.apply(crd)
 
-    def established(name: str) -> bool:
-        conditions = cluster.kube.get("CustomResourceDefinition", name).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
     for crd in crds:
         wait_until(
-            functools.partial(established, crd["metadata"]["name"]),
+            functools.partial(cluster.kube.crd_established, crd["metadata"]["name"]),
             timeout=60,
             what=f"CRD {crd['metadata']['name']} established",
         )

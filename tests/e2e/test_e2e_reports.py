@@ -52,13 +52,6 @@ def _discovered(cluster: Cluster, api: ReportApi) -> bool:
     return {api.plural, api.cluster_plural} <= names
 
 
-def _established(cluster: Cluster, name: str) -> bool:
-    crd = cluster.kube.get_or_none("CustomResourceDefinition", name) or {}
-    return any(
-        c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", [])
-    )
-
-
 def _remove(cluster: Cluster, api: ReportApi) -> None:
     for crd in _crds(api):
         cluster.kube.delete("CustomResourceDefinition", crd["metadata"]["name"])
@@ -77,7 +70,7 @@ def _install(cluster: Cluster, api: ReportApi) -> None:
         cluster.kube.apply(crd)
     for crd in _crds(api):
         name = crd["metadata"]["name"]
-        wait_until(functools.partial(_established, cluster, name), timeout=60, what=f"CRD {name} established")
+        wait_until(functools.partial(cluster.kube.crd_established, name), timeout=60, what=f"CRD {name} established")
     wait_until(lambda: _discovered(cluster, api), timeout=60, what=f"{api.name} discovered")
 
 
