@@ -26,15 +26,21 @@ REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY
 # opted-out pod never reaches the webhook, see test_bypass.py).
 OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
 VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL)
-# Functions and macros both Kubernetes CEL and cel-python implement; nothing else may appear.
-PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches"})
+# Functions and macros both Kubernetes CEL and cel-python implement, and the one of Kubernetes' list
+# library the messages use (indexOf, implemented below as Kubernetes documents it); nothing else may appear.
+PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches", "map", "string", "indexOf"})
 
 _ENV = celpy.Environment()
 
 
+def _index_of(items: celtypes.ListType, value: Any) -> celtypes.IntType:
+    """Kubernetes' ``<list<T>>.indexOf(<T>) <int>``: the first index of an equal element, -1 when none."""
+    return celtypes.IntType(next((i for i, item in enumerate(items) if item == value), -1))
+
+
 @cache
 def _program(expression: str) -> Any:
-    return _ENV.program(_ENV.compile(expression))
+    return _ENV.program(_ENV.compile(expression), functions={"indexOf": _index_of})
 
 
 def evaluate(expression: str, activation: Mapping[str, Any]) -> Any:

@@ -137,6 +137,43 @@ def test_reserved_nodes_policy_denies_what_the_engine_denies(case: dict[str, Any
         assert sorted(expected) == sorted(case["cel"]["reach"]), "the fixture's stated expectation"
 
 
+# The engine's " (a GPU pod through <field>: <why>)" (engine._direct_note), which the backstop repeats.
+DIRECT_NOTE = re.compile(r" \(a GPU pod through [^:]+: [^)]*\)")
+
+
+def _direct_notes(messages: list[str]) -> set[str]:
+    return {match.group(0) for message in messages for match in DIRECT_NOTE.finditer(message)}
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_the_backstop_names_the_direct_route_the_engine_names(case: dict[str, Any]) -> None:
+    """A pod that reaches GPUs without asking (privileged, the AMD runtime's variables or RuntimeClass)
+    is told which field made it a GPU pod, in the same words by both."""
+    decision = decide(case, nodes_known=False)
+    if decision.rule in (engine.RULE_EXCLUDED, engine.RULE_NOT_GPU) or not engine_reach(decision):
+        pytest.skip("neither denies a reach of the reserved nodes")
+    pod = as_pod(case["pod"], case["namespace"]["name"])
+    _, _, messages = reserved_nodes_verdict(
+        rendered(case.get("policy", "default")), case, pod, case.get("operation", "CREATE")
+    )
+    engine_messages = [v.message for v in decision.violations if v.rule in REACH_RULES]
+    notes = _direct_notes(engine_messages)
+    assert _direct_notes(messages) == notes, (messages, engine_messages)
+    if "through" in case.get("cel", {}):
+        through = case["cel"]["through"]
+        assert {note.split(": ")[0] for note in notes} == ({f" (a GPU pod through {through}"} if through else set())
+
+
+def test_the_direct_route_cases_cover_every_kind_of_note() -> None:
+    notes = set()
+    for case in POD_CASES:
+        decision = decide(case, nodes_known=False)
+        notes |= _direct_notes([v.message for v in decision.violations if v.rule in REACH_RULES])
+    fields = {note.split(":")[0].rsplit(".", 1)[-1].split("[")[0] for note in notes}
+    assert {"privileged", "env", "runtimeClassName"} <= fields, notes
+    assert any("initContainers" in note for note in notes) and any("spec.containers" in note for note in notes), notes
+
+
 EPHEMERAL_CASES = [case for case in POD_CASES if case.get("subResource") == engine.EPHEMERAL_CONTAINERS]
 
 

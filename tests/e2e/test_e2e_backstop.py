@@ -33,7 +33,10 @@ def test_every_rendered_policy_type_checks_without_warnings(cluster: Cluster) ->
             status = live.get("status") or {}
             # The controller-manager's validatingadmissionpolicy-status controller type-checks every
             # expression against the OpenAPI schema of the matched kinds and writes the result here.
-            if status.get("observedGeneration") == live["metadata"]["generation"] and "typeChecking" in status:
+            if (
+                status.get("observedGeneration") == live["metadata"]["generation"]
+                and status.get("typeChecking") is not None
+            ):
                 return live
             return None
 

@@ -206,13 +206,13 @@ class Route:
         return self.kind in DIRECT_ROUTES
 
     def describe(self) -> str:
-        return _ROUTE_WORDS.get(self.kind, self.kind)
+        return ROUTE_WORDS.get(self.kind, self.kind)
 
     def __repr__(self) -> str:
         return f"Route(kind={self.kind!r}, field={self.field!r})"
 
 
-_ROUTE_WORDS = {
+ROUTE_WORDS = {
     ROUTE_RESOURCE: "a GPU resource",
     ROUTE_CLAIM: "a DRA claim of a GPU DeviceClass",
     ROUTE_PRIVILEGED: "a privileged container sees every GPU of its node",

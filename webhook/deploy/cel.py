@@ -17,6 +17,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from webhook.core import pods
 from webhook.core.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
 
 __all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
@@ -52,23 +53,42 @@ def _gpu_key(var: str, catalogue: RouteCatalogue) -> str:
     return " || ".join(parts)
 
 
+def _resource_route(c: str, key: str) -> str:
+    """The container ``c`` requests or limits a resource name that ``key`` (on ``r``) matches."""
+    return (
+        f"(has({c}.resources) && (\n"
+        f"  (has({c}.resources.requests) && {c}.resources.requests.exists(r, {key})) ||\n"
+        f"  (has({c}.resources.limits) && {c}.resources.limits.exists(r, {key}))"
+        "))"
+    )
+
+
+def _privileged_route(c: str) -> str:
+    return f"(has({c}.securityContext) && has({c}.securityContext.privileged) && {c}.securityContext.privileged)"
+
+
+def _runtime_variable(catalogue: RouteCatalogue) -> str:
+    """An env entry ``e`` that the AMD container runtime reads ('' when the route is off)."""
+    variables = [f"e.name in {str_list(catalogue.runtime_variables)}"] if catalogue.runtime_variables else []
+    variables += [f"e.name.matches({quote('^' + re.escape(p))})" for p in catalogue.runtime_variable_prefixes]
+    return " || ".join(variables)
+
+
+def _runtime_variable_route(c: str, variable: str) -> str:
+    return f"(has({c}.env) && {c}.env.exists(e, {variable}))"
+
+
 def _container_routes(catalogue: RouteCatalogue) -> str:
     """A container ``c`` that reaches a GPU by a route of its own (the engine's pods.container_routes)."""
     parts = []
     key = _gpu_key("r", catalogue)
     if key:
-        parts.append(
-            "(has(c.resources) && (\n"
-            f"  (has(c.resources.requests) && c.resources.requests.exists(r, {key})) ||\n"
-            f"  (has(c.resources.limits) && c.resources.limits.exists(r, {key}))"
-            "))"
-        )
+        parts.append(_resource_route("c", key))
     if catalogue.privileged:
-        parts.append("(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged)")
-    variables = [f"e.name in {str_list(catalogue.runtime_variables)}"] if catalogue.runtime_variables else []
-    variables += [f"e.name.matches({quote('^' + re.escape(p))})" for p in catalogue.runtime_variable_prefixes]
-    if variables:
-        parts.append(f"(has(c.env) && c.env.exists(e, {' || '.join(variables)}))")
+        parts.append(_privileged_route("c"))
+    variable = _runtime_variable(catalogue)
+    if variable:
+        parts.append(_runtime_variable_route("c", variable))
     return " ||\n".join(parts)
 
 
@@ -113,6 +133,64 @@ def direct_routes(catalogue: RouteCatalogue) -> str:
         catalogue, resource_names=(), resource_patterns=(), resource_claims=False, runtime_class_names=()
     )
     return _container_routes(without_resources) or "false"
+
+
+def _direct_index_variable(field: str) -> str:
+    return "direct" + field[0].upper() + field[1:]
+
+
+def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
+    """Variables naming the first route by which the pod reaches GPUs without asking for them
+    (privileged, the AMD runtime's variables, its RuntimeClass), as the engine's denial does: ``directRoute``
+    is `` (a GPU pod through spec.containers[0].securityContext.privileged: ...)`` or ''. The engine's order:
+    containers in pod order; in one, ``privileged`` first, and its variables only when neither a GPU
+    resource nor ``privileged`` already made it a GPU container (pods.container_routes). Read only by
+    messages: the apiserver evaluates a variable when an expression first uses it."""
+    catalogue = route_catalogue(policy.spec.scope)
+    key = _gpu_key("r", catalogue)
+    variable = _runtime_variable(catalogue)
+    direct = []
+    if catalogue.privileged:
+        direct.append(_privileged_route("c"))
+    if variable:
+        unscanned = f"!{_resource_route('c', key)} && " if key else ""
+        direct.append(f"({unscanned}{_runtime_variable_route('c', variable)})")
+    out: list[dict[str, str]] = []
+    note = quote("")
+    if catalogue.runtime_class_names:
+        runtime_class = "object.spec.runtimeClassName"
+        words = pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_CLASS]
+        note = (
+            f"has({runtime_class}) && {runtime_class} in {str_list(catalogue.runtime_class_names)} ? "
+            f"{quote(f' (a GPU pod through spec.runtimeClassName: {words})')} : {note}"
+        )
+    if direct:
+        fields = [*pods.CONTAINER_LISTS, pods.EPHEMERAL]
+        for field in reversed(fields):
+            index = f"variables.{_direct_index_variable(field)}"
+            c = f"object.spec.{field}[{index}]"
+            privileged = quote(".securityContext.privileged: " + pods.ROUTE_WORDS[pods.ROUTE_PRIVILEGED])
+            entry = f"{c}.env.map(e, {variable}).indexOf(true)"
+            through_env = f"'.env[' + string({entry}) + '](' + {c}.env[{entry}].name + '): ' + " + quote(
+                pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_VARIABLE]
+            )
+            if catalogue.privileged and variable:
+                route = f"({_privileged_route(c)} ? {privileged} : {through_env})"
+            else:
+                route = privileged if catalogue.privileged else f"({through_env})"
+            note = (
+                f"{index} >= 0 ?\n{quote(f' (a GPU pod through spec.{field}[')} + string({index}) + ']' + {route} + ')' :"
+                f"\n{note}"
+            )
+        out += [
+            {
+                "name": _direct_index_variable(field),
+                "expression": f"has(object.spec.{field}) ? object.spec.{field}.map(c, {' || '.join(direct)}).indexOf(true) : -1",
+            }
+            for field in fields
+        ]
+    out.append({"name": "directRoute", "expression": note})
+    return out
 
 
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
@@ -381,6 +459,7 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
             "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
         )
     )
+    variables += direct_route_variables(policy)
     validations = []
     for name, current, before, what, fix in checks:
         variables.append({"name": name, "expression": current})
@@ -396,7 +475,10 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
                 f"inference: {what}",
                 "messageExpression": quote("rocm-isolation: a GPU pod of class ")
                 + " + variables.podClass + "
-                + quote(f" may not use the nodes reserved for inference: {what}; {advice}{fix}"),
+                + quote(f" may not use the nodes reserved for inference: {what}")
+                + ("" if name == "ephemeralOnReserved" else " + variables.directRoute")
+                + " + "
+                + quote(f"; {advice}{fix}"),
                 "reason": "Forbidden",
             }
         )
