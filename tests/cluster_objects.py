@@ -203,3 +203,25 @@ def device_class(name: str, selector: str | None = None, extended_resource_name:
     if extended_resource_name is not None:
         spec["extendedResourceName"] = extended_resource_name
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def allocated(claim: dict[str, Any], pool: str, *devices: str) -> dict[str, Any]:
+    """The claim with these devices of AMD's DRA driver allocated (status.allocation), from ``pool``."""
+    results = [{"request": "gpu", "driver": "gpu.amd.com", "pool": pool, "device": d} for d in devices]
+    claim["status"] = {"allocation": {"devices": {"results": results}}}
+    return claim
+
+
+def resource_slice(node_name: str, *devices: str) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceSlice of AMD's DRA driver: the node's pool (named after it), these devices."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-gpu.amd.com"},
+        "spec": {
+            "driver": "gpu.amd.com",
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": d} for d in devices],
+        },
+    }

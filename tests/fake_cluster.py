@@ -102,6 +102,7 @@ RESOURCES = (
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceclaims", "ResourceClaim", True),
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceclaimtemplates", "ResourceClaimTemplate", True),
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "deviceclasses", "DeviceClass", False),
+    Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceslices", "ResourceSlice", False),
     Resource("", ("v1",), "configmaps", "ConfigMap", True),
     Resource("coordination.k8s.io", ("v1",), "leases", "Lease", True),
     Resource("policy", ("v1",), "poddisruptionbudgets", "PodDisruptionBudget", True),

@@ -202,7 +202,7 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": read},
         {
             "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
+            "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses", "resourceslices"],
             "verbs": read,
         },
         # The background audit's reports: listed (compared, stale ones found), server-side applied (patch, and

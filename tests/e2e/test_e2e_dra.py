@@ -5,11 +5,23 @@ and the webhook's placement decides from which pools."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from .harness import DRIVER, POOL_NODES, Cluster
+from webhook.service.auditloop import LEASE_NAME
+
+from .harness import (
+    DRIVER,
+    GPUS_PER_NODE,
+    MI300X_LABELS,
+    POOL_NODES,
+    WEBHOOK_NAMESPACE,
+    Cluster,
+    make_node,
+    resource_slice,
+)
 from .kube import ApiError, Obj, wait_until
 
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
@@ -172,3 +184,65 @@ def test_a_claim_of_another_driver_is_not_a_gpu(cluster: Cluster, namespace: Cal
 
     pod = wait_until(resolved, timeout=30, what="the webhook to resolve the template")
     assert not (pod["spec"].get("affinity") or {}).get("nodeAffinity")
+
+
+DRA_ONLY = "dra-only-1"
+RESERVED_LABEL = {"rocm-isolation.io/pool": "inference"}
+RESERVED_TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
+
+
+@pytest.fixture
+def dra_only_node(cluster: Cluster) -> Iterator[str]:
+    """A reserved node that runs AMD's DRA driver and no device plugin: no ``amd.com/gpu`` in its
+    allocatable, its 8 GPUs in a ResourceSlice. Deleted after, with its slice."""
+    make_node(cluster.kube, DRA_ONLY, {**MI300X_LABELS, **RESERVED_LABEL}, gpus=0)
+    cluster.kube.patch("Node", DRA_ONLY, {"spec": {"taints": [RESERVED_TAINT]}})
+    cluster.kube.apply(resource_slice(DRA_ONLY, "AMD_Instinct_MI300X_OAM", "74a1"))
+    try:
+        yield DRA_ONLY
+    finally:
+        cluster.kube.delete("ResourceSlice", resource_slice(DRA_ONLY, "", "")["metadata"]["name"])
+        cluster.kube.delete("Node", DRA_ONLY)
+
+
+def _reserved_capacity(cluster: Cluster) -> tuple[dict[str, object], set[str]]:
+    result = cluster.cli("audit", "-o", "json")
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    without_gpus = {f["name"] for f in doc["findings"] if f["rule"] == "reserved-node-without-gpus"}
+    return doc["capacity"]["reserved"], without_gpus
+
+
+def test_gpus_published_and_allocated_by_dra_are_capacity(
+    cluster: Cluster, namespace: Callable[..., str], dra_only_node: str
+) -> None:
+    """audit (and the serve's background audit, with the ServiceAccount's RBAC) counts the DRA-only
+    node's ResourceSlice as its allocatable GPUs, not as a reserved node without GPUs, and the device the
+    real scheduler allocated to an inference pod's claim there as requested."""
+    before, without_gpus = _reserved_capacity(cluster)
+    assert dra_only_node not in without_gpus
+    ns = namespace(labels={"rocm-isolation.io/class": "inference"})
+    cluster.kube.create(claim_template(ns, "mi300x"))
+    selector = {"kubernetes.io/hostname": dra_only_node}
+    cluster.kube.create(dra_pod(ns, "on-dra-only", template="mi300x", nodeSelector=selector))
+    node, results = allocated_pools(cluster, ns, "on-dra-only")
+    assert node == dra_only_node and [r["pool"] for r in results] == [dra_only_node]
+    after, without_gpus = _reserved_capacity(cluster)
+    assert dra_only_node not in without_gpus
+    # The session's reserved nodes (device plugin and DRA both publishing their GPUs: counted once) and this one.
+    expected = (len(cluster.reserved) + 1, (len(cluster.reserved) + 1) * GPUS_PER_NODE)
+    assert (before["nodes"], before["gpusAllocatable"]) == expected
+    assert (after["nodes"], after["gpusAllocatable"]) == expected
+    requested_before: dict[str, int] = before["gpusRequested"]  # type: ignore[assignment]
+    assert after["gpusRequested"] == {**requested_before, "inference": requested_before.get("inference", 0) + 1}
+    # The background audit reads the slices with the manifests' RBAC.
+    webhook = cluster.start_webhook("audit-dra", "--audit-interval-seconds", "2", cert_dir=cluster.webhook.cert_dir)
+    try:
+        wait_until(
+            lambda: webhook.metric("rocm_isolation_pool_gpus_allocatable", pool="reserved") == after["gpusAllocatable"],
+            timeout=90,
+            what="the background audit to count the DRA-only node's GPUs",
+        )
+    finally:
+        cluster.plane.processes.stop_one(webhook.component)
+        cluster.kube.delete("Lease", LEASE_NAME, WEBHOOK_NAMESPACE)

@@ -13,7 +13,16 @@ import jsonschema
 import pytest
 import yaml
 from audit_cluster import TOLERATE_ALL, running
-from cluster_objects import INFERENCE_TOLERATION, inference_pod, namespace, node, pod, resource_claim
+from cluster_objects import (
+    INFERENCE_TOLERATION,
+    allocated,
+    inference_pod,
+    namespace,
+    node,
+    pod,
+    resource_claim,
+    resource_slice,
+)
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -101,8 +110,9 @@ def test_pods_are_read_paginated_and_finished_ones_are_filtered_by_the_apiserver
 def test_an_expired_pod_list_restarts_without_counting_twice(fake: FakeCluster) -> None:
     expected = run(fake).to_json()
     # Pages of 3: nodes (3 pages), namespaces (2), claims and claim templates (1 each), device classes
-    # (2); the pod list's first page is the 10th, and its continue token expires before the second page.
-    fake.expire_after(3 + 2 + 1 + 1 + 2 + 1)
+    # (2), resource slices (1); the pod list's first page is the 11th, and its continue token expires
+    # before the second page.
+    fake.expire_after(3 + 2 + 1 + 1 + 2 + 1 + 1)
     restarted = run(fake)
     assert restarted.to_json() == expected  # nothing counted twice, nothing missing
     queries = [r.query for r in fake.requests_to("/api/v1/pods")][4:]  # the second run's
@@ -126,6 +136,49 @@ def test_partition_gpus_and_init_containers_in_capacity() -> None:
         report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
         reserved = report.to_json()["capacity"]["reserved"]
         assert reserved["gpusAllocatable"] == 64 and reserved["gpusRequested"] == {"inference": 4}
+    finally:
+        fake.stop()
+
+
+def test_dra_gpus_are_capacity_on_nodes_without_the_device_plugin() -> None:
+    """A node that runs AMD's DRA driver and no device plugin has its GPUs in ResourceSlices: they are its
+    allocatable GPUs (no reserved-node-without-gpus), and the devices allocated to claims are requested,
+    a claim two pods share once, the claim made for a DRA extended resource not twice."""
+    fake = FakeCluster().start()
+    try:
+        gpus = [f"gpu-{i}" for i in range(8)]
+        fake.add(
+            node("r-dra", reserved=True, allocatable={}),
+            node("r-plain", reserved=True, allocatable={}),  # neither: still a finding
+            node("both", allocatable={"amd.com/gpu": "8"}),  # migrating: the same 8 GPUs twice
+            resource_slice("r-dra", *gpus),
+            resource_slice("both", *gpus),
+            namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        )
+        shared = [{"name": "gpu", "resourceClaimName": "shared"}]
+        fake.add(
+            allocated(resource_claim("shared", "serve"), "r-dra", "gpu-0", "gpu-1"),
+            allocated(resource_claim("llm-b-gpu-x1", "serve"), "r-dra", "gpu-2"),
+            allocated(resource_claim("llm-c-extended-resources-x2", "serve"), "r-dra", "gpu-3"),
+            inference_pod("llm-a1", "serve", node="r-dra", gpus={}, resource_claims=shared),
+            inference_pod("llm-a2", "serve", node="r-dra", gpus={}, resource_claims=shared),
+        )
+        from_template = inference_pod(
+            "llm-b", "serve", node="r-dra", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimTemplateName": "t"}]
+        )
+        from_template["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "llm-b-gpu-x1"}]
+        extended = inference_pod(
+            "llm-c", "serve", node="r-dra", gpus={"deviceclass.resource.kubernetes.io/gpu.amd.com": "1"}
+        )
+        extended["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "llm-c-extended-resources-x2"}
+        fake.add(from_template, extended)
+        report = audit.run_audit(KubeApi(fake.api_client()), POLICY, now=NOW)
+        without_gpus = {f.name for f in report.findings if f.rule == "reserved-node-without-gpus"}
+        assert without_gpus == {"r-plain"}
+        capacity = report.to_json()["capacity"]
+        assert capacity["reserved"]["gpusAllocatable"] == 8
+        assert capacity["reserved"]["gpusRequested"] == {"inference": 2 + 1 + 1}
+        assert capacity["shared"]["gpusAllocatable"] == 8
     finally:
         fake.stop()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from cluster_objects import inference_pod, namespace, node, pod
+from cluster_objects import allocated, inference_pod, namespace, node, pod, resource_claim, resource_slice
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -199,6 +199,37 @@ def test_plan_by_gpus(cluster: FakeCluster, tmp_path: Path, capsys: pytest.Captu
     code, out, _ = run(cluster, tmp_path, capsys, "--gpus", "20", "-o", "json")
     assert code == 0
     assert [n["name"] for n in json.loads(out)["nodes"]] == ["gpu-a", "gpu-e", "gpu-d"]
+
+
+def test_plan_counts_the_gpus_dra_publishes_and_hands_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nodes that run AMD's DRA driver and no device plugin: their GPUs are in ResourceSlices, and a
+    training pod's GPUs are the devices allocated to its claim."""
+    fake = FakeCluster().start()
+    try:
+        gpus = [f"gpu-{i}" for i in range(8)]
+        fake.add(
+            namespace("ml-training"),
+            node("dra-a", allocatable={}),
+            node("dra-b", allocatable={}),
+            resource_slice("dra-a", *gpus),
+            resource_slice("dra-b", *gpus),
+            allocated(resource_claim("train", "ml-training"), "dra-a", "gpu-0", "gpu-1", "gpu-2"),
+            pod(
+                "train-a",
+                "ml-training",
+                node="dra-a",
+                gpus={},
+                resource_claims=[{"name": "gpu", "resourceClaimName": "train"}],
+            ),
+        )
+        code, out, _ = run(fake, tmp_path, capsys, "plan", "--gpus", "8", "-o", "json")
+        assert code == 0, out
+        doc = json.loads(out)
+        assert [(n["name"], n["gpus"]) for n in doc["nodes"]] == [("dra-b", 8)]
+        code, out, _ = run(fake, tmp_path, capsys, "plan", "--nodes", "dra-a", "-o", "json")
+        assert [(p["name"], p["gpus"]) for p in json.loads(out)["nodes"][0]["podsStaying"]] == [("train-a", 3)]
+    finally:
+        fake.stop()
 
 
 # --- apply ---------------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
+from webhook.cluster import dra_capacity
 from webhook.cluster.kubeapi import Forbidden, KubeApi, NotFound, api_path
 from webhook.core import claims as dra
 from webhook.core.decision import NO_CLAIMS, ClaimFacts, DeviceFacts, NamespaceFacts, NodeFacts
@@ -49,9 +50,10 @@ class NodeInfo:
     tainted: bool  # carries the reserved taint (key, value and effect)
     unhealthy: bool  # tainted amd-gpu-unhealthy by the AMD GPU operator
     unschedulable: bool  # cordoned
-    gpus: int  # allocatable GPU devices and partitions
+    gpus: int  # allocatable GPU devices and partitions (device plugin, or DRA slots: the larger)
     gpu_resources: Mapping[str, int]  # per resource name
     resource_version: str = ""
+    dra_gpus: int = 0  # GPU slots in the node's ResourceSlices (dra_capacity)
 
     @property
     def pool(self) -> Pool:
@@ -169,6 +171,22 @@ def gpu_request(pod: Mapping[str, Any], policy: Policy) -> dict[str, int]:
     return {name: count for name, count in total.items() if count}
 
 
+def claim_names(pod: Mapping[str, Any], *, extended: bool = True) -> list[str]:
+    """The ResourceClaims a pod holds: named ones, those made from its templates and (``extended``) the
+    one the scheduler made for its DRA extended resources (``status.resourceClaimStatuses``,
+    ``extendedResourceClaimStatus``)."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    names = [str(c.get("resourceClaimName")) for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName")]
+    names += [
+        str(c.get("resourceClaimName")) for c in status.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")
+    ]
+    made = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if made and extended:
+        names.append(str(made))
+    return names
+
+
 def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -245,6 +263,9 @@ class Snapshot:
     # the drivers of the devices allocated to it (the ground truth of what a pod got).
     device_classes: dict[str, dra.DeviceClassInfo] = field(default_factory=dict)
     allocations: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
+    # Per namespace and ResourceClaim, the GPU slots allocated to it (dra_capacity: published in the
+    # nodes' ResourceSlices, counted in the nodes' gpus).
+    claim_slots: dict[str, dict[str, frozenset[dra_capacity.Slot]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     _devices: DeviceFacts | None = field(default=None, repr=False)
 
@@ -283,13 +304,14 @@ class Snapshot:
         self.terminating = frozenset(terminating)
 
     def read_claims(self, api: KubeApi) -> None:
-        """ResourceClaims and ResourceClaimTemplates of every namespace, from the newest
-        resource.k8s.io version the cluster serves."""
+        """ResourceClaims and ResourceClaimTemplates of every namespace, DeviceClasses and the GPU drivers'
+        ResourceSlices, from the newest resource.k8s.io version the cluster serves."""
         for version in dra.VERSIONS:
             group_version = f"{dra.GROUP}/{version}"
+            results: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = {}
             try:
                 found_claims = self._device_classes(
-                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations
+                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations, results=results
                 )
                 found_templates = self._device_classes(api, api_path(group_version, "resourceclaimtemplates"))
             except NotFound:
@@ -311,11 +333,57 @@ class Snapshot:
                     f"DeviceClasses not read ({err}): only the policy's gpuDeviceClasses and extendedResourceNames "
                     "are known as GPU classes"
                 )
+            self._read_slices(api, api_path(group_version, "resourceslices"), results)
             return
+
+    def _read_slices(
+        self, api: KubeApi, path: str, results: Mapping[str, Mapping[str, tuple[tuple[str, str, str], ...]]]
+    ) -> None:
+        """The GPU slots of each node's ResourceSlices, added to its gpus, and the slots of each claim."""
+        published = dra_capacity.PublishedGpus(frozenset(self.policy.spec.scope.gpu_drivers))
+        try:
+            for resource_slice in api.list(path, on_restart=published.clear):
+                published.add(resource_slice)
+        except (NotFound, Forbidden) as err:
+            self.warnings.append(
+                f"ResourceSlices not read ({err}): GPUs published by DRA drivers are not counted as allocatable"
+            )
+            return
+        for name, slots in published.per_node().items():
+            node = self.nodes.get(name)
+            if node is not None:
+                # A node where both the device plugin and the DRA driver publish (a migration) has the
+                # same GPUs twice: the larger count, not the sum.
+                self.nodes[name] = replace(node, gpus=max(node.gpus, slots), dra_gpus=slots)
+        by_device = published.slots()
+        drivers = published.drivers
+        for namespace, claims in results.items():
+            for claim, allocated in claims.items():
+                gpu = [result for result in allocated if result[0] in drivers]
+                if gpu:
+                    self.claim_slots.setdefault(namespace, {})[claim] = frozenset(
+                        dra_capacity.allocated(gpu, by_device)
+                    )
+
+    def dra_gpus_held(self, pod: Mapping[str, Any], counted: set[dra_capacity.Slot]) -> int:
+        """The GPU slots a pod holds through its claims that are not yet in ``counted`` (added to it): a
+        claim several pods share counts once. The claim the scheduler made for DRA extended resources is
+        left out: those GPUs are in the pod's resources (``gpu_request``)."""
+        held = self.claim_slots.get(str((pod.get("metadata") or {}).get("namespace", "")))
+        if not held:
+            return 0
+        new: set[dra_capacity.Slot] = set()
+        for claim in claim_names(pod, extended=False):
+            new |= held.get(claim, frozenset()) - counted
+        counted |= new
+        return len(new)
 
     @staticmethod
     def _device_classes(
-        api: KubeApi, path: str, allocations: dict[str, dict[str, frozenset[str]]] | None = None
+        api: KubeApi,
+        path: str,
+        allocations: dict[str, dict[str, frozenset[str]]] | None = None,
+        results: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] | None = None,
     ) -> dict[str, dict[str, frozenset[str]]]:
         found: dict[str, dict[str, frozenset[str]]] = {}
         # List items carry no kind (the list does): it comes from the path.
@@ -325,18 +393,22 @@ class Snapshot:
             found.clear()
             if allocations is not None:
                 allocations.clear()
+            if results is not None:
+                results.clear()
 
         for obj in api.list(path, on_restart=restart):
             metadata = obj.get("metadata") or {}
             namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
             try:
                 classes = dra.device_classes(obj, kind)
-                drivers = dra.allocated_drivers(obj) if allocations is not None else frozenset()
+                allocated = dra.allocated_results(obj) if allocations is not None else ()
             except dra.MalformedClaim:
                 continue  # left out: the engine counts an unresolvable claim as a GPU request
             found.setdefault(namespace, {})[name] = classes
-            if drivers and allocations is not None:
-                allocations.setdefault(namespace, {})[name] = drivers
+            if allocated and allocations is not None:
+                allocations.setdefault(namespace, {})[name] = frozenset(driver for driver, _, _ in allocated)
+            if allocated and results is not None:
+                results.setdefault(namespace, {})[name] = allocated
         return found
 
     @staticmethod

@@ -145,15 +145,17 @@ def is_device_class_kind(api_version: str, kind: str) -> bool:
     return group == GROUP and version in VERSIONS and kind == DEVICE_CLASS_KIND
 
 
-def allocated_drivers(obj: Mapping[str, Any]) -> frozenset[str]:
-    """The drivers of the devices allocated to a ResourceClaim (``status.allocation.devices.results[].driver``):
-    the ground truth of what a pod got, whatever its DeviceClass is called."""
+def allocated_results(obj: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """The devices allocated to a ResourceClaim, as (driver, pool, device) of
+    ``status.allocation.devices.results[]``: the ground truth of what a pod got, whatever its DeviceClass
+    is called."""
     status = _object(obj.get("status"), "status")
     allocation = _object(status.get("allocation"), "status.allocation")
     devices = _object(allocation.get("devices"), "status.allocation.devices")
-    found = set()
+    found = []
     for i, result in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
-        driver = _object(result, f"status.allocation.devices.results[{i}]").get("driver")
+        entry = _object(result, f"status.allocation.devices.results[{i}]")
+        driver, pool, device = (entry.get(key) for key in ("driver", "pool", "device"))
         if isinstance(driver, str) and driver:
-            found.add(driver)
-    return frozenset(found)
+            found.append((driver, pool if isinstance(pool, str) else "", device if isinstance(device, str) else ""))
+    return tuple(found)

@@ -30,7 +30,8 @@ from typing import Any, Final, TextIO, get_args
 
 import yaml
 
-from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot, pod_info
+from webhook.cluster import dra_capacity
+from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot, claim_names, pod_info
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
 from webhook.core import engine, patch
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
@@ -238,8 +239,9 @@ def judge_node(node: NodeInfo, policy: Policy) -> list[Finding]:
     if node.labelled and node.gpus == 0:
         add(
             "reserved-node-without-gpus",
-            f"node {node.name} is in the reserved pool ({key}={value}) but has no allocatable AMD GPU "
-            "(is the AMD device plugin running there?)",
+            f"node {node.name} is in the reserved pool ({key}={value}) but has no allocatable AMD GPU: no GPU "
+            "resource in its allocatable, no device of the GPU drivers in its ResourceSlices (is the AMD device "
+            "plugin or DRA driver running there?)",
         )
     if node.labelled and node.unhealthy:
         add(
@@ -332,21 +334,6 @@ def judge_device_classes(snapshot: Snapshot, policy: Policy) -> list[Finding]:
     return found
 
 
-def claim_names(pod: Mapping[str, Any]) -> list[str]:
-    """The ResourceClaims a pod holds: named ones, those made from its templates and the one the scheduler
-    made for its DRA extended resources (``status.resourceClaimStatuses``, ``extendedResourceClaimStatus``)."""
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    names = [str(c.get("resourceClaimName")) for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName")]
-    names += [
-        str(c.get("resourceClaimName")) for c in status.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")
-    ]
-    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
-    if extended:
-        names.append(str(extended))
-    return names
-
-
 def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
     tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
@@ -372,6 +359,8 @@ class PodAudit:
     reserved: frozenset[str] = field(init=False)
     # Namespaces with GPU pods: their Pod Security level is judged (docs/operations.md, "Pod Security").
     gpu_namespaces: set[str] = field(default_factory=set)
+    # The DRA GPU slots already counted as requested (a claim several pods share counts once).
+    dra_counted: set[dra_capacity.Slot] = field(default_factory=set)
     _start: tuple[list[Finding], int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -387,6 +376,7 @@ class PodAudit:
             self.report.capacity[pool].gpus_requested.clear()
             self.report.capacity[pool].pending.clear()
         self.report.pods_checked = 0
+        self.dra_counted.clear()
 
     def namespace(self, name: str) -> NamespaceFacts:
         labels = self.snapshot.namespaces.get(name)
@@ -421,7 +411,8 @@ class PodAudit:
             node = self.snapshot.nodes.get(info.node)
             pool: Pool = node.pool if node is not None else "shared"
             requested = self.report.capacity[pool].gpus_requested
-            requested[class_name] = requested.get(class_name, 0) + info.gpus
+            gpus = info.gpus + self.snapshot.dra_gpus_held(pod, self.dra_counted)
+            requested[class_name] = requested.get(class_name, 0) + gpus
         elif info.pending:
             placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
             pool = "reserved" if placement == "reserved" else "shared"

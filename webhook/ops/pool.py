@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from webhook.cluster.dra_capacity import Slot
 from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
 from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
 from webhook.core import engine
@@ -252,13 +253,17 @@ def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
     return decision.workload_class or ""
 
 
-def pool_pod(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> PoolPod | None:
-    """A bound, unfinished pod that holds GPUs or that the policy classifies; None otherwise."""
+def pool_pod(
+    raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy, counted: set[Slot] | None = None
+) -> PoolPod | None:
+    """A bound, unfinished pod that holds GPUs (its resources, and the DRA GPU slots of its claims not in
+    ``counted`` yet) or that the policy classifies; None otherwise."""
     info = pod_info(raw, policy)
     if not info.bound:
         return None
+    gpus = info.gpus + snapshot.dra_gpus_held(raw, set() if counted is None else counted)
     class_name = classify(raw, snapshot, policy)
-    if not class_name and info.gpus == 0:
+    if not class_name and gpus == 0:
         return None
     annotations = (raw.get("metadata") or {}).get("annotations") or {}
     cls = policy.spec.classes.get(class_name)
@@ -267,7 +272,7 @@ def pool_pod(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> Pool
         name=info.name,
         node=info.node,
         owner=f"{info.owner[0]}/{info.owner[1]}" if info.owner else "",
-        gpus=info.gpus,
+        gpus=gpus,
         class_name=class_name,
         inference=cls is not None and cls.placement == "reserved",
         daemonset=info.owner is not None and info.owner[0] == "DaemonSet",
@@ -278,8 +283,14 @@ def pool_pod(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> Pool
 def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
     snapshot = Snapshot.read(api, policy)
     pods: list[PoolPod] = []
-    for raw in Snapshot.pods(api, on_restart=pods.clear):
-        found = pool_pod(raw, snapshot, policy)
+    counted: set[Slot] = set()
+
+    def restart() -> None:
+        pods.clear()
+        counted.clear()
+
+    for raw in Snapshot.pods(api, on_restart=restart):
+        found = pool_pod(raw, snapshot, policy, counted)
         if found is not None:
             pods.append(found)
     return Cluster([pool_node(info) for info in snapshot.nodes.values()], pods)
