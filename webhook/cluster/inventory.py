@@ -53,7 +53,6 @@ class NodeInfo:
     gpus: int  # allocatable GPU devices and partitions (device plugin, or DRA slots: the larger)
     gpu_resources: Mapping[str, int]  # per resource name
     resource_version: str = ""
-    dra_gpus: int = 0  # GPU slots in the node's ResourceSlices (dra_capacity)
 
     @property
     def pool(self) -> Pool:
@@ -248,8 +247,8 @@ def pod_info(pod: Mapping[str, Any], policy: Policy) -> PodInfo:
 
 @dataclass
 class Snapshot:
-    """Nodes, namespace labels and DRA claims, read once; pods are streamed on demand (a large
-    cluster has 100,000s: they are never all held in memory)."""
+    """Nodes (with the GPUs DRA drivers publish for them), namespace labels and DRA claims, read once;
+    pods are streamed on demand (a large cluster has 100,000s: they are never all held in memory)."""
 
     policy: Policy
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
@@ -354,7 +353,7 @@ class Snapshot:
             if node is not None:
                 # A node where both the device plugin and the DRA driver publish (a migration) has the
                 # same GPUs twice: the larger count, not the sum.
-                self.nodes[name] = replace(node, gpus=max(node.gpus, slots), dra_gpus=slots)
+                self.nodes[name] = replace(node, gpus=max(node.gpus, slots))
         by_device = published.slots()
         drivers = published.drivers
         for namespace, claims in results.items():

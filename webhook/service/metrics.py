@@ -136,7 +136,7 @@ class Metrics:
         )
         self.pool_gpus_allocatable = Gauge(
             f"{PREFIX}_pool_gpus_allocatable",
-            "Allocatable GPUs (amd.com/gpu and partitions) per pool at the last audit.",
+            "Allocatable GPUs (amd.com/gpu and partitions, or the GPU slots of DRA ResourceSlices) per pool at the last audit.",
             ["pool"],
             registry=r,
             multiprocess_mode="livemax",
