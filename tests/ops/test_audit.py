@@ -88,7 +88,9 @@ def test_capacity_per_pool(fake: FakeCluster) -> None:
     assert capacity["reserved"] == {
         "nodes": 4,
         "gpusAllocatable": 24,
-        "gpusRequested": {"inference": 2, "training": 2, "unclassified": 2},
+        # unclassified: gpu-burn (kube-system is excluded) 2, via-vendor-x's DRA GPU (a class the policy
+        # does not recognise) 1
+        "gpusRequested": {"inference": 2, "training": 2, "unclassified": 3},
         "pendingPods": {"inference": {"pods": 1, "oldestWaitSeconds": 3600}},
     }
     assert capacity["shared"] == {

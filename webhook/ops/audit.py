@@ -446,6 +446,14 @@ class PodAudit:
                 uid,
             )
         )
+        # Taken all the same: capacity counts them, as class unclassified.
+        info = pod_info(pod, self.policy)
+        if info.bound and info.phase not in ("Succeeded", "Failed"):
+            node_info = self.snapshot.nodes.get(info.node)
+            requested = self.report.capacity[node_info.pool if node_info is not None else "shared"].gpus_requested
+            gpus = self.snapshot.dra_gpus_held(pod, self.dra_counted)
+            if gpus:
+                requested[UNCLASSIFIED] = requested.get(UNCLASSIFIED, 0) + gpus
 
     def judge(
         self, pod: Mapping[str, Any], namespace: str, name: str, uid: str, node: str, decision: Decision
