@@ -43,14 +43,14 @@ def _device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
     return basic if isinstance(basic, Mapping) else device
 
 
-def _slot(driver: str, pool: str, device: Mapping[str, Any]) -> Slot:
+def _slot(driver: str, pool: str, name: str, device: Mapping[str, Any]) -> Slot:
     fields = _device_fields(device)
     counter_sets = sorted(
         {_text(c.get("counterSet")) for c in _items(fields.get("consumesCounters")) if isinstance(c, Mapping)} - {""}
     )
     if counter_sets:
         return Slot(driver, pool, "counters:" + ",".join(counter_sets))
-    return Slot(driver, pool, _text(device.get("name")))
+    return Slot(driver, pool, name)
 
 
 @dataclass
@@ -81,9 +81,9 @@ class PublishedGpus:
             if not isinstance(device, Mapping):
                 continue
             # perDeviceNodeSelection: each device names its node.
-            on = node or _text(_device_fields(device).get("nodeName"))
-            if on and _text(device.get("name")):
-                devices.append((on, _text(device.get("name")), _slot(driver, pool_name, device)))
+            on, name = node or _text(_device_fields(device).get("nodeName")), _text(device.get("name"))
+            if on and name:
+                devices.append((on, name, _slot(driver, pool_name, name, device)))
         key = (driver, pool_name)
         known = self._pools.get(key)
         if known is None or generation > known[0]:

@@ -259,9 +259,9 @@ class Snapshot:
     claims: dict[str, ClaimFacts] = field(default_factory=dict)
     claims_version: str | None = None  # the resource.k8s.io version read; None when DRA is not served
     # DeviceClasses (what each selects, its extendedResourceName) and, per namespace and ResourceClaim,
-    # the drivers of the devices allocated to it (the ground truth of what a pod got).
+    # the devices allocated to it as (driver, pool, device) (the ground truth of what a pod got).
     device_classes: dict[str, dra.DeviceClassInfo] = field(default_factory=dict)
-    allocations: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
+    allocations: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = field(default_factory=dict)
     # Per namespace and ResourceClaim, the GPU slots allocated to it (dra_capacity: published in the
     # nodes' ResourceSlices, counted in the nodes' gpus).
     claim_slots: dict[str, dict[str, frozenset[dra_capacity.Slot]]] = field(default_factory=dict)
@@ -307,10 +307,9 @@ class Snapshot:
         ResourceSlices, from the newest resource.k8s.io version the cluster serves."""
         for version in dra.VERSIONS:
             group_version = f"{dra.GROUP}/{version}"
-            results: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = {}
             try:
                 found_claims = self._device_classes(
-                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations, results=results
+                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations
                 )
                 found_templates = self._device_classes(api, api_path(group_version, "resourceclaimtemplates"))
             except NotFound:
@@ -332,12 +331,10 @@ class Snapshot:
                     f"DeviceClasses not read ({err}): only the policy's gpuDeviceClasses and extendedResourceNames "
                     "are known as GPU classes"
                 )
-            self._read_slices(api, api_path(group_version, "resourceslices"), results)
+            self._read_slices(api, api_path(group_version, "resourceslices"))
             return
 
-    def _read_slices(
-        self, api: KubeApi, path: str, results: Mapping[str, Mapping[str, tuple[tuple[str, str, str], ...]]]
-    ) -> None:
+    def _read_slices(self, api: KubeApi, path: str) -> None:
         """The GPU slots of each node's ResourceSlices, added to its gpus, and the slots of each claim."""
         published = dra_capacity.PublishedGpus(frozenset(self.policy.spec.scope.gpu_drivers))
         try:
@@ -356,7 +353,7 @@ class Snapshot:
                 self.nodes[name] = replace(node, gpus=max(node.gpus, slots))
         by_device = published.slots()
         drivers = published.drivers
-        for namespace, claims in results.items():
+        for namespace, claims in self.allocations.items():
             for claim, allocated in claims.items():
                 gpu = [result for result in allocated if result[0] in drivers]
                 if gpu:
@@ -381,8 +378,7 @@ class Snapshot:
     def _device_classes(
         api: KubeApi,
         path: str,
-        allocations: dict[str, dict[str, frozenset[str]]] | None = None,
-        results: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] | None = None,
+        allocations: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] | None = None,
     ) -> dict[str, dict[str, frozenset[str]]]:
         found: dict[str, dict[str, frozenset[str]]] = {}
         # List items carry no kind (the list does): it comes from the path.
@@ -392,8 +388,6 @@ class Snapshot:
             found.clear()
             if allocations is not None:
                 allocations.clear()
-            if results is not None:
-                results.clear()
 
         for obj in api.list(path, on_restart=restart):
             metadata = obj.get("metadata") or {}
@@ -405,9 +399,7 @@ class Snapshot:
                 continue  # left out: the engine counts an unresolvable claim as a GPU request
             found.setdefault(namespace, {})[name] = classes
             if allocated and allocations is not None:
-                allocations.setdefault(namespace, {})[name] = frozenset(driver for driver, _, _ in allocated)
-            if allocated and results is not None:
-                results.setdefault(namespace, {})[name] = allocated
+                allocations.setdefault(namespace, {})[name] = allocated
         return found
 
     @staticmethod

@@ -425,7 +425,11 @@ class PodAudit:
         were allocated. A GPU driver there means a DeviceClass the policy does not recognise."""
         allocated = self.snapshot.allocations.get(namespace, {})
         drivers = set(self.policy.spec.scope.gpu_drivers)
-        held = [(claim, sorted(allocated[claim] & drivers)) for claim in claim_names(pod) if claim in allocated]
+        held = [
+            (claim, sorted({driver for driver, _, _ in allocated[claim]} & drivers))
+            for claim in claim_names(pod)
+            if claim in allocated
+        ]
         held = [(claim, found) for claim, found in held if found]
         if not held:
             return
