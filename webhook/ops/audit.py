@@ -31,7 +31,7 @@ from typing import Any, Final, TextIO, get_args
 import yaml
 
 from webhook.cluster import dra_capacity
-from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot, claim_names, pod_info
+from webhook.cluster.inventory import POOLS, NodeInfo, PodInfo, Pool, Snapshot, claim_names, pod_info
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
 from webhook.core import engine, patch
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
@@ -334,6 +334,11 @@ def judge_device_classes(snapshot: Snapshot, policy: Policy) -> list[Finding]:
     return found
 
 
+def _running(info: PodInfo) -> bool:
+    """Bound to a node and not finished: its GPUs are taken."""
+    return info.bound and info.phase not in ("Succeeded", "Failed")
+
+
 def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
     tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
@@ -407,15 +412,13 @@ class PodAudit:
         self.report.pods_checked += 1
         self.gpu_namespaces.add(namespace)
         class_name = decision.workload_class or UNCLASSIFIED
-        if info.bound and info.phase not in ("Succeeded", "Failed"):
-            node = self.snapshot.nodes.get(info.node)
-            pool: Pool = node.pool if node is not None else "shared"
-            requested = self.report.capacity[pool].gpus_requested
+        if _running(info):
+            requested = self._requested(info.node)
             gpus = info.gpus + self.snapshot.dra_gpus_held(pod, self.dra_counted)
             requested[class_name] = requested.get(class_name, 0) + gpus
         elif info.pending:
             placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
-            pool = "reserved" if placement == "reserved" else "shared"
+            pool: Pool = "reserved" if placement == "reserved" else "shared"
             self.report.capacity[pool].pending.setdefault(class_name, Pending()).add(info.created)
         if in_scope and not metadata.get("deletionTimestamp"):
             self.report.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
@@ -451,13 +454,16 @@ class PodAudit:
             )
         )
         # Taken all the same: capacity counts them, as class unclassified.
-        info = pod_info(pod, self.policy)
-        if info.bound and info.phase not in ("Succeeded", "Failed"):
-            node_info = self.snapshot.nodes.get(info.node)
-            requested = self.report.capacity[node_info.pool if node_info is not None else "shared"].gpus_requested
-            gpus = self.snapshot.dra_gpus_held(pod, self.dra_counted)
-            if gpus:
-                requested[UNCLASSIFIED] = requested.get(UNCLASSIFIED, 0) + gpus
+        gpus = self.snapshot.dra_gpus_held(pod, self.dra_counted) if _running(pod_info(pod, self.policy)) else 0
+        if gpus:
+            requested = self._requested(node)
+            requested[UNCLASSIFIED] = requested.get(UNCLASSIFIED, 0) + gpus
+
+    def _requested(self, node: str) -> dict[str, int]:
+        """GPUs requested per class in the pool of ``node`` (shared when the node is unknown)."""
+        info = self.snapshot.nodes.get(node)
+        pool: Pool = info.pool if info is not None else "shared"
+        return self.report.capacity[pool].gpus_requested
 
     def judge(
         self, pod: Mapping[str, Any], namespace: str, name: str, uid: str, node: str, decision: Decision
