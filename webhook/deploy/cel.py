@@ -139,6 +139,23 @@ def _direct_index_variable(field: str) -> str:
     return "direct" + field[0].upper() + field[1:]
 
 
+def _through(field: str, privileged: bool, variable: str) -> str:
+    """`` (a GPU pod through spec.<field>[i]<detail>: <why>)`` for the container ``variables.direct<Field>``
+    points at: its ``privileged`` when set (and counted), else its first variable of the AMD runtime."""
+    index = f"variables.{_direct_index_variable(field)}"
+    c = f"object.spec.{field}[{index}]"
+    through_privileged = quote(".securityContext.privileged: " + pods.ROUTE_WORDS[pods.ROUTE_PRIVILEGED])
+    entry = f"{c}.env.map(e, {variable}).indexOf(true)"
+    through_env = f"'.env[' + string({entry}) + '](' + {c}.env[{entry}].name + '): ' + " + quote(
+        pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_VARIABLE]
+    )
+    if privileged and variable:
+        route = f"({_privileged_route(c)} ? {through_privileged} : {through_env})"
+    else:
+        route = through_privileged if privileged else f"({through_env})"
+    return f"{quote(f' (a GPU pod through spec.{field}[')} + string({index}) + ']' + {route} + ')'"
+
+
 def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
     """Variables naming the first route by which the pod reaches GPUs without asking for them
     (privileged, the AMD runtime's variables, its RuntimeClass), as the engine's denial does: ``directRoute``
@@ -149,13 +166,10 @@ def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
     catalogue = route_catalogue(policy.spec.scope)
     key = _gpu_key("r", catalogue)
     variable = _runtime_variable(catalogue)
-    direct = []
-    if catalogue.privileged:
-        direct.append(_privileged_route("c"))
+    direct = [_privileged_route("c")] if catalogue.privileged else []
     if variable:
         unscanned = f"!{_resource_route('c', key)} && " if key else ""
         direct.append(f"({unscanned}{_runtime_variable_route('c', variable)})")
-    out: list[dict[str, str]] = []
     note = quote("")
     if catalogue.runtime_class_names:
         runtime_class = "object.spec.runtimeClassName"
@@ -164,33 +178,20 @@ def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
             f"has({runtime_class}) && {runtime_class} in {str_list(catalogue.runtime_class_names)} ? "
             f"{quote(f' (a GPU pod through spec.runtimeClassName: {words})')} : {note}"
         )
-    if direct:
-        fields = [*pods.CONTAINER_LISTS, pods.EPHEMERAL]
-        for field in reversed(fields):
-            index = f"variables.{_direct_index_variable(field)}"
-            c = f"object.spec.{field}[{index}]"
-            privileged = quote(".securityContext.privileged: " + pods.ROUTE_WORDS[pods.ROUTE_PRIVILEGED])
-            entry = f"{c}.env.map(e, {variable}).indexOf(true)"
-            through_env = f"'.env[' + string({entry}) + '](' + {c}.env[{entry}].name + '): ' + " + quote(
-                pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_VARIABLE]
-            )
-            if catalogue.privileged and variable:
-                route = f"({_privileged_route(c)} ? {privileged} : {through_env})"
-            else:
-                route = privileged if catalogue.privileged else f"({through_env})"
-            note = (
-                f"{index} >= 0 ?\n{quote(f' (a GPU pod through spec.{field}[')} + string({index}) + ']' + {route} + ')' :"
-                f"\n{note}"
-            )
-        out += [
-            {
-                "name": _direct_index_variable(field),
-                "expression": f"has(object.spec.{field}) ? object.spec.{field}.map(c, {' || '.join(direct)}).indexOf(true) : -1",
-            }
-            for field in fields
-        ]
-    out.append({"name": "directRoute", "expression": note})
-    return out
+    if not direct:
+        return [{"name": "directRoute", "expression": note}]
+    fields = [*pods.CONTAINER_LISTS, pods.EPHEMERAL]
+    for field in reversed(fields):
+        index = f"variables.{_direct_index_variable(field)}"
+        note = f"{index} >= 0 ?\n{_through(field, catalogue.privileged, variable)} :\n{note}"
+    indexes = [
+        {
+            "name": _direct_index_variable(field),
+            "expression": f"has(object.spec.{field}) ? object.spec.{field}.map(c, {' || '.join(direct)}).indexOf(true) : -1",
+        }
+        for field in fields
+    ]
+    return [*indexes, {"name": "directRoute", "expression": note}]
 
 
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
