@@ -52,6 +52,9 @@ REPO = E2E_DIR.parent.parent
 WEBHOOK_NAMESPACE = "rocm-isolation-system"
 WEBHOOK_SERVICE_ACCOUNT = "rocm-isolation-webhook"
 WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
+# How the apiserver words a denial by the webhook, and the backstop policy's name.
+WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
+RESERVED_POLICY = "rocm-isolation-reserved-nodes"
 DRIVER = "gpu.amd.com"
 GPUS_PER_NODE = 8
 

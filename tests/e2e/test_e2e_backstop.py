@@ -9,13 +9,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from .harness import WEBHOOK_NAMESPACE, Cluster, gpu_pod
+from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, WEBHOOK_NAMESPACE, Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until
 
-RESERVED_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_POLICY = "rocm-isolation-namespace-class"
 EDITORS_CONFIGMAP = "rocm-isolation-class-label-editors"
-WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 
 
 def policies(cluster: Cluster) -> list[Obj]:

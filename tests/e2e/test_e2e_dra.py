@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from webhook.core.policy import default_policy
 from webhook.service.auditloop import LEASE_NAME
 
 from .harness import (
@@ -17,14 +18,13 @@ from .harness import (
     GPUS_PER_NODE,
     MI300X_LABELS,
     POOL_NODES,
+    WEBHOOK_DENIAL,
     WEBHOOK_NAMESPACE,
     Cluster,
     make_node,
     resource_slice,
 )
 from .kube import ApiError, Obj, wait_until
-
-WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 
 
 def claim_template(ns: str, name: str, device_class: str = DRIVER) -> Obj:
@@ -187,16 +187,17 @@ def test_a_claim_of_another_driver_is_not_a_gpu(cluster: Cluster, namespace: Cal
 
 
 DRA_ONLY = "dra-only-1"
-RESERVED_LABEL = {"rocm-isolation.io/pool": "inference"}
-RESERVED_TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
+# The reserved pool's label and taint, as the shipped policy (and so pool apply) sets them.
+RESERVED = default_policy().spec.reserved_nodes
 
 
 @pytest.fixture
 def dra_only_node(cluster: Cluster) -> Iterator[str]:
     """A reserved node that runs AMD's DRA driver and no device plugin: no ``amd.com/gpu`` in its
     allocatable, its 8 GPUs in a ResourceSlice. Deleted after, with its slice."""
-    make_node(cluster.kube, DRA_ONLY, {**MI300X_LABELS, **RESERVED_LABEL}, gpus=0)
-    cluster.kube.patch("Node", DRA_ONLY, {"spec": {"taints": [RESERVED_TAINT]}})
+    assert RESERVED.taint is not None
+    make_node(cluster.kube, DRA_ONLY, {**MI300X_LABELS, **dict([RESERVED.label])}, gpus=0)
+    cluster.kube.patch("Node", DRA_ONLY, {"spec": {"taints": [RESERVED.taint.model_dump()]}})
     cluster.kube.apply(resource_slice(DRA_ONLY, "AMD_Instinct_MI300X_OAM", "74a1"))
     try:
         yield DRA_ONLY

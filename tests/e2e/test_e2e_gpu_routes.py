@@ -23,11 +23,9 @@ import pytest
 import yaml
 
 from .controlplane import LOOPBACK
-from .harness import DRIVER, WEBHOOK_CONFIGURATION, Cluster, cli, metric_value
+from .harness import DRIVER, RESERVED_POLICY, WEBHOOK_CONFIGURATION, WEBHOOK_DENIAL, Cluster, cli, metric_value
 from .kube import ApiError, Obj, wait_until
 
-WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
-RESERVED_POLICY = "rocm-isolation-reserved-nodes"
 NODE_NAMES_POLICY = "rocm-isolation-reserved-node-names"
 TRAINING = {"rocm-isolation.io/class": "training"}
 POOL_KEY, POOL_VALUE = "rocm-isolation.io/pool", "inference"

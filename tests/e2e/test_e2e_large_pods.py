@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Cluster
+from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, Cluster
 from .kube import ApiError, Obj
 
 CONTAINERS, VARIABLES = 200, 100
@@ -27,8 +27,7 @@ TRAINING = {"rocm-isolation.io/class": "training"}
 INFERENCE = {"rocm-isolation.io/class": "inference"}
 POOL = {"rocm-isolation.io/pool": "inference"}
 LAST = f"spec.containers[{CONTAINERS - 1}]"
-WEBHOOK = 'admission webhook "pods.rocm-isolation.io" denied the request'
-BACKSTOP = "ValidatingAdmissionPolicy 'rocm-isolation-reserved-nodes'"
+BACKSTOP = f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'"
 
 
 def _large_pod(name: str, ns: str, *, last: dict[str, Any], **spec: Any) -> Obj:
@@ -96,7 +95,7 @@ def test_the_largest_pods_are_judged_by_the_rules_not_the_cel_budget(
     except ApiError as err:
         assert named is not None, f"{name} refused ({admission}): {err.message[:600]}"
         assert err.status == 403, err.message[:600]
-        assert (WEBHOOK if admission == "webhook" else BACKSTOP) in err.message, err.message[:600]
+        assert (WEBHOOK_DENIAL if admission == "webhook" else BACKSTOP) in err.message, err.message[:600]
         for field in named:
             assert field in err.message, (field, err.message[:600])
         return
