@@ -96,6 +96,13 @@ def path_for(
     return "/".join(parts)
 
 
+def _object_path(obj: Obj, *, collection: bool = False, namespace: str | None = None) -> str:
+    """The path of ``obj`` (or of its collection), in the version its ``apiVersion`` names."""
+    meta = obj.get("metadata", {})
+    name = None if collection else meta["name"]
+    return path_for(obj["kind"], name, namespace or meta.get("namespace"), api_version=obj.get("apiVersion"))
+
+
 class Kube:
     def __init__(
         self,
@@ -209,34 +216,20 @@ class Kube:
         return items
 
     def create(self, obj: Obj, *, dry_run: bool = False, namespace: str | None = None) -> Obj:
-        ns = namespace or obj.get("metadata", {}).get("namespace")
         params = {"dryRun": "All"} if dry_run else None
-        result: Obj = self.request(
-            "POST", path_for(obj["kind"], namespace=ns, api_version=obj.get("apiVersion")), obj, params=params
-        )
+        result: Obj = self.request("POST", _object_path(obj, collection=True, namespace=namespace), obj, params=params)
         return result
 
     def replace(self, obj: Obj, *, dry_run: bool = False) -> Obj:
-        meta = obj["metadata"]
         params = {"dryRun": "All"} if dry_run else None
-        result: Obj = self.request(
-            "PUT",
-            path_for(obj["kind"], meta["name"], meta.get("namespace"), api_version=obj.get("apiVersion")),
-            obj,
-            params=params,
-        )
+        result: Obj = self.request("PUT", _object_path(obj), obj, params=params)
         return result
 
     def apply(self, obj: Obj, *, force: bool = True) -> Obj:
         """Server-side apply (what ``kubectl apply --server-side`` sends)."""
-        meta = obj["metadata"]
         params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
         result: Obj = self.request(
-            "PATCH",
-            path_for(obj["kind"], meta["name"], meta.get("namespace"), api_version=obj.get("apiVersion")),
-            obj,
-            params=params,
-            content_type="application/apply-patch+yaml",
+            "PATCH", _object_path(obj), obj, params=params, content_type="application/apply-patch+yaml"
         )
         return result
 
