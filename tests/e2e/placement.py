@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from webhook.core import engine
-from webhook.core.decision import NamespaceFacts, NodeFacts
+from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy_text, parse_policy
 
 from .harness import OPT_OUT, RESERVED_NODES
@@ -76,12 +76,13 @@ def engine_result(pod: Obj, labels: dict[str, str], policy: Policy) -> Obj:
     namespace = pod["metadata"]["namespace"]
     facts = NamespaceFacts(namespace, {**labels, "kubernetes.io/metadata.name": namespace})
     nodes = NodeFacts(frozenset(RESERVED_NODES))
-    decision = engine.decide(operation="CREATE", pod=copy.deepcopy(pod), namespace=facts, nodes=nodes, policy=policy)
+
+    def decide(facts: NamespaceFacts) -> Decision:
+        return engine.decide(operation="CREATE", pod=copy.deepcopy(pod), namespace=facts, nodes=nodes, policy=policy)
+
+    decision = decide(facts)
     if not decision.allowed:  # denied in enforce mode: what it places is what warn mode patches
-        facts = NamespaceFacts(namespace, {**facts.labels, "rocm-isolation.io/mode": "warn"})  # type: ignore[dict-item]
-        decision = engine.decide(
-            operation="CREATE", pod=copy.deepcopy(pod), namespace=facts, nodes=nodes, policy=policy
-        )
+        decision = decide(NamespaceFacts(namespace, {**facts.labels, "rocm-isolation.io/mode": "warn"}))  # type: ignore[dict-item]
     return jsonpatch.apply_patch(pod, list(decision.patch)) if decision.patch else copy.deepcopy(pod)
 
 
