@@ -14,6 +14,7 @@ scenario and tree: reviews/s and server CPU per review, the median and every rou
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -31,22 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
-    for tree in (args.before, args.after):
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    for tree in trees.values():
         if not (tree / "webhook" / "__init__.py").is_file():
             parser.error(f"{tree}: not a checkout (no webhook/__init__.py)")
     bench = Bench(Config.from_env(), Path(tempfile.mkdtemp(prefix="rocm-isolation-compare-")))
     scenarios = args.scenario or list(reviews.BUILDERS)
-    starts = [
-        lambda: bench.start("before", "webhook serve", cwd=args.before.resolve()),
-        lambda: bench.start("after", "webhook serve", cwd=args.after.resolve()),
-    ]
+    starts = [functools.partial(bench.start, name, "webhook serve", cwd=tree) for name, tree in trees.items()]
     with bench.running(starts) as group:
         for server in group:
             bench.load(server, scenarios, mode="closed", duration=5)  # warm-up
         for scenario in scenarios:
-            runs = bench.alternated(
-                group, args.rounds, lambda s: bench.load(s, [scenario], mode="closed", duration=args.seconds)
-            )
+            one = functools.partial(bench.load, scenarios=[scenario], mode="closed", duration=args.seconds)
+            runs = bench.alternated(group, args.rounds, one)
             for name, items in runs.items():
                 rates = sorted(round(r["throughput"]) for r in items)
                 cpu = sorted(round(r["server_cpu_per_review"] * 1e6) for r in items)
