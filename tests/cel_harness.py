@@ -28,7 +28,7 @@ OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
 VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL)
 # Functions and macros both Kubernetes CEL and cel-python implement, and the one of Kubernetes' list
 # library the messages use (indexOf, implemented below as Kubernetes documents it); nothing else may appear.
-PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches", "map", "string", "indexOf"})
+PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches", "map", "filter", "string", "indexOf"})
 
 _ENV = celpy.Environment()
 

@@ -68,7 +68,7 @@ def test_the_cli_flag_reaches_the_output(capsys: pytest.CaptureFixture[str]) -> 
 def test_the_match_conditions_are_the_gpu_route_catalogue_but_claims_and_skip_mirror_pods() -> None:
     policy = default_policy()
     conditions = mutating_policy.placement_policy_spec(policy)["matchConditions"]
-    catalogue = route_catalogue(policy.spec.scope)
+    catalogue = route_catalogue(policy.spec)
     assert catalogue.resource_claims
     assert conditions[0] == {"name": "gpu-pods", "expression": cel.gpu_routes(mutating_policy.without_claims(policy))}
     # The same catalogue as the webhook's and the backstop's, the claim route left out.

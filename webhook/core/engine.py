@@ -122,7 +122,7 @@ def _cluster_route_matcher(policy: Policy, devices: DeviceFacts) -> pods.RouteMa
     extra = sorted(devices.extended_resources) + [
         pods.DEVICE_CLASS_RESOURCE_PREFIX + name for name in sorted(devices.gpu_classes)
     ]
-    return route_matcher(route_catalogue(policy.spec.scope, extra))
+    return route_matcher(route_catalogue(policy.spec, extra))
 
 
 @lru_cache(maxsize=64)

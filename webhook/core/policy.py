@@ -239,6 +239,45 @@ class ReservedNodes(_Model):
         return next(iter(self.node_selector.items()))
 
 
+class ReservedDevices(_Model):
+    """Device-level reservation (``pool apply --devices-per-node N``): on nodes whose GPUs AMD's DRA driver
+    publishes, the N GPUs with the lowest PCI bus IDs of each node go to the class placed on reserved
+    nodes, through two DeviceClasses that ``pool`` writes and keeps (their CEL selectors name the reserved
+    PCI bus IDs: a class is read at every allocation, so a resize needs no restart). docs/operations.md
+    "Device-level reservation"."""
+
+    # The DRA driver whose devices are split (ROCm/k8s-gpu-dra-driver).
+    driver: str = "gpu.amd.com"
+    # The class of the reserved devices (inference) and the class of the others (every other class);
+    # the shared class owns extendedResourceName so that amd.com/gpu on DRA nodes reaches shared devices only.
+    reserved_class_name: str = "rocm-isolation-reserved"
+    shared_class_name: str = "rocm-isolation-shared"
+    extended_resource_name: str = "amd.com/gpu"
+    # Whether inference claims may fall back to shared devices when the reserved ones are taken
+    # (firstAvailable: reserved first, then shared). Off, as for nodes: inference waits for its devices.
+    inference_spillover: bool = False
+
+    @model_validator(mode="after")
+    def _valid(self) -> ReservedDevices:
+        if not _DNS_SUBDOMAIN.match(self.driver) or len(self.driver) > 63:
+            raise ValueError(f"driver: {self.driver!r} is not a DRA driver name (a DNS subdomain such as gpu.amd.com)")
+        for field_name, name in (
+            ("reservedClassName", self.reserved_class_name),
+            ("sharedClassName", self.shared_class_name),
+        ):
+            # deviceclass.resource.kubernetes.io/<name> must be a resource name: its name part is at most 63.
+            if not _DEVICE_CLASS.match(name) or any(ch in name for ch in "*?") or len(name) > 63:
+                raise ValueError(f"{field_name}: {name!r} is not a DeviceClass name (a DNS subdomain, at most 63)")
+        if self.reserved_class_name == self.shared_class_name:
+            raise ValueError("reservedClassName and sharedClassName must differ")
+        if self.extended_resource_name and not _RESOURCE_NAME.match(self.extended_resource_name):
+            raise ValueError(
+                f"extendedResourceName: {self.extended_resource_name!r} is not an extended resource name "
+                "(domain/name, e.g. amd.com/gpu), or '' for none"
+            )
+        return self
+
+
 class Routes(_Model):
     """Which routes to an AMD GPU make a pod a GPU pod (``spec.scope.routes``). Each one can be switched
     off; docs/policy.md says when that is safe (it rarely is: a route left out is a way onto the
@@ -413,6 +452,7 @@ class PolicySpec(_Model):
         ]
     )
     reserved_nodes: ReservedNodes = Field(default_factory=ReservedNodes)
+    reserved_devices: ReservedDevices = Field(default_factory=ReservedDevices)
     labels: Labels = Field(default_factory=Labels)
     default_class: str = "training"
     spread_selector: SpreadSelector = Field(default_factory=SpreadSelector)
@@ -479,7 +519,9 @@ class Policy:
     # plugin's names and the DRA extended resources the policy names (the engine adds the cluster's).
     gpu: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
     # The whole catalogue of GPU routes, by the policy alone (the engine extends it with DeviceFacts).
-    catalogue: RouteCatalogue = field(default_factory=lambda: route_catalogue(Scope()), repr=False)
+    catalogue: RouteCatalogue = field(
+        default_factory=lambda: route_catalogue(PolicySpec.model_construct(classes={})), repr=False
+    )
     routes: RouteMatcher = field(default_factory=lambda: RouteMatcher(None, False, (), (), frozenset()), repr=False)
     # Which DRA DeviceClasses are GPUs (same matcher: exact names, then the globs as patterns).
     gpu_device_classes: GpuResources = field(default_factory=lambda: GpuResources((), ()), repr=False)
@@ -561,7 +603,7 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
 
 def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Policy:
     digest = hashlib.sha256((text or doc.model_dump_json()).encode()).hexdigest()
-    catalogue = route_catalogue(doc.spec.scope)
+    catalogue = route_catalogue(doc.spec)
     return Policy(
         document=doc,
         source=source,
@@ -569,7 +611,7 @@ def compile_policy(doc: IsolationPolicy, *, source: str, text: str = "") -> Poli
         warnings=tuple(_policy_warnings(doc)),
         _name_patterns=tuple(_names_regex(rule.match.names) for rule in doc.spec.namespaces),
         gpu=gpu_resource_matcher(catalogue),
-        gpu_device_classes=_device_class_matcher(doc.spec.scope.gpu_device_classes),
+        gpu_device_classes=_device_class_matcher(gpu_device_class_names(doc.spec)),
         catalogue=catalogue,
         routes=route_matcher(catalogue),
     )
@@ -590,9 +632,17 @@ class RouteCatalogue:
     runtime_class_names: tuple[str, ...]
 
 
-def route_catalogue(scope: Scope, cluster_names: Iterable[str] = ()) -> RouteCatalogue:
+def gpu_device_class_names(spec: PolicySpec) -> list[str]:
+    """The GPU DeviceClasses of a policy: ``scope.gpuDeviceClasses`` and the two classes of device-level
+    reservation (``reservedDevices``), which hand out the driver's GPUs whatever the scope says."""
+    devices = spec.reserved_devices
+    return list(dict.fromkeys([*spec.scope.gpu_device_classes, devices.reserved_class_name, devices.shared_class_name]))
+
+
+def route_catalogue(spec: PolicySpec, cluster_names: Iterable[str] = ()) -> RouteCatalogue:
     """The catalogue, each route as it is switched on. ``cluster_names``: resource names the cluster's
     DeviceClasses add (DeviceFacts: extendedResourceNames, deviceclass.resource.kubernetes.io/<class>)."""
+    scope = spec.scope
     routes = scope.routes
     names: list[str] = []
     patterns: list[str] = []
@@ -603,7 +653,7 @@ def route_catalogue(scope: Scope, cluster_names: Iterable[str] = ()) -> RouteCat
         names.extend(scope.extended_resource_names)
         names.extend(cluster_names)
         prefix = re.escape(DEVICE_CLASS_RESOURCE_PREFIX)
-        for name in scope.gpu_device_classes:
+        for name in gpu_device_class_names(spec):
             if any(ch in name for ch in "*?"):
                 patterns.append("^" + prefix + glob_regex(name)[1:])
             else:

@@ -109,7 +109,7 @@ def gpu_pod(policy: Policy, root: str = "object") -> str:
     non-inference class off the reserved nodes (documented in docs/policy.md). Nor can it read
     DeviceClasses: the DRA extended resources it knows are the policy's (``extendedResourceNames``,
     ``deviceclass.resource.kubernetes.io/<gpuDeviceClasses>``)."""
-    return gpu_routes(route_catalogue(policy.spec.scope), root)
+    return gpu_routes(route_catalogue(policy.spec), root)
 
 
 def gpu_routes(catalogue: RouteCatalogue, root: str = "object") -> str:
@@ -163,7 +163,7 @@ def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
     containers in pod order; in one, ``privileged`` first, and its variables only when neither a GPU
     resource nor ``privileged`` already made it a GPU container (pods.container_routes). Read only by
     messages: the apiserver evaluates a variable when an expression first uses it."""
-    catalogue = route_catalogue(policy.spec.scope)
+    catalogue = route_catalogue(policy.spec)
     key = _gpu_key("r", catalogue)
     variable = _runtime_variable(catalogue)
     direct = [_privileged_route("c")] if catalogue.privileged else []
@@ -202,7 +202,7 @@ def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
     """
     conditions = []
     if not policy.spec.scope.all_pods:
-        catalogue = route_catalogue(policy.spec.scope)
+        catalogue = route_catalogue(policy.spec)
         if policy.spec.scope.routes.dra_extended_resources:
             # The webhook knows the cluster's DeviceClasses (their extendedResourceNames and
             # deviceclass.resource.kubernetes.io/<class>), CEL does not: a pod asking for any extended
@@ -312,7 +312,7 @@ def ephemeral_gpu_access(policy: Policy) -> str:
     before = "oldObject.spec.ephemeralContainers"
     return (
         "has(request.subResource) && request.subResource == 'ephemeralcontainers' &&\n"
-        f"has({ephemeral}) && {ephemeral}.exists(c,\n  ({direct_routes(route_catalogue(policy.spec.scope))}) &&\n"
+        f"has({ephemeral}) && {ephemeral}.exists(c,\n  ({direct_routes(route_catalogue(policy.spec))}) &&\n"
         f"  !(has({before}) && {before}.exists(o, o.name == c.name)))"
     )
 

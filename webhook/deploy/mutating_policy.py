@@ -355,7 +355,7 @@ def without_claims(policy: Policy) -> RouteCatalogue:
     """The policy's GPU-route catalogue without the DRA claim route: CEL cannot read the
     ResourceClaim(Template) a pod names, so a pod that reaches GPUs only through a claim is placed by
     the webhook, which resolves it (the backstop still treats any claim as a GPU route)."""
-    return dataclasses.replace(route_catalogue(policy.spec.scope), resource_claims=False)
+    return dataclasses.replace(route_catalogue(policy.spec), resource_claims=False)
 
 
 def match_conditions(policy: Policy) -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ from cryptography import x509
 
 from webhook import __version__
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
-from webhook.deploy import cel, mutating_policy, reserved_names
+from webhook.deploy import cel, mutating_policy, reserved_devices, reserved_names
 
 NAMESPACE = "rocm-isolation-system"
 APP_NAME = "rocm-isolation-webhook"
@@ -259,6 +259,7 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
     }
     placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
     node_names = reserved_names.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
+    devices = reserved_devices.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
         "generated-webhook-scope.yaml": _GENERATED_HEADER
@@ -267,6 +268,7 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "generated-namespace-class-policy.yaml": _GENERATED_HEADER + dump([guard]),
         "generated-placement-policy.yaml": _GENERATED_HEADER + dump(placement),
         "generated-reserved-node-names-policy.yaml": _GENERATED_HEADER + dump(node_names),
+        "generated-reserved-devices-policy.yaml": _GENERATED_HEADER + dump(devices),
     }
 
 
@@ -302,10 +304,9 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
     _find(resources, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"] = mutating_policy.binding_spec(
         policy, excluded
     )
-    for generated in reserved_names.resources(
-        policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata
-    ):
-        _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
+    for module in (reserved_names, reserved_devices):
+        for generated in module.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata):
+            _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
 
 
 def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:

@@ -1,0 +1,161 @@
+"""The two DeviceClasses of device-level reservation, and the reservation they record.
+
+Dynamic Resource Allocation reads a DeviceClass's CEL selectors at every allocation, and a class may be
+edited at any time (``resource.k8s.io/v1`` DeviceClass: "mutable ... allocations are done once based on
+whatever was set in classes at the time of allocation"): the classes are the live knob of the split,
+and resizing it is editing them, with no node, kubelet, driver or control-plane restart.
+
+- the **reserved** class (``reservedDevices.reservedClassName``) selects the driver's devices whose PCI
+  bus ID (``resource.kubernetes.io/pciBusID``, the one stable per-device attribute AMD's driver publishes;
+  partitions carry their GPU's) is one of the reserved ones: inference claims name it;
+- the **shared** class (``reservedDevices.sharedClassName``) selects the others, and owns
+  ``extendedResourceName`` (``amd.com/gpu``), so a pod asking for ``amd.com/gpu`` on a DRA node gets a
+  shared device whatever its class.
+
+CEL selectors see a device's driver, attributes and capacity, not its node, pool or name: one set of
+PCI bus IDs applies to every node of the driver. The reserved class carries the reservation itself
+(``STATE_LABEL``, ``DEVICES_PER_NODE_ANNOTATION``, ``PCI_BUS_IDS_ANNOTATION``): ``pool`` reads it back,
+the backstop ValidatingAdmissionPolicies take the class as their parameter (``reserved_devices.py``),
+and the webhook's cache sees it. A release keeps both classes and widens them to every device of the
+driver (``released``): deleting the class that owns ``amd.com/gpu`` would leave the name unmapped
+instead of falling back to another class (kubernetes/kubernetes#141103, v1.36).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.core.policy import Policy
+from webhook.deploy.cel import quote, str_list
+
+API_VERSION = "resource.k8s.io/v1"
+MANAGED_BY = "rocm-isolation-webhook"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+STATE_LABEL = "rocm-isolation.io/device-reservation"
+ACTIVE = "active"
+RELEASED = "released"
+DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
+PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
+ROLE_ANNOTATION = "rocm-isolation.io/role"
+PCI_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID_ATTRIBUTE = f"{PCI_DOMAIN}/pciBusID"
+# A device without the attribute is never reserved (and never fails the selector: an unknown attribute
+# is an evaluation error that aborts the allocation, so it is tested with has() first).
+_PCI = f"device.attributes[{quote(PCI_DOMAIN)}].pciBusID"
+
+
+@dataclass(frozen=True)
+class DeviceReservation:
+    """What is reserved: the N GPUs with the lowest PCI bus IDs of each node, as the PCI bus IDs the
+    classes select (the same on every node: CEL cannot see the node)."""
+
+    devices_per_node: int
+    pci_bus_ids: tuple[str, ...]
+
+    @property
+    def active(self) -> bool:
+        return self.devices_per_node > 0 and bool(self.pci_bus_ids)
+
+
+RELEASED_RESERVATION = DeviceReservation(0, ())
+
+
+def pci_sort_key(bus_id: str) -> tuple[int, ...] | tuple[float]:
+    """ROCm enumerates GPUs in PCI bus order: ``domain:bus:device.function`` compared as numbers
+    (``0000:9a:00.0`` before ``0000:c1:00.0``); an ID that does not parse sorts last."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        device, function = rest.split(".")
+        return tuple(int(part, 16) for part in (domain, bus, device, function))
+    except ValueError:
+        return (float("inf"),)
+
+
+def reserved_selector(driver: str, reservation: DeviceReservation) -> str:
+    """CEL: a device of ``driver`` whose PCI bus ID is reserved (every device of it once released)."""
+    own = f"device.driver == {quote(driver)}"
+    if not reservation.active:
+        return own
+    return f"{own} && has({_PCI}) && {_PCI} in {str_list(list(reservation.pci_bus_ids))}"
+
+
+def shared_selector(driver: str, reservation: DeviceReservation) -> str:
+    """CEL: a device of ``driver`` that is not reserved (every device of it once released)."""
+    own = f"device.driver == {quote(driver)}"
+    if not reservation.active:
+        return own
+    return f"{own} && !(has({_PCI}) && {_PCI} in {str_list(list(reservation.pci_bus_ids))})"
+
+
+def _metadata(name: str, role: str, reservation: DeviceReservation) -> dict[str, Any]:
+    return {
+        "name": name,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY, STATE_LABEL: ACTIVE if reservation.active else RELEASED},
+        "annotations": {
+            ROLE_ANNOTATION: role,
+            DEVICES_PER_NODE_ANNOTATION: str(reservation.devices_per_node),
+            PCI_BUS_IDS_ANNOTATION: ",".join(reservation.pci_bus_ids),
+        },
+    }
+
+
+def reserved_class(policy: Policy, reservation: DeviceReservation) -> dict[str, Any]:
+    devices = policy.spec.reserved_devices
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": _metadata(devices.reserved_class_name, "reserved", reservation),
+        "spec": {"selectors": [{"cel": {"expression": reserved_selector(devices.driver, reservation)}}]},
+    }
+
+
+def shared_class(policy: Policy, reservation: DeviceReservation) -> dict[str, Any]:
+    devices = policy.spec.reserved_devices
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": shared_selector(devices.driver, reservation)}}]}
+    if devices.extended_resource_name:
+        spec["extendedResourceName"] = devices.extended_resource_name
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": _metadata(devices.shared_class_name, "shared", reservation),
+        "spec": spec,
+    }
+
+
+def classes(policy: Policy, reservation: DeviceReservation) -> list[dict[str, Any]]:
+    """Both classes, the reserved one first (``pool`` writes them in this order, so that a shared class
+    that stops selecting a device is never written before the reserved class starts to)."""
+    return [reserved_class(policy, reservation), shared_class(policy, reservation)]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def reservation_of(device_class: Mapping[str, Any] | None) -> DeviceReservation | None:
+    """The reservation a reserved class written by ``pool`` records; None when it is not one of ours
+    (absent, or not labelled by us), ``RELEASED_RESERVATION`` once released."""
+    if not isinstance(device_class, Mapping):
+        return None
+    metadata = device_class.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    if labels.get(STATE_LABEL) != ACTIVE:
+        return RELEASED_RESERVATION
+    try:
+        count = int(str(annotations.get(DEVICES_PER_NODE_ANNOTATION, "0")))
+    except ValueError:
+        count = 0
+    ids = tuple(part for part in str(annotations.get(PCI_BUS_IDS_ANNOTATION, "")).split(",") if part)
+    return DeviceReservation(count, ids) if count > 0 and ids else RELEASED_RESERVATION
+
+
+def reservation_for(reserved_ids: Iterable[str], devices_per_node: int) -> DeviceReservation:
+    """The reservation of these PCI bus IDs, in ROCm's order."""
+    return DeviceReservation(devices_per_node, tuple(sorted(set(reserved_ids), key=pci_sort_key)))

@@ -1,0 +1,239 @@
+"""The backstop of device-level reservation: ValidatingAdmissionPolicies that keep every class but the
+inference one (``placement: reserved``) off the reserved devices, in the apiserver, webhook or not.
+
+The shared DeviceClass excludes the reserved devices (``device_classes.py``); what is left is a claim or a
+pod naming *another* GPU class, which may select reserved devices: AMD's own ``gpu.amd.com``, the
+reserved class, any class the policy lists as a GPU class. So, while a reservation is active:
+
+- a ResourceClaim or ResourceClaimTemplate of a namespace that allows no inference class may name no GPU
+  DeviceClass but the shared one, in any request (``exactly``) or ``firstAvailable`` subrequest; this also
+  covers ``adminAccess`` requests and claims whose own selectors name a reserved device (the class
+  selectors apply first);
+- a pod of such a class may request no ``deviceclass.resource.kubernetes.io/<GPU class>`` but the shared
+  class's, and no other GPU class's ``extendedResourceName`` (the policy's ``extendedResourceNames``) than
+  the shared class's.
+
+Each policy takes the reserved DeviceClass as its parameter (``paramRef`` by name,
+``parameterNotFoundAction: Allow``): active only while that class says so (``STATE_LABEL: active``), so
+installing the manifests changes nothing until ``pool apply --devices-per-node``, and a release turns it
+off with no manifest change. A claim made by the scheduler for an extended resource is judged like any
+other: its class is the one the pod's resource maps to, which the pod policy already allowed or denied
+(a user can set the annotation that marks such claims on a claim of their own, so it is not trusted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
+from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
+from webhook.deploy import mutating_policy
+from webhook.deploy.cel import quote, str_list
+from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
+
+CLAIMS_POLICY = "rocm-isolation-reserved-device-claims"
+TEMPLATES_POLICY = "rocm-isolation-reserved-device-claim-templates"
+PODS_POLICY = "rocm-isolation-reserved-device-pods"
+POLICY_NAMES = (CLAIMS_POLICY, TEMPLATES_POLICY, PODS_POLICY)
+MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
+
+_ACTIVE = (
+    f"has(params.metadata.labels) && {quote(STATE_LABEL)} in params.metadata.labels && "
+    f"params.metadata.labels[{quote(STATE_LABEL)}] == {quote(ACTIVE)}"
+)
+
+
+def _reserved_classes(policy: Policy) -> list[str]:
+    return [name for name, cls in policy.spec.classes.items() if cls.placement == "reserved"]
+
+
+def _forbidden_class(policy: Policy, name: str) -> str:
+    """CEL: the DeviceClass ``name`` is a GPU class other than the shared one."""
+    shared = policy.spec.reserved_devices.shared_class_name
+    names = [n for n in gpu_device_class_names(policy.spec) if n != shared]
+    exact = [n for n in names if not any(ch in n for ch in "*?[")]
+    parts = [f"{name} in {str_list(exact)}"] if exact else []
+    parts += [f"{name}.matches({quote(glob_regex(n))})" for n in names if n not in exact]
+    return f"({name} != {quote(shared)} && ({' || '.join(parts) or 'false'}))"
+
+
+def _forbidden_resource(policy: Policy, key: str) -> str:
+    """CEL: the resource name ``key`` maps to a GPU DeviceClass other than the shared one."""
+    devices = policy.spec.reserved_devices
+    shared = policy.spec.reserved_devices.shared_class_name
+    names = [n for n in gpu_device_class_names(policy.spec) if n != shared]
+    exact = [DEVICE_CLASS_RESOURCE_PREFIX + n for n in names if not any(ch in n for ch in "*?[")]
+    exact += [n for n in policy.spec.scope.extended_resource_names if n != devices.extended_resource_name]
+    parts = [f"{key} in {str_list(exact)}"] if exact else []
+    prefix = DEVICE_CLASS_RESOURCE_PREFIX.replace(".", r"\.")
+    parts += [
+        f"{key}.matches({quote('^' + prefix + glob_regex(n)[1:])})" for n in names if any(ch in n for ch in "*?[")
+    ]
+    return "(" + (" || ".join(parts) or "false") + ")"
+
+
+def _advice(policy: Policy, what: str) -> str:
+    spec = policy.spec
+    inference = _reserved_classes(policy)
+    where = f" or move it to a namespace labelled {spec.labels.namespace_class}={inference[0]}" if inference else ""
+    return f"; {what}{where} (device-level reservation: rocm-isolation-webhook pool status)"
+
+
+def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, Any]:
+    """The policy for ``resource`` (resourceclaims, resourceclaimtemplates) whose ResourceClaimSpec is at ``root``."""
+    shared = policy.spec.reserved_devices.shared_class_name
+    requests = f"{root}.devices.requests"
+    bad_request = (
+        f"(has(r.exactly) && has(r.exactly.deviceClassName) && {_forbidden_class(policy, 'r.exactly.deviceClassName')})"
+        " ||\n"
+        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && "
+        f"{_forbidden_class(policy, 's.deviceClassName')}))"
+    )
+    variables = [
+        *mutating_policy.class_variables(policy)[:3],
+        {
+            "name": "mayUseReserved",
+            "expression": f"variables.namespaceAllowedClasses.exists(c, c in {str_list(_reserved_classes(policy))})",
+        },
+        {
+            "name": "requests",
+            "expression": f"has({root}.devices) && has({requests}) ? {requests} : []",
+        },
+        {"name": "forbidden", "expression": f"variables.requests.filter(r, {bad_request})"},
+    ]
+    field = f"{root.removeprefix('object.')}.devices.requests"
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": [resource],
+                }
+            ]
+        },
+        "variables": variables,
+        "validations": [
+            {
+                "expression": f"!({_ACTIVE}) || variables.mayUseReserved || size(variables.forbidden) == 0",
+                "message": f"rocm-isolation: {field} names a DeviceClass that hands out the GPUs reserved for "
+                f"inference; use deviceClassName {shared}",
+                "messageExpression": quote(f"rocm-isolation: {field}: request '")
+                + " + variables.forbidden[0].name + "
+                + quote(
+                    "' names a DeviceClass that can hand out the GPUs reserved for inference, and this namespace "
+                    "allows no inference class"
+                    + _advice(policy, f"use deviceClassName {shared} (in every firstAvailable entry too)")
+                ),
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
+def _containers_resource(policy: Policy, test: Callable[[str], str]) -> str:
+    checks = []
+    for field in ("containers", "initContainers"):
+        c = f"object.spec.{field}"
+        checks.append(
+            f"(has({c}) && {c}.exists(c, has(c.resources) && (\n"
+            f"  (has(c.resources.requests) && c.resources.requests.exists(r, {test('r')})) ||\n"
+            f"  (has(c.resources.limits) && c.resources.limits.exists(r, {test('r')})))))"
+        )
+    return " ||\n".join(checks)
+
+
+def _pods_policy_spec(policy: Policy) -> dict[str, Any]:
+    devices = policy.spec.reserved_devices
+    shared = devices.shared_class_name
+    spec = policy.spec
+    unreserved = [name for name, cls in spec.classes.items() if cls.placement != "reserved"]
+    allowed = DEVICE_CLASS_RESOURCE_PREFIX + shared
+    if devices.extended_resource_name:
+        allowed += f" or {devices.extended_resource_name}"
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+            ]
+        },
+        # Cheapest test first: only pods asking for a DRA extended resource are judged at all.
+        "matchConditions": [
+            {
+                "name": "dra-extended-resources",
+                "expression": _containers_resource(policy, lambda r: _forbidden_resource(policy, r)),
+            }
+        ],
+        "variables": [
+            *mutating_policy.class_variables(policy),
+            {"name": "notInference", "expression": f"variables.podClass in {str_list(unreserved)}"},
+        ],
+        "validations": [
+            {
+                "expression": f"!({_ACTIVE}) || !variables.notInference",
+                "message": "rocm-isolation: a container requests a DRA extended resource whose DeviceClass can hand "
+                f"out the GPUs reserved for inference; request {allowed} instead",
+                "messageExpression": quote("rocm-isolation: a GPU pod of class ")
+                + " + variables.podClass + "
+                + quote(
+                    " requests (spec.containers[*].resources or spec.initContainers[*].resources) a DRA extended "
+                    "resource whose DeviceClass can hand out the GPUs reserved for inference"
+                    + _advice(policy, f"request {allowed} instead")
+                ),
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
+def policy_specs(policy: Policy) -> dict[str, dict[str, Any]]:
+    return {
+        CLAIMS_POLICY: _claim_policy_spec(policy, "resourceclaims", "object.spec"),
+        TEMPLATES_POLICY: _claim_policy_spec(policy, "resourceclaimtemplates", "object.spec.spec"),
+        PODS_POLICY: _pods_policy_spec(policy),
+    }
+
+
+def resources(
+    policy: Policy,
+    *,
+    excluded: dict[str, Any],
+    mode_selector: Callable[[Policy, str], dict[str, Any]],
+    metadata: Callable[[str], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each policy and one binding per mode (the namespaces of that effective mode), each reading the
+    reserved DeviceClass as its parameter."""
+    out: list[dict[str, Any]] = []
+    reserved_class = policy.spec.reserved_devices.reserved_class_name
+    for name, spec in policy_specs(policy).items():
+        out.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": metadata(name),
+                "spec": spec,
+            }
+        )
+        for mode, actions in MODE_ACTIONS.items():
+            out.append(
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingAdmissionPolicyBinding",
+                    "metadata": metadata(f"{name}-{mode}"),
+                    "spec": {
+                        "policyName": name,
+                        "validationActions": actions,
+                        "paramRef": {"name": reserved_class, "parameterNotFoundAction": "Allow"},
+                        "matchResources": {
+                            "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
+                        },
+                    },
+                }
+            )
+    return out
