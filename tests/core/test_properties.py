@@ -330,8 +330,15 @@ def check_placement(policy: Policy, decision: Decision, patched: Mapping[str, An
         terms = live_terms(patched)
         assert terms is not None, "an inference pod must carry required node affinity"
         for term in terms:
-            assert {"key": S.RESERVED_KEY, "operator": "In", "values": [S.RESERVED_VALUE]} in (
-                term.get("matchExpressions") or []
+            # Whole reserved nodes or nodes whose devices are split (the reserved DeviceClass picks the GPUs);
+            # a narrower In (an earlier version's [inference]) places the pod as well.
+            values = {S.RESERVED_VALUE, policy.spec.reserved_devices.node_label_value}
+            assert any(
+                e.get("key") == S.RESERVED_KEY
+                and e.get("operator") == "In"
+                and e.get("values")
+                and set(e["values"]) <= values
+                for e in term.get("matchExpressions") or []
             ), f"a live term lacks the reserved-node requirement: {term}"
         tolerations = patched["spec"].get("tolerations") or []
         assert any(toleration_tolerates(t, RESERVED_TAINT) for t in tolerations)

@@ -196,7 +196,9 @@ def test_an_admission_review_has_its_request_object_mutated() -> None:
     assert review["request"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
     pod = review["request"]["object"]
     assert pod["metadata"]["annotations"][CLASS] == "inference"
-    assert terms(pod) == [{"matchExpressions": [{"key": POOL, "operator": "In", "values": ["inference"]}]}]
+    assert terms(pod) == [
+        {"matchExpressions": [{"key": POOL, "operator": "In", "values": ["inference", "inference-devices"]}]}
+    ]
     assert {"key": "rocm-isolation.io/reserved", "operator": "Equal", "value": "inference", "effect": "NoSchedule"} in (
         pod["spec"]["tolerations"]
     )
@@ -293,7 +295,9 @@ def test_namespace_label_decides_the_class() -> None:
     assert result.returncode == 0, result.stderr
     good, sneaky = load_all(result.stdout)
     assert pod_of(good)["metadata"]["annotations"][CLASS] == "inference"
-    assert terms(pod_of(sneaky)) == [{"matchExpressions": [{"key": POOL, "operator": "In", "values": ["inference"]}]}]
+    assert terms(pod_of(sneaky)) == [
+        {"matchExpressions": [{"key": POOL, "operator": "In", "values": ["inference", "inference-devices"]}]}
+    ]
     assert "labels unknown" not in result.stderr
 
 

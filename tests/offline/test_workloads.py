@@ -42,7 +42,7 @@ from webhook.offline import dryrun, workloads
 CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "dryrun" / "crds"
 K8S = "1.37.0"
 NOT_IN = {"key": POOL, "operator": "NotIn", "values": ["inference"]}
-IN = {"key": POOL, "operator": "In", "values": ["inference"]}
+IN = {"key": POOL, "operator": "In", "values": ["inference", "inference-devices"]}
 LOW = {"name": "HSA_QUEUE_PRIORITY", "value": "low"}
 HIGH = {"name": "HSA_QUEUE_PRIORITY", "value": "high"}
 

@@ -625,9 +625,10 @@ def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
     cls = policy.spec.classes[class_name]
     requirements: list[scheduling.Requirement] = []
     if cls.placement == "reserved":
-        requirements.append(
-            scheduling.Requirement(({"key": reserved.key, "operator": "In", "values": [reserved.value]},))
-        )
+        # Whole reserved nodes, or nodes whose devices are split (device-level reservation: the reserved
+        # DeviceClass then decides which of their GPUs the pod gets).
+        values = [reserved.value, policy.spec.reserved_devices.node_label_value]
+        requirements.append(scheduling.Requirement(({"key": reserved.key, "operator": "In", "values": values},)))
     elif cls.placement == "unreserved":
         requirements.append(
             scheduling.Requirement(

@@ -256,6 +256,10 @@ class ReservedDevices(_Model):
     # Whether inference claims may fall back to shared devices when the reserved ones are taken
     # (firstAvailable: reserved first, then shared). Off, as for nodes: inference waits for its devices.
     inference_spillover: bool = False
+    # The value of the reserved-nodes label key (reservedNodes.nodeSelector) that ``pool`` gives the nodes
+    # whose devices are split: the inference class is placed on nodes labelled with either value (whole
+    # reserved nodes or split ones); every other class may use split nodes (they hold the shared devices).
+    node_label_value: str = "inference-devices"
 
     @model_validator(mode="after")
     def _valid(self) -> ReservedDevices:
@@ -270,6 +274,7 @@ class ReservedDevices(_Model):
                 raise ValueError(f"{field_name}: {name!r} is not a DeviceClass name (a DNS subdomain, at most 63)")
         if self.reserved_class_name == self.shared_class_name:
             raise ValueError("reservedClassName and sharedClassName must differ")
+        _check_label_value(self.node_label_value)
         if self.extended_resource_name and not _RESOURCE_NAME.match(self.extended_resource_name):
             raise ValueError(
                 f"extendedResourceName: {self.extended_resource_name!r} is not an extended resource name "
@@ -470,6 +475,11 @@ class PolicySpec(_Model):
             for name in [*rule.allowed_classes, rule.effective_default]:
                 if name not in self.classes:
                     problems.append(f"namespaces[{index}]: class {name!r} is not defined under classes")
+        if self.reserved_devices.node_label_value == self.reserved_nodes.label[1]:
+            problems.append(
+                "reservedDevices.nodeLabelValue must differ from the value of reservedNodes.nodeSelector (a node is "
+                "reserved whole or split, never both)"
+            )
         taint = self.reserved_nodes.taint
         for name, cls in self.classes.items():
             if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name) or len(name) > 63:

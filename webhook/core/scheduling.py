@@ -143,12 +143,17 @@ def affinity_excludes_reserved(terms: list[Term] | None, reserved: Reserved) -> 
     return bool(live) and all(any(reserved.excludes_reserved(e) for e in term.expressions) for term in live)
 
 
-def _same_requirement(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return (
-        a.get("key") == b.get("key")
-        and a.get("operator") == b.get("operator")
-        and sorted(a.get("values") or []) == sorted(b.get("values") or [])
-    )
+def _implies(expression: dict[str, Any], alternative: dict[str, Any]) -> bool:
+    """Whether ``expression`` already asks for ``alternative``: the same requirement (values as a
+    multiset), or, for ``In``, a narrower one (``In [inference]`` implies ``In [inference,
+    inference-devices]``: a pod placed by an earlier version, or by its author, is left as it is)."""
+    if expression.get("key") != alternative.get("key") or expression.get("operator") != alternative.get("operator"):
+        return False
+    values = expression.get("values") or []
+    wanted = alternative.get("values") or []
+    if alternative.get("operator") == "In":
+        return bool(values) and all(value in wanted for value in values)
+    return sorted(values) == sorted(wanted)
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ class Requirement:
         for expression in term.expressions:
             if self.satisfied_by_exclusion is not None and self.satisfied_by_exclusion.excludes_reserved(expression):
                 return True
-            if any(_same_requirement(expression, alt) for alt in self.alternatives):
+            if any(_implies(expression, alt) for alt in self.alternatives):
                 return True
         return False
 

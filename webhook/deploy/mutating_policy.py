@@ -90,13 +90,13 @@ def _typed(type_name: str, fields: dict[str, Any]) -> str:
 _LIVE = "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
 
 
-def _same_requirement(alternative: dict[str, Any]) -> str:
-    """``scheduling._same_requirement``: key, operator and the values as a multiset."""
+def _implies(alternative: dict[str, Any]) -> str:
+    """``scheduling._implies``: key and operator, and the values as a multiset (``In``: a non-empty subset)."""
     values = sorted(alternative.get("values") or [])
-    return (
-        f"(e.key == {quote(alternative['key'])} && e.operator == {quote(alternative['operator'])} && "
-        f"(has(e.values) ? e.values : []).sort() == {str_list(values)})"
-    )
+    head = f"e.key == {quote(alternative['key'])} && e.operator == {quote(alternative['operator'])}"
+    if alternative["operator"] == "In":
+        return f"({head} && has(e.values) && size(e.values) > 0 && e.values.all(v, v in {str_list(values)}))"
+    return f"({head} && (has(e.values) ? e.values : []).sort() == {str_list(values)})"
 
 
 def _excludes_reserved(reserved: scheduling.Reserved) -> str:
@@ -114,7 +114,7 @@ def _satisfied(requirement: scheduling.Requirement) -> str:
     parts = []
     if requirement.satisfied_by_exclusion is not None:
         parts.append(_excludes_reserved(requirement.satisfied_by_exclusion))
-    parts.extend(_same_requirement(alternative) for alternative in requirement.alternatives)
+    parts.extend(_implies(alternative) for alternative in requirement.alternatives)
     return f"(has(t.matchExpressions) && t.matchExpressions.exists(e, {' || '.join(parts)}))"
 
 
