@@ -21,7 +21,12 @@ unchanged:
 - watches (``watch=true``) are held open without events until their ``timeoutSeconds``: enough for
   the webhook's watch cache to sync against it (tests that need events use fake_kube_api.py);
 - ``POST`` (create; 409 ``AlreadyExists``) and ``PUT`` (update; 409 ``Conflict`` when
-  ``metadata.resourceVersion`` is not the stored one), each bumping the global resourceVersion;
+  ``metadata.resourceVersion`` is not the stored one), each bumping the global resourceVersion, and
+  ``DELETE`` (``DeleteOptions.preconditions`` uid/resourceVersion: 409 ``Conflict`` when they differ); with
+  ``dryRun=All`` they answer the same and persist nothing; ``clock`` (when set) gives created objects their
+  ``creationTimestamp``, as the apiserver sets it (one-second resolution);
+- API discovery (``GET /apis/GROUP/VERSION``, an ``APIResourceList``) once ``serve_discovery`` is called,
+  with extra resource names (``devicetaintrules``) a test wants served; 404 before, as until now;
 - ``PATCH`` with ``application/merge-patch+json`` (RFC 7386; the other patch types answer 415
   with the apiserver's message): a ``metadata.resourceVersion`` in the patch is a precondition
   (409 ``Conflict``), the result is validated (the Kubernetes 1.37 schema, strict, and duplicate
@@ -255,8 +260,12 @@ class FakeCluster:
         self._served_pages = 0
         self._uids = itertools.count(1)
         self._before_patch: dict[str, tuple[Any, int]] = {}  # node name -> (a concurrent edit, how often)
+        self._before_update: dict[tuple[str, str], tuple[Any, int]] = {}  # (plural, name) -> (edit, how often)
         self._budget_refusals: dict[tuple[str, str], int] = {}  # (namespace, pdb) -> refusals left
         self._stopping = threading.Event()
+        # The creationTimestamp of objects created through the API (None: the fixtures' default instant).
+        self.clock: Any = None
+        self._discovery: dict[str, tuple[str, ...]] | None = None  # "group/version" -> extra resource names
         cluster = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -320,6 +329,11 @@ class FakeCluster:
         configuration.api_key = {"authorization": "Bearer fake-token"}
         return client.ApiClient(configuration)
 
+    def serve_discovery(self, extra: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Answer API discovery (``GET /apis/GROUP/VERSION``) for the versions served, listing the resources
+        of ``RESOURCES`` and ``extra`` ("resource.k8s.io/v1beta2" -> ["devicetaintrules"])."""
+        self._discovery = {gv: tuple(names) for gv, names in (extra or {}).items()}
+
     def forbid(self, plural: str, verb: str = "list") -> None:
         """Answer 403 to ``verb`` (get, list, create, update) on ``plural``, as RBAC does."""
         self._forbidden.add((plural, verb))
@@ -349,6 +363,11 @@ class FakeCluster:
         stored with a new resourceVersion), as when another client writes between our read and our
         patch."""
         self._before_patch[name] = (edit, times)
+
+    def edit_before_next_update(self, plural: str, name: str, edit: Any, *, times: int = 1) -> None:
+        """The next ``times`` PUTs of the cluster-scoped object ``plural``/``name`` first see someone else's
+        edit (``edit(obj)``, stored with a new resourceVersion), as ``edit_before_next_patch`` for nodes."""
+        self._before_update[(plural, name)] = (edit, times)
 
     def allow_evictions_after(self, namespace: str, pdb: str, *, refusals: int) -> None:
         """The budget ``pdb`` (stored with ``disruptionsAllowed: 0``) refuses ``refusals`` evictions,
@@ -487,6 +506,9 @@ class FakeCluster:
     def _dispatch(
         self, method: str, path: str, query: dict[str, str], body: Any, content_type: str = ""
     ) -> tuple[int, Any]:
+        discovered = self._discover(method, path)
+        if discovered is not None:
+            return 200, discovered
         route = self._route(path)
         if route is None:
             return 404, self._status_body(404, "NotFound", "the server could not find the requested resource")
@@ -511,12 +533,62 @@ class FakeCluster:
         if verb == "get":
             return self._get(route)
         if verb == "create":
-            return self._create(route, body)
+            return self._create(route, body, query)
         if verb == "update":
-            return self._replace(route, body)
+            return self._replace(route, body, query)
         if verb == "patch":
             return self._patch(route, query, body, content_type)
+        if verb == "delete":
+            return self._delete(route, query, body)
         return 405, self._status_body(405, "MethodNotAllowed", f"{verb} is not implemented by the fake API")
+
+    def _discover(self, method: str, path: str) -> dict[str, Any] | None:
+        """An APIResourceList for ``/apis/GROUP/VERSION`` (``serve_discovery``), else None."""
+        parts = path.strip("/").split("/")
+        if self._discovery is None or method != "GET" or len(parts) != 3 or parts[0] != "apis":
+            return None
+        group, version = parts[1], parts[2]
+        served = [r for r in RESOURCES if r.group == group and version in self.served.get(group, r.versions)]
+        extra = self._discovery.get(f"{group}/{version}", ())
+        if not served and not extra:
+            return None
+        resources = [
+            {"name": r.plural, "singularName": "", "namespaced": r.namespaced, "kind": r.kind, "verbs": []}
+            for r in served
+        ]
+        resources += [
+            {"name": name, "singularName": "", "namespaced": False, "kind": "", "verbs": []} for name in extra
+        ]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}",
+            "resources": resources,
+        }
+
+    def _delete(self, route: Route, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        dry_run = self._dry_run(query)
+        key = f"{route.namespace}/{route.name}" if route.resource.namespaced else str(route.name)
+        preconditions = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+        with self.lock:
+            current = self.store[(route.resource.group, route.resource.plural)].get(key)
+            if current is None:
+                return 404, self._not_found(route)
+            metadata = current.object["metadata"]
+            for field_name in ("uid", "resourceVersion"):
+                wanted = preconditions.get(field_name)
+                if wanted and str(wanted) != str(metadata.get(field_name)):
+                    return 409, self._status_body(
+                        409,
+                        "Conflict",
+                        f"Precondition failed: {field_name}: {wanted}, object's {field_name}: "
+                        f"{metadata.get(field_name)}",
+                        self._details(route, str(route.name)),
+                    )
+            if not dry_run:
+                del self.store[(route.resource.group, route.resource.plural)][key]
+                self.rv += 1
+        return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200}
 
     def _get(self, route: Route) -> tuple[int, Any]:
         key = f"{route.namespace}/{route.name}" if route.resource.namespaced else str(route.name)
@@ -597,10 +669,14 @@ class FakeCluster:
         # The apiserver's format: base64 of {"v":"meta.k8s.io/v1","rv":N,"start":"<key>\u0000"}.
         return base64.b64encode(orjson.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start})).decode()
 
-    def _create(self, route: Route, body: Any) -> tuple[int, Any]:
+    def _create(self, route: Route, body: Any, query: Mapping[str, str] | None = None) -> tuple[int, Any]:
         if not isinstance(body, dict):
             raise BadRequest("the request body is not an object")
+        dry_run = self._dry_run(query or {})
+        body = orjson.loads(orjson.dumps(body))  # the recorded request keeps what was sent
         metadata = body.setdefault("metadata", {})
+        if self.clock is not None:
+            metadata["creationTimestamp"] = self.clock()
         if route.namespace is not None:
             metadata.setdefault("namespace", route.namespace)
         name = str(metadata.get("name", ""))
@@ -614,17 +690,32 @@ class FakeCluster:
                     self._details(route, name),
                 )
             metadata.pop("resourceVersion", None)
+            if dry_run:
+                metadata.setdefault("uid", str(uuid.uuid4()))
+                metadata.setdefault("creationTimestamp", "2026-12-01T08:00:00Z")
+                return 201, self._type_meta(route) + orjson.dumps(
+                    {k: v for k, v in body.items() if k not in ("kind", "apiVersion")}
+                )[1:]
             stored = self._store(route.resource, body)
         return 201, self._type_meta(route) + stored.body[1:]
 
-    def _replace(self, route: Route, body: Any) -> tuple[int, Any]:
+    def _replace(self, route: Route, body: Any, query: Mapping[str, str] | None = None) -> tuple[int, Any]:
         if not isinstance(body, dict):
             raise BadRequest("the request body is not an object")
+        dry_run = self._dry_run(query or {})
+        body = orjson.loads(orjson.dumps(body))  # the recorded request keeps what was sent
         key = f"{route.namespace}/{route.name}" if route.resource.namespaced else str(route.name)
         with self.lock:
             current = self.store[(route.resource.group, route.resource.plural)].get(key)
             if current is None:
                 return 404, self._not_found(route)
+            edit, times = self._before_update.pop((route.resource.plural, key), (None, 0))
+            if edit is not None:
+                if times > 1:
+                    self._before_update[(route.resource.plural, key)] = (edit, times - 1)
+                edited = current.object
+                edit(edited)
+                current = self._store(route.resource, edited)
             wanted = str((body.get("metadata") or {}).get("resourceVersion") or "")
             stored_version = str(current.object["metadata"]["resourceVersion"])
             if wanted and wanted != stored_version:
@@ -637,6 +728,11 @@ class FakeCluster:
                 )
             body["metadata"]["uid"] = current.object["metadata"].get("uid")
             body["metadata"]["creationTimestamp"] = current.object["metadata"].get("creationTimestamp")
+            if dry_run:
+                body["metadata"]["resourceVersion"] = stored_version
+                return 200, self._type_meta(route) + orjson.dumps(
+                    {k: v for k, v in body.items() if k not in ("kind", "apiVersion")}
+                )[1:]
             stored = self._store(route.resource, body)
         return 200, self._type_meta(route) + stored.body[1:]
 

@@ -12,16 +12,20 @@ import copy
 import json
 import socket
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from cluster_objects import allocated, inference_pod, namespace, node, pod, resource_claim, resource_slice
+from dra_objects import device_class, held_claim, node_gpus
 from fake_cluster import FakeCluster
 
 from webhook import cli
-from webhook.deploy import reserved_names
+from webhook.core.policy import default_policy
+from webhook.deploy import device_classes, reserved_names
+from webhook.deploy.device_classes import DeviceReservation
 from webhook.ops import pool
 
 POOL_LABEL = "rocm-isolation.io/pool"
@@ -583,3 +587,440 @@ def test_the_plan_shown_in_operations_md_is_this_output(tmp_path: Path, capsys: 
     docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     shown = "$ rocm-isolation-webhook pool --selector amd.com/gpu.device-id=74a1 --count 3\n" + out
     assert shown in docs
+
+
+# --- device-level reservation ----------------------------------------------------------------------------
+
+RESERVED_CLASS, SHARED_CLASS = "rocm-isolation-reserved", "rocm-isolation-shared"
+SLOTS = ("0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0")
+DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
+
+
+class Clock:
+    """The apiserver's clock for creationTimestamp (one-second resolution): ``hold`` calls at one instant,
+    then a second later at each call."""
+
+    def __init__(self, start: str = "2026-12-01T09:00:00Z", hold: int = 1) -> None:
+        self.now = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        self.hold = hold
+
+    def __call__(self) -> str:
+        if self.hold > 0:
+            self.hold -= 1
+        else:
+            self.now += timedelta(seconds=1)
+        return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def claim_pod(name: str, ns: str, node_name: str, claim: str, *, inference: bool = False) -> dict[str, Any]:
+    make = inference_pod if inference else pod
+    obj = make(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
+    obj["metadata"]["labels"] = {"app": name}
+    return obj
+
+
+@pytest.fixture
+def dra() -> Iterator[FakeCluster]:
+    """Two MI300X nodes whose GPUs AMD's DRA driver publishes (no device plugin), in PCI slots 19, 3b, 4c, 5d;
+    a device-plugin node; AMD's chart class gpu.amd.com naming amd.com/gpu; a training pod on dra-a's first
+    GPU, another on dra-b's last, an inference pod on dra-b's second."""
+    fake = FakeCluster().start()
+    fake.clock = Clock()
+    fake.add(
+        namespace("ml-training"),
+        namespace("serving", {"rocm-isolation.io/class": "inference"}),
+        node("dra-a", allocatable={}),
+        node("dra-b", allocatable={}),
+        node("plugin-1"),
+        node_gpus("dra-a", *SLOTS),
+        node_gpus("dra-b", *SLOTS),
+        device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu"),
+        held_claim("train-a-gpu", "ml-training", "dra-a", ["gpu-9-137"], pods=["train-a"]),
+        claim_pod("train-a", "ml-training", "dra-a", "train-a-gpu"),
+        held_claim("train-b-gpu", "ml-training", "dra-b", ["gpu-6-134"], pods=["train-b"]),
+        claim_pod("train-b", "ml-training", "dra-b", "train-b-gpu"),
+        held_claim("llm-gpu", "serving", "dra-b", ["gpu-8-136"], pods=["llm-0"], device_class=RESERVED_CLASS),
+        claim_pod("llm-0", "serving", "dra-b", "llm-gpu", inference=True),
+    )
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_creation_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tie lost by name waits for the next second of creationTimestamp; the fake's clock moves by itself.
+    monkeypatch.setattr(pool, "CREATION_TICK", 0.0)
+
+
+def stored_class(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    obj = cluster.get_object("deviceclasses", name, group="resource.k8s.io")
+    assert obj is not None, name
+    return obj
+
+
+def class_writes(cluster: FakeCluster) -> list[Any]:
+    return [r for r in writes(cluster) if "/deviceclasses" in r.path]
+
+
+def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_changes_nothing(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(dra, tmp_path, capsys, "plan", "--devices-per-node", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1] == "Now: no device reservation (the classes do not exist)."
+    assert lines[2] == (
+        "After apply: 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0 (the lowest PCI bus IDs of each "
+        "node, ROCm's order)."
+    )
+    assert [line.split() for line in lines[4:7]] == [
+        ["NODE", "GPUS", "RESERVED", "SHARED"],
+        ["dra-a", "4", "2", "2"],
+        ["dra-b", "4", "2", "2"],
+    ]
+    assert ["dra-a", "gpu-9-137", "0000:19:00.0", "unreserved", "reserved"] in [line.split() for line in lines]
+    # the training pod on dra-a's first GPU is listed, the inference pod and the training pod on a shared GPU not
+    [held] = [line for line in lines if "train-a" in line]
+    assert held.split() == [
+        "dra-a",
+        "ml-training",
+        "train-a",
+        "ReplicaSet/trainer-7d9c8b6f5",
+        "training",
+        "gpu-9-137",
+        "yes",
+    ]
+    assert not [line for line in lines if "train-b" in line or "llm-0" in line]
+    assert (
+        "  deviceclass/gpu.amd.com also names amd.com/gpu (created 2026-11-01T00:00:00Z); not ours: pool never edits it"
+    ) in lines
+    assert "  apply creates deviceclass/rocm-isolation-shared, which then is the newest" not in lines
+    assert "note: plugin-1 serves GPUs through the device plugin: not split" in out
+    assert writes(dra) == []
+    code, out, _ = run(dra, tmp_path, capsys, "plan", "--devices-per-node", "2", "-o", "json")
+    doc = json.loads(out)["devices"]
+    assert doc["after"] == {"active": True, "devicesPerNode": 2, "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"]}
+    assert [(n["name"], n["reserved"], n["shared"]) for n in doc["nodes"]] == [("dra-a", 2, 2), ("dra-b", 2, 2)]
+    assert [p["name"] for p in doc["podsHoldingReserved"]] == ["train-a"]
+    assert [(c["name"], c["action"]) for c in doc["classes"]] == [(RESERVED_CLASS, "create"), (SHARED_CLASS, "create")]
+    assert doc["extendedResource"]["ownerNow"] == "gpu.amd.com"
+    assert writes(dra) == []
+
+
+def test_device_apply_writes_the_reserved_class_then_the_shared_one_and_is_idempotent(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0, err
+    assert [(r.method, r.path, r.body["metadata"]["name"]) for r in writes(dra)] == [
+        ("POST", DEVICE_CLASSES, RESERVED_CLASS),
+        ("POST", DEVICE_CLASSES, SHARED_CLASS),
+    ]
+    reservation = DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0"))
+    policy = default_policy()
+    reserved, shared = stored_class(dra, RESERVED_CLASS), stored_class(dra, SHARED_CLASS)
+    expected_shared = device_classes.shared_class(policy, reservation)
+    expected_shared["metadata"]["annotations"]["rocm-isolation.io/extended-resource-also-named-by"] = "gpu.amd.com"
+    for stored, expected in ((reserved, device_classes.reserved_class(policy, reservation)), (shared, expected_shared)):
+        assert stored["metadata"]["labels"] == expected["metadata"]["labels"]
+        assert stored["metadata"]["annotations"] == expected["metadata"]["annotations"]
+        assert stored["spec"] == expected["spec"]
+        kubernetes_validate.validate(
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", **stored}, "1.37.0", strict=True
+        )
+    assert device_classes.reservation_of(reserved) == reservation
+    assert "deviceclass/rocm-isolation-reserved created" in out and "deviceclass/rocm-isolation-shared created" in out
+    # ours is newer than AMD's chart class: amd.com/gpu maps to it; the chart's class is never written
+    assert stored_class(dra, "gpu.amd.com")["metadata"]["resourceVersion"]
+    assert not [r for r in writes(dra) if r.path.endswith("/gpu.amd.com")]
+    assert "The pods listed above keep their devices: pool apply --devices-per-node 2 --evict evicts them." in out
+    before = len(writes(dra))
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0
+    assert len(writes(dra)) == before
+    assert "deviceclass/rocm-isolation-reserved unchanged" in out
+    assert out.rstrip().endswith("Nothing changed: the classes already said this.")
+
+
+def test_device_apply_with_another_n_replaces_with_the_resource_version_read(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    versions = {name: stored_class(dra, name)["metadata"]["resourceVersion"] for name in (RESERVED_CLASS, SHARED_CLASS)}
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "1", "-o", "json")
+    assert code == 0
+    puts = [r for r in writes(dra) if r.method == "PUT"]
+    assert [(r.path, r.body["metadata"]["resourceVersion"]) for r in puts] == [
+        (f"{DEVICE_CLASSES}/{RESERVED_CLASS}", versions[RESERVED_CLASS]),
+        (f"{DEVICE_CLASSES}/{SHARED_CLASS}", versions[SHARED_CLASS]),
+    ]
+    doc = json.loads(out)
+    assert [(w["name"], w["result"]) for w in doc["deviceClasses"]] == [
+        (RESERVED_CLASS, "replaced"),
+        (SHARED_CLASS, "replaced"),
+    ]
+    assert doc["plan"]["devices"]["before"]["pciBusIds"] == ["0000:19:00.0", "0000:3b:00.0"]
+    assert device_classes.reservation_of(stored_class(dra, RESERVED_CLASS)) == DeviceReservation(1, ("0000:19:00.0",))
+    # llm-0 holds dra-b's 3b, which stops being reserved: listed, not evicted
+    assert [p["name"] for p in doc["plan"]["devices"]["inferenceKeeping"]] == ["llm-0"]
+
+
+def test_a_concurrent_change_of_a_class_is_read_again_and_kept(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+
+    def someone_else(obj: dict[str, Any]) -> None:  # e.g. a GitOps tool adding its label meanwhile
+        obj["metadata"]["labels"]["argocd.argoproj.io/instance"] = "gpu"
+
+    dra.edit_before_next_update("deviceclasses", RESERVED_CLASS, someone_else)
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "1")
+    assert code == 0, out
+    puts = [r for r in writes(dra) if r.method == "PUT" and r.path.endswith(RESERVED_CLASS)]
+    assert [r.status for r in puts] == [409, 200]
+    stored = stored_class(dra, RESERVED_CLASS)
+    assert stored["metadata"]["labels"]["argocd.argoproj.io/instance"] == "gpu"
+    assert device_classes.reservation_of(stored) == DeviceReservation(1, ("0000:19:00.0",))
+
+
+def test_the_shared_class_is_recreated_when_another_class_naming_amd_gpu_is_newer(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    # AMD's chart re-installed later: its class is now the newest naming amd.com/gpu
+    dra.add(device_class("gpu.amd.com", created="2026-12-01T10:00:00Z", extended_resource_name="amd.com/gpu"))
+    dra.clock = Clock("2026-12-01T11:00:00Z")
+    old = stored_class(dra, SHARED_CLASS)
+    code, out, _ = run(dra, tmp_path, capsys, "plan", "--devices-per-node", "2")
+    assert "amd.com/gpu: the scheduler maps it to the newest DeviceClass naming it (the lower name on a tie): " in out
+    assert "deviceclass/gpu.amd.com today." in out
+    assert "deviceclass/rocm-isolation-shared (shared): delete and create again (see above)" in out
+    first = len(writes(dra))
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0, out
+    done = writes(dra)[first:]
+    assert [(r.method, r.path) for r in done] == [
+        ("DELETE", f"{DEVICE_CLASSES}/{SHARED_CLASS}"),
+        ("POST", DEVICE_CLASSES),
+    ]
+    assert done[0].body["preconditions"] == {
+        "uid": old["metadata"]["uid"],
+        "resourceVersion": old["metadata"]["resourceVersion"],
+    }
+    assert stored_class(dra, SHARED_CLASS)["metadata"]["creationTimestamp"] == "2026-12-01T11:00:00Z"
+    assert (
+        "deviceclass/rocm-isolation-shared deleted and re-created: deviceclass/gpu.amd.com (created "
+        "2026-12-01T10:00:00Z) was newer; now it is the newest class naming amd.com/gpu (created 2026-12-01T11:00:00Z)"
+    ) in out
+    assert stored_class(dra, "gpu.amd.com")["metadata"]["creationTimestamp"] == "2026-12-01T10:00:00Z"
+
+
+def test_a_tie_lost_by_name_waits_for_the_next_second_and_recreates(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # AMD's chart class and ours created in the same second: gpu.amd.com is the lower name and wins
+    dra.add(device_class("gpu.amd.com", created="2026-12-01T09:00:00Z", extended_resource_name="amd.com/gpu"))
+    dra.clock = Clock("2026-12-01T09:00:00Z", hold=2)
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0, out
+    assert [(r.method, r.path) for r in class_writes(dra)] == [
+        ("POST", DEVICE_CLASSES),
+        ("POST", DEVICE_CLASSES),
+        ("DELETE", f"{DEVICE_CLASSES}/{SHARED_CLASS}"),
+        ("POST", DEVICE_CLASSES),
+    ]
+    assert stored_class(dra, SHARED_CLASS)["metadata"]["creationTimestamp"] == "2026-12-01T09:00:01Z"
+    assert "deviceclass/gpu.amd.com was created the same second and wins the tie by name" in out
+
+
+def test_device_apply_server_dry_run_persists_nothing(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2", "--evict", "--dry-run=server")
+    assert code == 0, out
+    assert [(r.method, r.query.get("dryRun")) for r in writes(dra)] == [
+        ("POST", "All"),
+        ("POST", "All"),
+        ("POST", "All"),
+    ]
+    assert dra.get_object("deviceclasses", RESERVED_CLASS, group="resource.k8s.io") is None
+    assert dra.get_object("pods", "train-a", "ml-training") is not None
+    assert "deviceclass/rocm-isolation-reserved created (server dry run)" in out
+
+
+def test_device_apply_evicts_the_other_classes_on_reserved_devices_after_writing_the_classes(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dra.add(pdb("train-a", "ml-training", {"app": "train-a"}, allowed=0))
+    dra.allow_evictions_after("ml-training", "train-a", refusals=1)
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2", "--evict", "--timeout", "30s")
+    assert code == 0, out
+    assert [(r.method, r.path.rsplit("/", 1)[-1], r.status) for r in writes(dra)] == [
+        ("POST", "deviceclasses", 201),
+        ("POST", "deviceclasses", 201),
+        ("POST", "eviction", 429),
+        ("POST", "eviction", 201),
+    ]
+    assert writes(dra)[2].path == "/api/v1/namespaces/ml-training/pods/train-a/eviction"
+    assert dra.get_object("pods", "train-a", "ml-training") is None
+    assert dra.get_object("pods", "train-b", "ml-training") is not None  # on a shared GPU
+    assert dra.get_object("pods", "llm-0", "serving") is not None  # inference
+    assert "pod/train-a -n ml-training evicted" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "served"),
+    [
+        (
+            {"resource.k8s.io/v1beta2": ["devicetaintrules"]},
+            "this cluster serves devicetaintrules in resource.k8s.io/v1beta2",
+        ),
+        ({}, "this cluster serves no devicetaintrules"),
+    ],
+)
+def test_a_subset_of_the_dra_nodes_is_refused_with_why(
+    dra: FakeCluster,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: dict[str, list[str]],
+    served: str,
+) -> None:
+    dra.serve_discovery(extra)
+    code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2", "--nodes", "dra-a")
+    assert code == 2
+    assert err.startswith(
+        "error: --nodes dra-a: device-level reservation splits every node that publishes gpu.amd.com devices, not "
+        "some: dra-b also publishes them."
+    )
+    assert served in err and "this version of pool does not use them yet" in err
+    assert err.rstrip().endswith("; nothing was changed")
+    assert out == "" and writes(dra) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("plan", "--devices-per-node", "2", "--nodes", "dra-a,dra-b,plugin-1"),
+            "error: node plugin-1 serves GPUs through the device plugin (amd.com/* allocatable) and publishes no "
+            "gpu.amd.com devices: device-level reservation needs AMD's DRA driver",
+        ),
+        (("plan", "--devices-per-node", "0"), "error: --devices-per-node 0: give at least 1"),
+        (
+            ("plan", "--devices-per-node", "2", "--count", "1"),
+            "error: --devices-per-node splits every node of the driver: it does not go with --count",
+        ),
+        (("status", "--devices-per-node", "2"), "error: --devices-per-node is only for pool plan / apply"),
+        (("release", "--devices"), "error: pool release --devices needs --all (the split applies to every node"),
+        (("apply", "--devices", "--nodes", "dra-a"), "error: --devices is only for pool release"),
+        (
+            ("release", "--devices", "--nodes", "dra-a"),
+            "error: --nodes dra-a: device-level reservation splits every node that publishes gpu.amd.com devices",
+        ),
+    ],
+)
+def test_device_bad_input_is_a_clear_error_and_writes_nothing(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(dra, tmp_path, capsys, *argv)
+    assert code == 2
+    assert err.startswith(message)
+    assert out == "" and writes(dra) == []
+
+
+def test_a_node_is_reserved_whole_or_split_never_both(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # dra-b reserved whole first: the split is refused until it is released
+    assert run(dra, tmp_path, capsys, "apply", "--nodes", "dra-b")[0] == 0
+    code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 2, out
+    assert "dra-b is reserved whole" in err and "Release it first: pool release --nodes dra-b" in err
+    assert not class_writes(dra)
+    assert run(dra, tmp_path, capsys, "release", "--nodes", "dra-b", "--force")[0] == 0
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    # now split: reserving a DRA node whole is refused, a device-plugin node is not
+    before = len(writes(dra))
+    code, _, err = run(dra, tmp_path, capsys, "apply", "--nodes", "dra-a")
+    assert code == 2
+    assert err.startswith(
+        "error: dra-a publishes gpu.amd.com devices, which the active device reservation splits (deviceclass/"
+        "rocm-isolation-reserved: 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0): a node is reserved "
+        "whole or split, never both. Release the device reservation first (pool release --devices --all)"
+    )
+    assert len(writes(dra)) == before
+    assert run(dra, tmp_path, capsys, "apply", "--nodes", "plugin-1")[0] == 0
+
+
+def test_release_devices_widens_both_classes_and_deletes_neither(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(dra, tmp_path, capsys, "release", "--devices", "--all")
+    assert code == 0
+    assert (
+        out.strip() == "No device reservation: deviceclass/rocm-isolation-reserved does not exist; nothing to release."
+    )
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    code, out, _ = run(dra, tmp_path, capsys, "release", "--devices", "--nodes", "dra-b,dra-a")
+    assert code == 0, out
+    for name in (RESERVED_CLASS, SHARED_CLASS):
+        stored = stored_class(dra, name)
+        assert stored["metadata"]["labels"]["rocm-isolation.io/device-reservation"] == "released"
+        assert stored["spec"]["selectors"] == [{"cel": {"expression": "device.driver == 'gpu.amd.com'"}}]
+    assert stored_class(dra, SHARED_CLASS)["spec"]["extendedResourceName"] == "amd.com/gpu"
+    assert device_classes.reservation_of(stored_class(dra, RESERVED_CLASS)) == device_classes.RELEASED_RESERVATION
+    assert not [r for r in writes(dra) if r.method == "DELETE"]
+    assert "After release: released (both classes select every device)." in out
+    code, out, _ = run(dra, tmp_path, capsys, "release", "--devices", "--all")
+    assert code == 0 and out.rstrip().endswith("Nothing changed: the device reservation was already released.")
+
+
+def test_status_shows_the_devices_reserved_and_shared_and_who_holds_them(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(dra, tmp_path, capsys, "status", "-o", "json")
+    assert code == 0
+    assert json.loads(out)["devices"]["reservation"] is None
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    code, out, _ = run(dra, tmp_path, capsys, "status", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {"reservation", "nodes", "reserved", "shared", "nonInferenceOnReserved"} <= set(doc)
+    devices = doc["devices"]
+    assert devices["reservation"] == {
+        "active": True,
+        "devicesPerNode": 2,
+        "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"],
+    }
+    dra_b = devices["nodes"][1]
+    assert (dra_b["name"], dra_b["reserved"], dra_b["shared"]) == ("dra-b", 2, 2)
+    assert dra_b["podsByClass"] == {"reserved": {"inference": 1}, "shared": {"training": 1}}
+    assert [p["name"] for p in devices["nonInferenceOnReserved"]] == ["train-a"]
+    assert devices["extendedResource"]["ownerNow"] == SHARED_CLASS
+    assert devices["outOfDate"] == []
+    code, out, _ = run(dra, tmp_path, capsys, "status")
+    assert (
+        "Device-level reservation (driver gpu.amd.com): 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0"
+        in out
+    )
+    assert ["dra-b", "gpu-8-136", "0000:3b:00.0", "reserved", "serving/llm-0", "(inference)"] in [
+        line.split() for line in out.splitlines()
+    ]
+    assert (
+        "amd.com/gpu maps to deviceclass/rocm-isolation-shared (the newest DeviceClass naming it); also named by deviceclass/gpu.amd.com"
+        in out
+    )
+    assert "  ml-training/train-a (training) on dra-a: gpu-9-137" in out
+    # AMD's chart stops naming amd.com/gpu: v1.36 drops the mapping; status says so, apply re-registers it
+    chart = stored_class(dra, "gpu.amd.com")
+    del chart["spec"]["extendedResourceName"]
+    dra.add({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", **chart})
+    code, out, _ = run(dra, tmp_path, capsys, "status")
+    assert (
+        "warning: deviceclass/rocm-isolation-shared does not say what the reservation records: pool apply "
+        "--devices-per-node 2 rewrites it"
+    ) in out
+    before = len(writes(dra))
+    code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0
+    assert [(r.method, r.path) for r in writes(dra)[before:]] == [("PUT", f"{DEVICE_CLASSES}/{SHARED_CLASS}")]

@@ -12,6 +12,14 @@ in-cluster service account.
   still have room on the reserved nodes left (or ``--force``).
 - ``status`` shows the pool as it is: label/taint consistency, GPUs, pods by class.
 
+Device-level reservation (``--devices-per-node N``; nodes whose GPUs AMD's DRA driver publishes): the N
+GPUs with the lowest PCI bus IDs of every node of the driver go to inference, through two DeviceClasses
+(``webhook.deploy.device_classes``; the planning is ``device_reservation.py``). ``apply`` writes the
+reserved class, then the shared one (created, or replaced with the ``resourceVersion`` read: 409 → read
+again and retry), keeps the shared class the one the scheduler maps ``amd.com/gpu`` to, and with
+``--evict`` evicts the pods of other classes holding devices that became reserved; ``release --devices
+--all`` widens both classes to every device (never deletes them); ``status`` adds a device section.
+
 Exit status: 0 done (or nothing to do), 1 something was refused or not done (an eviction still
 refused at ``--timeout``, a release refused, a node that kept changing under us), 2 the cluster
 cannot be read or the input is wrong (unknown node, selector matching nothing, ...): nothing is
@@ -25,18 +33,29 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from webhook.cluster.dra_capacity import Slot
 from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
-from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
+from webhook.cluster.kubeapi import ApiError, Conflict, Forbidden, KubeApi, NotFound, api_path
+from webhook.core import claims as dra
 from webhook.core import engine
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
-from webhook.deploy import reserved_names
-from webhook.ops import reserved_names_sync
+from webhook.deploy import device_classes, reserved_names
+from webhook.ops import device_reservation, reserved_names_sync
+from webhook.ops.device_reservation import (
+    ClassChange,
+    ClassInfo,
+    Device,
+    DevicePlan,
+    DeviceStatus,
+    PublishedDevices,
+    SubsetError,
+)
 from webhook.ops.eviction import EvictionResult, evict_pods, eviction_body
 from webhook.ops.reservation import (
     Capacity,
@@ -65,6 +84,10 @@ EXIT_BAD = 2
 
 ACTIONS = ("plan", "apply", "release", "status")
 CONFLICT_RETRIES = 5
+# creationTimestamp has a resolution of one second: a new shared class that ties with another class naming
+# its extended resource, and loses the tie by name, is re-created once the second has passed.
+CREATION_TICK = 1.0
+RECREATE_ATTEMPTS = 3
 EVICTION_BACKOFF = (1.0, 16.0)  # seconds: the first wait after a refusal, and the longest
 MIRROR_ANNOTATION = engine.MIRROR_ANNOTATION
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
@@ -76,6 +99,9 @@ examples:
   rocm-isolation-webhook pool apply --nodes gpu-1,gpu-2 --dry-run=server
   rocm-isolation-webhook pool release --nodes gpu-2
   rocm-isolation-webhook pool status -o json
+  rocm-isolation-webhook pool plan --devices-per-node 2
+  rocm-isolation-webhook pool apply --devices-per-node 2 --evict
+  rocm-isolation-webhook pool release --devices --all
 """
 
 
@@ -107,6 +133,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--count", type=int, metavar="N", help="choose N nodes (with --selector or among all GPU nodes)")
     which.add_argument("--gpus", type=int, metavar="N", help="choose enough nodes to hold N allocatable GPUs")
     which.add_argument("--all", action="store_true", help="release: every node of the pool")
+    devices = parser.add_argument_group("device-level reservation (nodes whose GPUs AMD's DRA driver publishes)")
+    devices.add_argument(
+        "--devices-per-node",
+        type=int,
+        metavar="N",
+        help="plan, apply: reserve the N GPUs with the lowest PCI bus IDs of every node of the driver",
+    )
+    devices.add_argument(
+        "--devices", action="store_true", help="release --all: release the device reservation (not whole nodes)"
+    )
     parser.add_argument("--evict", action="store_true", help="apply: evict the non-inference pods left on the nodes")
     parser.add_argument(
         "--timeout",
@@ -145,12 +181,32 @@ def check_usage(args: argparse.Namespace) -> None:
         "evict": ("apply",),
         "force": ("release",),
         "all": ("release",),
+        "devices": ("release",),
     }
     for option, actions in only.items():
-        if getattr(args, option) and action not in actions:
+        if getattr(args, option, False) and action not in actions:
             raise UsageError(f"--{option} is only for pool {' / '.join(actions)}")
     if args.dry_run != "none" and action not in ("apply", "release"):
         raise UsageError("--dry-run is only for pool apply / release")
+    per_node = getattr(args, "devices_per_node", None)
+    if per_node is not None:
+        if action not in ("plan", "apply"):
+            raise UsageError("--devices-per-node is only for pool plan / apply")
+        if per_node < 1:
+            raise UsageError(f"--devices-per-node {per_node}: give at least 1")
+        extra = [name for name in ("count", "gpus") if getattr(args, name) is not None]
+        if extra:
+            raise UsageError(f"--devices-per-node splits every node of the driver: it does not go with --{extra[0]}")
+        if args.nodes is not None and args.selector is not None:
+            raise UsageError("--nodes names the nodes: it does not go with --selector")
+        return
+    if action == "release" and getattr(args, "devices", False):
+        if args.force:
+            raise UsageError("--force is for releasing whole nodes: a device release leaves every pod its devices")
+        extra = [name for name in choosing if name != "nodes"]
+        if extra or (args.nodes is None) == (not args.all):
+            raise UsageError("pool release --devices needs --all (the split applies to every node of the driver)")
+        return
     if action == "status":
         if choosing:
             raise UsageError(f"pool status shows the whole pool: --{choosing[0]} does not apply")
@@ -219,6 +275,9 @@ class Output:
     def error(self, text: str) -> None:
         print(f"error: {text}", file=self.stderr, flush=True)
 
+    def warning(self, text: str) -> None:
+        print(f"warning: {text}", file=self.stderr, flush=True)
+
     def json(self, document: Any) -> None:
         self.stdout.write(json.dumps(document, indent=2) + "\n")
 
@@ -236,6 +295,8 @@ def pool_node(info: NodeInfo) -> PoolNode:
 class Cluster:
     nodes: list[PoolNode]
     pods: list[PoolPod]
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) of a pod -> its uid
+    plugin_gpus: dict[str, int] = field(default_factory=dict)  # node -> allocatable amd.com/ GPU resources
 
 
 def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
@@ -283,17 +344,26 @@ def pool_pod(
 def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
     snapshot = Snapshot.read(api, policy)
     pods: list[PoolPod] = []
+    uids: dict[tuple[str, str], str] = {}
     counted: set[Slot] = set()
 
     def restart() -> None:
         pods.clear()
+        uids.clear()
         counted.clear()
 
     for raw in Snapshot.pods(api, on_restart=restart):
         found = pool_pod(raw, snapshot, policy, counted)
         if found is not None:
             pods.append(found)
-    return Cluster([pool_node(info) for info in snapshot.nodes.values()], pods)
+            uids[(found.namespace, found.name)] = str((raw.get("metadata") or {}).get("uid", ""))
+    plugin = {
+        info.name: sum(
+            n for name, n in info.gpu_resources.items() if name.startswith(device_reservation.DEVICE_PLUGIN_PREFIX)
+        )
+        for info in snapshot.nodes.values()
+    }
+    return Cluster([pool_node(info) for info in snapshot.nodes.values()], pods, uids, plugin)
 
 
 def read_node(api: KubeApi, name: str, policy: Policy) -> PoolNode:
@@ -307,9 +377,24 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
     reservation = Reservation.from_policy(policy)
     cluster = read_cluster(api, policy)
     if args.action == "status":
-        return status(cluster, reservation, args, out)
+        state = read_dra(api, policy, claims=True, required=False)
+        for warning in state.warnings:
+            out.warning(warning)
+        return status(cluster, reservation, args, out, device_status(policy, cluster, state))
+    if args.action == "release" and getattr(args, "devices", False):
+        return release_devices(api, policy, cluster, args, out)
     if args.action == "release":
         return release(api, policy, cluster, reservation, args, out)
+    if getattr(args, "devices_per_node", None) is not None:
+        plan_state = device_plan(api, policy, cluster, reservation, args)
+        if args.action == "plan":
+            if args.output == "json":
+                out.json({"devices": device_reservation.plan_json(plan_state[0])})
+            else:
+                for line in device_reservation.plan_lines(plan_state[0], policy):
+                    out.line(line)
+            return EXIT_OK
+        return apply_devices(api, policy, plan_state[0], plan_state[1], args, out)
     selection = choose_nodes(
         cluster.nodes,
         cluster.pods,
@@ -319,6 +404,7 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
         count=args.count,
         gpus=args.gpus,
     )
+    refuse_split_nodes(api, policy, [c.node.name for c in selection.chosen], out)
     plan = build_plan(selection, cluster.nodes, cluster.pods, reservation)
     if args.action == "plan":
         if args.output == "json":
@@ -575,7 +661,13 @@ def _by_class(pods: Iterable[PoolPod]) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items()))
 
 
-def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace, out: Output) -> int:
+def status(
+    cluster: Cluster,
+    reservation: Reservation,
+    args: argparse.Namespace,
+    out: Output,
+    devices: DeviceStatus | None = None,
+) -> int:
     members = sorted((n for n in cluster.nodes if n.marked(reservation)), key=lambda n: n.name)
     names = {n.name for n in members if n.labelled(reservation)}
     requested: dict[str, int] = {}
@@ -611,6 +703,7 @@ def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace,
                 "reserved": {**reserved_cap.as_json(), "podsByClass": _by_class(on_reserved)},
                 "shared": {**shared_cap.as_json(), "podsByClass": _by_class(on_shared)},
                 "nonInferenceOnReserved": [{**_pod_ref(p), "class": p.class_name} for p in strays],
+                "devices": device_reservation.status_json(devices) if devices is not None else None,
             }
         )
         return EXIT_OK
@@ -649,4 +742,446 @@ def status(cluster: Cluster, reservation: Reservation, args: argparse.Namespace,
         rows += [[p.node, p.namespace, p.name, p.class_name or "-", str(p.gpus)] for p in strays]
         for line in columns(rows):
             out.line(line)
+    if devices is not None:
+        out.line()
+        for line in device_reservation.status_lines(devices):
+            out.line(line)
     return EXIT_OK
+
+
+# --- device-level reservation --------------------------------------------------------------------------
+
+
+@dataclass
+class DraState:
+    """What device-level reservation reads of Dynamic Resource Allocation, raw."""
+
+    version: str | None  # the resource.k8s.io version read; None when none is served (or not readable)
+    classes: dict[str, ClassInfo]
+    published: dict[str, tuple[Device, ...]]  # the driver's devices per node
+    claims: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_dra(api: KubeApi, policy: Policy, *, claims: bool, required: bool) -> DraState:
+    """DeviceClasses, the driver's devices in ResourceSlices and (``claims``) ResourceClaims, from the newest
+    resource.k8s.io version served. ``required``: an error (RBAC) is raised (exit 2), else it is a warning
+    and nothing is known (whole-node commands and status keep working without DRA permissions)."""
+    driver = policy.spec.reserved_devices.driver
+    for version in dra.VERSIONS:
+        group_version = f"{dra.GROUP}/{version}"
+        found: list[dict[str, Any]] = []
+        try:
+            for obj in api.list(api_path(group_version, "deviceclasses"), on_restart=found.clear):
+                found.append(obj)
+        except NotFound:
+            continue
+        try:
+            published = PublishedDevices(driver)
+            for resource_slice in api.list(api_path(group_version, "resourceslices"), on_restart=published.clear):
+                published.add(resource_slice)
+            raw_claims: list[dict[str, Any]] = []
+            if claims:
+                for claim in api.list(api_path(group_version, "resourceclaims"), on_restart=raw_claims.clear):
+                    raw_claims.append(claim)
+        except (NotFound, Forbidden) as err:
+            if required:
+                raise
+            return DraState(None, {}, {}, [], [f"device-level reservation not read ({err})"])
+        return DraState(version, device_reservation.class_infos(found), published.per_node(), raw_claims)
+    return DraState(None, {}, {}, [])
+
+
+def device_taint_rule_versions(api: KubeApi) -> tuple[str, ...] | None:
+    """The resource.k8s.io versions whose API discovery lists ``devicetaintrules``; None when discovery
+    could not be read."""
+    found = []
+    for version in ("v1", "v1beta2"):
+        try:
+            document = api.get(f"/apis/{dra.GROUP}/{version}")
+        except NotFound:
+            continue
+        except ApiError:
+            return None
+        resources = document.get("resources")
+        if isinstance(resources, list) and any(
+            isinstance(r, Mapping) and r.get("name") == "devicetaintrules" for r in resources
+        ):
+            found.append(version)
+    return tuple(found)
+
+
+def require_v1(state: DraState) -> None:
+    if state.version != "v1":
+        served = f"resource.k8s.io/{state.version}" if state.version else "no resource.k8s.io version"
+        raise SelectionError(
+            f"device-level reservation writes resource.k8s.io/v1 DeviceClasses (Kubernetes 1.34 or later; "
+            f"extendedResourceName needs 1.36): this cluster serves {served}"
+        )
+
+
+def refuse_split_nodes(api: KubeApi, policy: Policy, names: Iterable[str], out: Output) -> None:
+    """A node is reserved whole or split, never both: whole-node ``plan``/``apply`` refuse a node whose
+    devices the active device reservation splits."""
+    state = read_dra(api, policy, claims=False, required=False)
+    for warning in state.warnings:
+        out.warning(f"{warning}: cannot check that no chosen node's devices are split")
+    current = device_reservation.current_reservation(policy, state.classes)
+    if current is None or not current.active:
+        return
+    split_nodes = sorted(name for name in names if name in state.published)
+    if split_nodes:
+        devices = policy.spec.reserved_devices
+        raise SelectionError(
+            f"{', '.join(split_nodes)} publish{'es' if len(split_nodes) == 1 else ''} {devices.driver} devices, "
+            f"which the active device reservation splits (deviceclass/{devices.reserved_class_name}: "
+            f"{device_reservation.reservation_text(current)}): a node is reserved whole or split, never both. "
+            "Release the device reservation first (pool release --devices --all), or choose nodes without the DRA "
+            "driver"
+        )
+
+
+def device_status(policy: Policy, cluster: Cluster, state: DraState) -> DeviceStatus | None:
+    """The device section of ``status``: when nodes publish the driver's devices, or our classes exist."""
+    devices = policy.spec.reserved_devices
+    ours = [n for n in (devices.reserved_class_name, devices.shared_class_name) if n in state.classes]
+    if not state.published and not ours:
+        return None
+    held, _ = device_reservation.holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
+    return device_reservation.device_status(policy, state.published, state.classes, held)
+
+
+def device_plan(
+    api: KubeApi, policy: Policy, cluster: Cluster, reservation: Reservation, args: argparse.Namespace
+) -> tuple[DevicePlan, DraState]:
+    state = read_dra(api, policy, claims=True, required=True)
+    require_v1(state)
+    driver = policy.spec.reserved_devices.driver
+    try:
+        device_reservation.choose_device_nodes(
+            cluster.nodes,
+            state.published,
+            cluster.plugin_gpus,
+            reservation,
+            driver,
+            names=parse_names(args.nodes) if args.nodes is not None else None,
+            selector=parse_selector(args.selector) if args.selector is not None else None,
+        )
+    except SubsetError as err:
+        raise SelectionError(device_reservation.subset_message(err, device_taint_rule_versions(api))) from None
+    after, wanted = device_reservation.split(state.published, args.devices_per_node)
+    if not after.active:
+        raise SelectionError(
+            f"no {driver} device publishes {device_classes.PCI_BUS_ID_ATTRIBUTE}: the classes select devices by "
+            "PCI bus ID, so none can be reserved"
+        )
+    held, notes = device_reservation.holds(state.claims, driver, state.published, cluster.pods, cluster.uids)
+    plugin = sorted(name for name, n in cluster.plugin_gpus.items() if n > 0 and name not in state.published)
+    if plugin:
+        notes.append(
+            f"{', '.join(plugin)} serve{'s' if len(plugin) == 1 else ''} GPUs through the device plugin: not split "
+            f"(device-level reservation needs the DRA driver; reserve such nodes whole with pool apply --nodes, or "
+            f"move them to the DRA driver: {device_reservation.DOCS})"
+        )
+    plan = device_reservation.build_device_plan(policy, state.published, after, wanted, state.classes, held, notes)
+    return plan, state
+
+
+@dataclass(frozen=True)
+class ClassWritten:
+    name: str
+    result: str  # created, replaced, unchanged, recreated; conflict, foreign, failed, skipped (not done)
+    message: str = ""
+    object: Mapping[str, Any] | None = None  # as the apiserver answered (or as read, when unchanged)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("created", "replaced", "unchanged", "recreated")
+
+
+def _class_path(name: str | None = None) -> str:
+    return api_path(device_classes.API_VERSION, "deviceclasses", name=name)
+
+
+def _dry_run_query(dry_run: bool) -> dict[str, str] | None:
+    return {"dryRun": "All"} if dry_run else None
+
+
+def _read_class(api: KubeApi, name: str) -> dict[str, Any] | None:
+    try:
+        return api.get(_class_path(name))
+    except NotFound:
+        return None
+
+
+def write_class(
+    api: KubeApi, desired: Mapping[str, Any], current: Mapping[str, Any] | None, *, dry_run: bool
+) -> ClassWritten:
+    """Create the class, or replace it with the ``resourceVersion`` read when it says something else; on
+    409 (changed, or created meanwhile) read it again and retry. Never a class that is not ours."""
+    name = str(desired["metadata"]["name"])
+    for _ in range(CONFLICT_RETRIES):
+        if current is None:
+            try:
+                created = api.post(_class_path(), desired, dry_run=dry_run)
+                return ClassWritten(name, "created", object=created if isinstance(created, Mapping) else None)
+            except Conflict:
+                current = _read_class(api, name)
+                continue
+        if not device_reservation.class_info(current).ours:
+            return ClassWritten(name, "foreign", "created meanwhile by someone else: not ours, not edited")
+        body = device_reservation.replace_body(current, desired)
+        if body is None:
+            return ClassWritten(name, "unchanged", object=current)
+        try:
+            replaced = api.request("PUT", _class_path(name), query=_dry_run_query(dry_run), body=body)
+            return ClassWritten(name, "replaced", object=replaced if isinstance(replaced, Mapping) else None)
+        except Conflict:
+            current = _read_class(api, name)
+        except NotFound:
+            current = None
+    return ClassWritten(name, "conflict", f"it kept changing under us ({CONFLICT_RETRIES} conflicts)")
+
+
+def _loses(ours: Mapping[str, Any] | None, others: Iterable[ClassInfo]) -> ClassInfo | None:
+    """The class that wins over ``ours`` for the extended resource name, or None when ours wins."""
+    if ours is None:
+        return None
+    info = device_reservation.class_info(ours)
+    best = device_reservation.winner([info, *others])
+    return best if best is not None and best.name != info.name else None
+
+
+def recreate_class(
+    api: KubeApi,
+    desired: Mapping[str, Any],
+    current: Mapping[str, Any],
+    owner: device_reservation.Ownership,
+    *,
+    dry_run: bool,
+) -> ClassWritten:
+    """Delete our shared class (it is not the one the extended resource maps to, see ``Ownership``) and
+    create it again, so that it is the newest class naming the name; on a tie lost by name (same second),
+    wait for the next second and do it again."""
+    name = str(desired["metadata"]["name"])
+    beaten = _loses(current, owner.others)
+    why = (
+        f"deviceclass/{beaten.name} (created {beaten.created}) was newer"
+        if beaten is not None and beaten.created_seconds > device_reservation.class_info(current).created_seconds
+        else f"deviceclass/{beaten.name} was created the same second and wins the tie by name"
+        if beaten is not None
+        else "it was not the newest"
+    )
+    for _ in range(RECREATE_ATTEMPTS):
+        metadata = current.get("metadata") or {}
+        preconditions = {"uid": metadata.get("uid"), "resourceVersion": metadata.get("resourceVersion")}
+        try:
+            api.request(
+                "DELETE",
+                _class_path(name),
+                query=_dry_run_query(dry_run),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions},
+            )
+        except Conflict:
+            return ClassWritten(name, "conflict", "it changed between the read and the delete: run pool apply again")
+        except NotFound:
+            pass
+        if dry_run:
+            return ClassWritten(
+                name,
+                "recreated",
+                f"{why}; the delete was validated, the class still exists: not re-created in a dry run",
+            )
+        try:
+            created = api.post(_class_path(), desired)
+        except ApiError as err:
+            return ClassWritten(
+                name,
+                "failed",
+                f"deleted but not re-created ({err}): {owner.name} maps to no class until pool apply runs again",
+            )
+        current = created if isinstance(created, Mapping) else dict(desired)
+        winner = _loses(current, owner.others)
+        if winner is None:
+            created_at = device_reservation.class_info(current).created
+            return ClassWritten(
+                name,
+                "recreated",
+                f"{why}; now it is the newest class naming {owner.name} (created {created_at}): the scheduler maps "
+                "the name to it",
+                current,
+            )
+        if winner.created_seconds > device_reservation.class_info(current).created_seconds:
+            return ClassWritten(
+                name,
+                "failed",
+                f"re-created, but deviceclass/{winner.name} (created {winner.created}) is newer still: {owner.name} "
+                "maps to it",
+                current,
+            )
+        why = f"deviceclass/{winner.name} was created the same second and wins the tie by name"
+        time.sleep(CREATION_TICK)
+    return ClassWritten(
+        name, "failed", f"still tied with another class naming {owner.name} after {RECREATE_ATTEMPTS} attempts", current
+    )
+
+
+def write_classes(
+    api: KubeApi, plan: DevicePlan, *, dry_run: bool, ensure_owner: bool, on_written: Callable[[ClassWritten], None]
+) -> list[ClassWritten]:
+    """The reserved class first, then the shared one (not written when the reserved one was not: the shared
+    class alone would split the devices differently from the reserved class)."""
+    reserved, shared = plan.classes
+    written = [write_class(api, reserved.desired, reserved.current, dry_run=dry_run)]
+    on_written(written[0])
+    if not written[0].ok:
+        skipped = ClassWritten(shared.name, "skipped", f"not written: deviceclass/{reserved.name} was not")
+        on_written(skipped)
+        return [*written, skipped]
+    result = _write_shared(api, shared, plan.owner, dry_run=dry_run, ensure_owner=ensure_owner)
+    on_written(result)
+    return [*written, result]
+
+
+def _write_shared(
+    api: KubeApi, change: ClassChange, owner: device_reservation.Ownership, *, dry_run: bool, ensure_owner: bool
+) -> ClassWritten:
+    if ensure_owner and change.action == "recreate" and change.current is not None:
+        return recreate_class(api, change.desired, change.current, owner, dry_run=dry_run)
+    written = write_class(api, change.desired, change.current, dry_run=dry_run)
+    # A class created now is the newest, unless another one was created the same second with a lower name.
+    created = written.object if written.result == "created" and not dry_run else None
+    if ensure_owner and owner.name and created is not None and _loses(created, owner.others) is not None:
+        return recreate_class(api, change.desired, created, owner, dry_run=dry_run)
+    return written
+
+
+def _class_line(written: ClassWritten, dry_run: bool) -> str:
+    suffix = " (server dry run)" if dry_run else ""
+    what = f"deviceclass/{written.name}"
+    if written.result in ("created", "replaced"):
+        return f"{what} {written.result}{suffix}"
+    if written.result == "unchanged":
+        return f"{what} unchanged"
+    if written.result == "recreated":
+        return f"{what} deleted and re-created{suffix}: {written.message}"
+    return f"{what} not written: {written.message}"
+
+
+def _written_json(written: ClassWritten) -> dict[str, Any]:
+    return {"name": written.name, "result": written.result, "message": written.message or None}
+
+
+def apply_devices(
+    api: KubeApi, policy: Policy, plan: DevicePlan, state: DraState, args: argparse.Namespace, out: Output
+) -> int:
+    dry_run = args.dry_run == "server"
+    table = args.output == "table"
+    if table:
+        for line in device_reservation.plan_lines(plan, policy):
+            out.line(line)
+        out.line()
+    written = write_classes(
+        api,
+        plan,
+        dry_run=dry_run,
+        ensure_owner=True,
+        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+    )
+    classes_ok = all(w.ok for w in written)
+    evictions: list[EvictionResult] = []
+    if args.evict and classes_ok:
+        evictions = evict_pods(
+            [h.pod for h in plan.evicting],
+            evictor(api, dry_run=dry_run),
+            timeout=args.timeout,
+            backoff_initial=EVICTION_BACKOFF[0],
+            backoff_max=EVICTION_BACKOFF[1],
+            on_result=(lambda r: out.line(_eviction_line(r))) if table else None,
+        )
+    elif table and args.evict and plan.evicting:
+        out.line("No pod was evicted: the classes were not written.")
+    elif table and plan.evicting:
+        out.line(
+            f"The pods listed above keep their devices: pool apply --devices-per-node {plan.after.devices_per_node} "
+            "--evict evicts them."
+        )
+    ok = classes_ok and all(e.done for e in evictions)
+    if table and ok and not evictions and all(w.result == "unchanged" for w in written):
+        out.line("Nothing changed: the classes already said this.")
+    if not table:
+        out.json(
+            {
+                "plan": {"devices": device_reservation.plan_json(plan)},
+                "dryRun": dry_run,
+                "deviceClasses": [_written_json(w) for w in written],
+                "evictions": [
+                    {
+                        "namespace": e.pod.namespace,
+                        "name": e.pod.name,
+                        "outcome": e.outcome,
+                        "message": e.message,
+                        "attempts": e.attempts,
+                    }
+                    for e in evictions
+                ],
+            }
+        )
+    return EXIT_OK if ok else EXIT_NOT_DONE
+
+
+def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argparse.Namespace, out: Output) -> int:
+    """Both classes widened to every device of the driver (``RELEASED_RESERVATION``), never deleted: the
+    shared class keeps the extended resource name (deleting the class it maps to leaves it unmapped,
+    kubernetes/kubernetes#141103)."""
+    state = read_dra(api, policy, claims=True, required=True)
+    require_v1(state)
+    devices = policy.spec.reserved_devices
+    every = sorted(state.published)
+    if args.nodes is not None:
+        names = parse_names(args.nodes)
+        known = {n.name for n in cluster.nodes} | set(every)
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
+        if set(names) != set(every):
+            err = SubsetError(f"--nodes {','.join(names)}", names, every, devices.driver)
+            raise SelectionError(device_reservation.subset_message(err, device_taint_rule_versions(api)))
+    table = args.output == "table"
+    dry_run = args.dry_run == "server"
+    if devices.reserved_class_name not in state.classes and devices.shared_class_name not in state.classes:
+        if table:
+            out.line(
+                f"No device reservation: deviceclass/{devices.reserved_class_name} does not exist; nothing to release."
+            )
+        else:
+            out.json({"released": False, "dryRun": dry_run, "deviceClasses": []})
+        return EXIT_OK
+    held, notes = device_reservation.holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
+    plan = device_reservation.build_device_plan(
+        policy, state.published, device_classes.RELEASED_RESERVATION, {}, state.classes, held, notes, ensure_owner=False
+    )
+    if table:
+        for line in device_reservation.plan_lines(plan, policy):
+            out.line(line)
+        out.line()
+    written = write_classes(
+        api,
+        plan,
+        dry_run=dry_run,
+        ensure_owner=False,
+        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+    )
+    ok = all(w.ok for w in written)
+    if table and ok and all(w.result == "unchanged" for w in written):
+        out.line("Nothing changed: the device reservation was already released.")
+    if not table:
+        out.json(
+            {
+                "released": ok,
+                "dryRun": dry_run,
+                "plan": {"devices": device_reservation.plan_json(plan)},
+                "deviceClasses": [_written_json(w) for w in written],
+            }
+        )
+    return EXIT_OK if ok else EXIT_NOT_DONE

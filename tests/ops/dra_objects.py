@@ -1,0 +1,96 @@
+"""Dynamic Resource Allocation objects for the device-level reservation tests, shaped as the apiserver
+returns them (resource.k8s.io/v1 unless said otherwise): AMD's DRA driver's ResourceSlices with the PCI bus
+ID attribute, allocated ResourceClaims reserved for pods, and DeviceClasses with a creationTimestamp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DRIVER = "gpu.amd.com"
+PCI = "resource.kubernetes.io/pciBusID"
+
+
+def gpu(name: str, pci_bus_id: str | None, *, beta: bool = False) -> dict[str, Any]:
+    """A full GPU as AMD's driver publishes it (``type``, ``deviceID`` and, when given, the PCI bus ID)."""
+    attributes: dict[str, Any] = {"type": {"string": "amdgpu"}, "deviceID": {"string": "0x74a1"}}
+    if pci_bus_id is not None:
+        attributes[PCI] = {"string": pci_bus_id}
+    fields = {"attributes": attributes, "capacity": {"memory": {"value": "192Gi"}}}
+    return {"name": name, "basic": fields} if beta else {"name": name, **fields}
+
+
+def gpu_slice(
+    node: str,
+    *devices: dict[str, Any],
+    generation: int = 1,
+    version: str = "v1",
+    driver: str = DRIVER,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """The ResourceSlice of one node's pool (AMD's driver names the pool after the node)."""
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node}-{driver}-{generation}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": list(devices),
+        },
+    }
+
+
+def node_gpus(node: str, *pci_bus_ids: str) -> dict[str, Any]:
+    """A node's slice with one GPU per PCI bus ID, named by DRM minors as AMD's driver does (card, renderD):
+    names that do not follow the PCI order."""
+    devices = [gpu(f"gpu-{9 - i}-{137 - i}", pci) for i, pci in enumerate(pci_bus_ids)]
+    return gpu_slice(node, *devices)
+
+
+def held_claim(
+    name: str,
+    namespace: str,
+    node: str,
+    devices: list[str],
+    *,
+    pods: list[str],
+    driver: str = DRIVER,
+    device_class: str = "rocm-isolation-shared",
+) -> dict[str, Any]:
+    """A ResourceClaim allocated these devices of ``node``'s pool and reserved for ``pods`` (their uids as
+    tests/cluster_objects.py gives them)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-claim-{namespace}-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 1}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": driver, "pool": node, "device": device} for device in devices
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": f"uid-pod-{namespace}-{pod}"} for pod in pods],
+        },
+    }
+
+
+def device_class(
+    name: str,
+    *,
+    created: str,
+    extended_resource_name: str | None = None,
+    selector: str = "device.driver == 'gpu.amd.com'",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A DeviceClass as read back (AMD's chart installs ``gpu.amd.com`` naming ``amd.com/gpu``)."""
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": selector}}]}
+    if extended_resource_name is not None:
+        spec["extendedResourceName"] = extended_resource_name
+    metadata: dict[str, Any] = {"name": name, "uid": f"uid-class-{name}", "creationTimestamp": created, "generation": 1}
+    if labels:
+        metadata["labels"] = labels
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}

@@ -1,0 +1,461 @@
+"""The pure half of device-level reservation: the devices the driver publishes, the split of every node,
+the DeviceClasses and who maps ``amd.com/gpu``, who holds which device, and the plan.
+
+The commands themselves run against the fake Kubernetes API in tests/ops/test_pool.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from dra_objects import device_class, gpu, gpu_slice, held_claim, node_gpus
+
+from webhook.core.policy import default_policy
+from webhook.deploy import device_classes
+from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
+from webhook.ops import device_reservation as dr
+from webhook.ops.reservation import PoolNode, PoolPod, Reservation, SelectionError
+
+FIXTURE = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "pool" / "device-slices.yaml").read_text())
+POLICY = default_policy()
+RES = Reservation.from_policy(POLICY)
+OURS = {"app.kubernetes.io/managed-by": "rocm-isolation-webhook"}
+OUR_TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
+
+
+def published(*slices: dict[str, Any]) -> dict[str, tuple[dr.Device, ...]]:
+    return dr.published_devices(slices, "gpu.amd.com")
+
+
+def two_nodes() -> dict[str, tuple[dr.Device, ...]]:
+    """mi300-a's GPUs sit in slots 19, 3b, 4c, 5d; mi300-b's in 4c, 8e, 9a, c1."""
+    return published(
+        node_gpus("mi300-a", "0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0"),
+        node_gpus("mi300-b", "0000:4c:00.0", "0000:8e:00.0", "0000:9a:00.0", "0000:c1:00.0"),
+    )
+
+
+def pool_node(name: str, *, labels: dict[str, str] | None = None, taints: tuple[Any, ...] = ()) -> PoolNode:
+    return PoolNode(name, labels or {}, taints, "1", 0)
+
+
+def plan_for(
+    found: dict[str, tuple[dr.Device, ...]],
+    n: int,
+    classes: list[dict[str, Any]] | None = None,
+    held: list[dr.Hold] | None = None,
+) -> dr.DevicePlan:
+    after, wanted = dr.split(found, n)
+    return dr.build_device_plan(POLICY, found, after, wanted, dr.class_infos(classes or []), held or [])
+
+
+# --- the devices the driver publishes -----------------------------------------------------------------
+
+
+def test_each_node_publishes_its_newest_generation_in_pci_order() -> None:
+    found = dr.published_devices(FIXTURE["slices"], "gpu.amd.com")
+    assert {node: [[d.name, d.pci_bus_id] for d in devices] for node, devices in found.items()} == FIXTURE["expected"]
+    assert {d.pool for d in found["mi300-a"]} == {"mi300-a"}
+
+
+def test_a_list_that_starts_over_forgets_what_it_read() -> None:
+    devices = dr.PublishedDevices("gpu.amd.com")
+    devices.add(node_gpus("gone", "0000:19:00.0"))
+    devices.clear()
+    devices.add(node_gpus("kept", "0000:19:00.0"))
+    assert list(devices.per_node()) == ["kept"]
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        (["0000:c1:00.0", "0000:9a:00.0", "0000:1b:00.0"], ("0000:1b:00.0", "0000:9a:00.0", "0000:c1:00.0")),
+        # domain first, then bus, device, function, as numbers
+        (
+            ["0001:01:00.0", "0000:ff:00.0", "0000:1b:00.1", "0000:1b:00.0"],
+            ("0000:1b:00.0", "0000:1b:00.1", "0000:ff:00.0", "0001:01:00.0"),
+        ),
+        # an ID that does not parse sorts last
+        (["weird", "0000:03:00.0"], ("0000:03:00.0", "weird")),
+    ],
+)
+def test_gpus_are_counted_by_pci_bus_id_lowest_first(ids: list[str], expected: tuple[str, ...]) -> None:
+    devices = [dr.Device("n", "n", f"d{i}", pci) for i, pci in enumerate(ids)]
+    assert dr.gpu_ids(devices) == expected
+
+
+# --- the split ------------------------------------------------------------------------------------------
+
+
+def test_each_node_wants_its_lowest_pci_bus_ids_and_the_classes_select_the_union() -> None:
+    after, wanted = dr.split(two_nodes(), 2)
+    assert wanted == {"mi300-a": ("0000:19:00.0", "0000:3b:00.0"), "mi300-b": ("0000:4c:00.0", "0000:8e:00.0")}
+    assert after == DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:8e:00.0"))
+
+
+def test_cel_cannot_see_the_node_and_the_plan_says_what_that_does() -> None:
+    plan = plan_for(two_nodes(), 2)
+    counts = {n.node: (n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes}
+    # mi300-b reserves slot 4c, which is mi300-a's third GPU: mi300-a gets three reserved GPUs
+    assert counts == {"mi300-a": (4, 3, 1), "mi300-b": (4, 2, 2)}
+    [note] = [n for n in plan.notes if n.startswith("CEL")]
+    assert note == (
+        "CEL cannot see the node: mi300-a gets 3 reserved GPUs, not 2: the classes select the same PCI bus IDs on "
+        "every node, and 0000:4c:00.0 (gpu-7-135, reserved on mi300-b) is in the reserved set"
+    )
+    lines = dr.plan_lines(plan, POLICY)
+    assert "mi300-a   4      3          1" in lines
+    assert any(line.split() == ["mi300-a", "gpu-7-135", "0000:4c:00.0", "unreserved", "reserved"] for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("slots", "n", "reserved", "note"),
+    [
+        # fewer GPUs than asked: all of them
+        (["0000:19:00.0"], 2, 1, "small has 1 GPU with a PCI bus ID, fewer than 2: all of them are reserved"),
+        # exactly as many: nothing stays shared
+        (["0000:19:00.0", "0000:3b:00.0"], 2, 2, "small keeps no shared GPU: other classes get none of its devices"),
+        # more: no note about it
+        (["0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0"], 2, 2, None),
+    ],
+)
+def test_a_node_with_few_gpus(slots: list[str], n: int, reserved: int, note: str | None) -> None:
+    plan = plan_for(published(node_gpus("small", *slots)), n)
+    assert plan.nodes[0].reserved_after == reserved
+    about = [text for text in plan.notes if text.startswith("small")]
+    assert about == ([note] if note else [])
+
+
+def test_a_device_without_a_pci_bus_id_is_never_reserved_and_the_plan_says_so() -> None:
+    found = published(gpu_slice("mi210-x", gpu("gpu-1", None), gpu("gpu-0", "0000:03:00.0")))
+    plan = plan_for(found, 2)
+    assert plan.after.pci_bus_ids == ("0000:03:00.0",)
+    assert [dr.device_state(d, plan.after) for d in plan.nodes[0].devices] == ["reserved", "shared"]
+    assert (
+        "mi210-x: gpu-1 publishes no resource.kubernetes.io/pciBusID: never reserved (the classes select PCI bus "
+        "IDs), always shared"
+    ) in plan.notes
+
+
+def test_partitions_count_as_their_gpu() -> None:
+    found = dr.published_devices(FIXTURE["slices"], "gpu.amd.com")
+    plan = plan_for({"part": found["part"]}, 1)
+    assert plan.after.pci_bus_ids == ("0000:19:00.0",)
+    node = plan.nodes[0]
+    assert (node.gpus, node.reserved_after, node.shared_after) == (2, 1, 1)
+    assert [dr.device_state(d, plan.after) for d in node.devices] == ["reserved", "reserved", "shared"]
+
+
+# --- which nodes ----------------------------------------------------------------------------------------
+
+
+NODES = [
+    pool_node("mi300-a", labels={"rack": "r1"}),
+    pool_node("mi300-b", labels={"rack": "r2"}),
+    pool_node("plugin-1", labels={"rack": "r1"}),
+    pool_node("cpu-1", labels={"rack": "r1"}),
+]
+PLUGIN = {"plugin-1": 8, "mi300-a": 0, "mi300-b": 0, "cpu-1": 0}
+
+
+def choose(nodes: list[PoolNode] = NODES, **kwargs: Any) -> tuple[str, ...]:
+    return dr.choose_device_nodes(nodes, two_nodes(), PLUGIN, RES, "gpu.amd.com", **kwargs)
+
+
+def test_by_default_every_node_of_the_driver_is_split_and_device_plugin_nodes_are_left_alone() -> None:
+    assert choose() == ("mi300-a", "mi300-b")
+    assert choose(names=["mi300-b", "mi300-a"]) == ("mi300-a", "mi300-b")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"names": ["mi300-zz"]}, "node not found: mi300-zz"),
+        ({"selector": {"rack": "r9"}}, "no node with GPUs matches --selector rack=r9"),
+        (
+            {"names": ["mi300-a", "plugin-1", "mi300-b"]},
+            "node plugin-1 serves GPUs through the device plugin (amd.com/* allocatable) and publishes no gpu.amd.com "
+            "devices: device-level reservation needs AMD's DRA driver, because the device plugin cannot choose "
+            "devices per pod (kubelet's GetPreferredAllocation carries no pod). Move the node to the DRA driver "
+            '(docs/operations.md, "Device-level reservation"), or reserve it whole (pool apply --nodes NAME)',
+        ),
+        ({"names": ["mi300-a", "mi300-b", "cpu-1"]}, "cpu-1: no gpu.amd.com devices in its ResourceSlices"),
+    ],
+)
+def test_nodes_that_cannot_be_split_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(SelectionError) as err:
+        choose(**kwargs)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [({"names": ["mi300-a"]}, "--nodes mi300-a"), ({"selector": {"rack": "r2"}}, "--selector rack=r2")],
+)
+def test_some_nodes_of_the_driver_only_is_a_subset_cel_cannot_express(kwargs: dict[str, Any], option: str) -> None:
+    with pytest.raises(dr.SubsetError) as err:
+        choose(**kwargs)
+    assert err.value.option == option
+    assert set(err.value.every) - set(err.value.chosen) in ({"mi300-b"}, {"mi300-a"})
+
+
+@pytest.mark.parametrize(
+    ("versions", "served"),
+    [
+        (("v1beta2",), "this cluster serves devicetaintrules in resource.k8s.io/v1beta2, and this version of pool "),
+        ((), "this cluster serves no devicetaintrules (API discovery of resource.k8s.io), and this version"),
+        (None, "whether this cluster serves them could not be read"),
+    ],
+)
+def test_the_subset_message_says_why_and_whether_device_taint_rules_are_served(
+    versions: tuple[str, ...] | None, served: str
+) -> None:
+    err = dr.SubsetError("--nodes mi300-a", ["mi300-a"], ["mi300-a", "mi300-b"], "gpu.amd.com")
+    message = dr.subset_message(err, versions)
+    assert message.startswith(
+        "--nodes mi300-a: device-level reservation splits every node that publishes gpu.amd.com devices, not some: "
+        "mi300-b also publishes them. The DeviceClasses select devices with CEL, which sees a device's driver, "
+        "attributes and capacity but not its node"
+    )
+    assert "DeviceTaintRules" in message and "DRADeviceTaintRules feature gate, v1 in 1.37" in message
+    assert served in message
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pool_node("mi300-b", labels={"rocm-isolation.io/pool": "inference"}),
+        pool_node("mi300-b", taints=(OUR_TAINT,)),
+    ],
+)
+def test_a_node_reserved_whole_is_not_also_split(node: PoolNode) -> None:
+    with pytest.raises(SelectionError) as err:
+        choose([NODES[0], node])
+    assert str(err.value).startswith("mi300-b is reserved whole (label rocm-isolation.io/pool=inference or taint")
+    assert str(err.value).endswith("Release it first: pool release --nodes mi300-b")
+
+
+def test_a_split_node_labelled_with_another_value_is_not_reserved_whole() -> None:
+    # another value of the pool key (split nodes may carry one) does not make it a whole reserved node
+    assert choose([NODES[0], pool_node("mi300-b", labels={"rocm-isolation.io/pool": "inference-devices"})])
+
+
+def test_no_node_of_the_driver() -> None:
+    with pytest.raises(SelectionError, match=r"no node publishes gpu\.amd\.com devices in its ResourceSlices"):
+        dr.choose_device_nodes([pool_node("cpu-1")], {}, {}, RES, "gpu.amd.com")
+
+
+# --- the classes and amd.com/gpu ------------------------------------------------------------------------
+
+
+def ours(name: str, created: str, **kwargs: Any) -> dict[str, Any]:
+    return device_class(name, created=created, labels=dict(OURS), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("classes", "winner"),
+    [
+        # the newest wins
+        (
+            [("gpu.amd.com", "2026-11-01T00:00:00Z"), ("rocm-isolation-shared", "2026-12-01T00:00:00Z")],
+            "rocm-isolation-shared",
+        ),
+        ([("gpu.amd.com", "2026-12-02T00:00:00Z"), ("rocm-isolation-shared", "2026-12-01T00:00:00Z")], "gpu.amd.com"),
+        # the same second: the lower name
+        ([("rocm-isolation-shared", "2026-12-01T00:00:00Z"), ("gpu.amd.com", "2026-12-01T00:00:00Z")], "gpu.amd.com"),
+        ([("zzz", "2026-12-01T00:00:00Z"), ("rocm-isolation-shared", "2026-12-01T00:00:00Z")], "rocm-isolation-shared"),
+    ],
+)
+def test_the_scheduler_maps_the_name_to_the_newest_class_then_the_lower_name(
+    classes: list[tuple[str, str]], winner: str
+) -> None:
+    infos = [dr.class_info(device_class(n, created=c, extended_resource_name="amd.com/gpu")) for n, c in classes]
+    found = dr.winner(infos)
+    assert found is not None and found.name == winner
+
+
+@pytest.mark.parametrize(
+    ("chart_created", "shared_created", "recreate", "owner_now"),
+    [
+        (None, "2026-12-01T00:00:00Z", False, "rocm-isolation-shared"),
+        ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z", False, "rocm-isolation-shared"),
+        ("2026-12-02T00:00:00Z", "2026-12-01T00:00:00Z", True, "gpu.amd.com"),
+        ("2026-12-01T00:00:00Z", "2026-12-01T00:00:00Z", True, "gpu.amd.com"),  # tie: gpu.amd.com is lower
+        ("2026-12-02T00:00:00Z", None, False, "gpu.amd.com"),  # ours is created: then the newest
+    ],
+)
+def test_apply_recreates_the_shared_class_only_when_another_class_wins(
+    chart_created: str | None, shared_created: str | None, recreate: bool, owner_now: str
+) -> None:
+    classes = []
+    if chart_created:
+        classes.append(device_class("gpu.amd.com", created=chart_created, extended_resource_name="amd.com/gpu"))
+    if shared_created:
+        classes.append(ours("rocm-isolation-shared", shared_created, extended_resource_name="amd.com/gpu"))
+    owner = dr.ownership(POLICY, dr.class_infos(classes))
+    assert owner.recreate is recreate
+    assert owner.owner_now is not None and owner.owner_now.name == owner_now
+    plan = plan_for(two_nodes(), 2, classes)
+    assert plan.classes[1].action == ("recreate" if recreate else "create" if shared_created is None else "replace")
+
+
+def test_the_shared_class_records_the_other_classes_naming_its_extended_resource() -> None:
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu")
+    other = device_class("other", created="2026-10-01T00:00:00Z", extended_resource_name="amd.com/gpu")
+    reservation = DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0"))
+    owner = dr.ownership(POLICY, dr.class_infos([chart, other]))
+    reserved, shared = dr.desired_classes(POLICY, reservation, owner)
+    assert reserved == device_classes.reserved_class(POLICY, reservation)
+    expected = device_classes.shared_class(POLICY, reservation)
+    expected["metadata"]["annotations"][dr.ALSO_NAMED_BY_ANNOTATION] = "gpu.amd.com,other"
+    assert shared == expected
+    for obj in (reserved, shared):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def test_a_class_that_stopped_naming_the_resource_makes_the_shared_class_be_rewritten() -> None:
+    """In v1.36 that drops the scheduler's mapping of amd.com/gpu: an update of ours maps it again."""
+    reservation = DeviceReservation(2, ("0000:19:00.0",))
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu")
+    before = dr.ownership(POLICY, dr.class_infos([chart]))
+    _, shared = dr.desired_classes(POLICY, reservation, before)
+    stored = copy.deepcopy(shared)
+    stored["metadata"].update(resourceVersion="7", uid="u", creationTimestamp="2026-12-01T00:00:00Z")
+    reserved = copy.deepcopy(device_classes.reserved_class(POLICY, reservation))
+    reserved["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
+    same = dr.class_infos([chart, stored, reserved])
+    status = dr.device_status(POLICY, {}, same, [])
+    assert status.out_of_date == ()
+    del chart["spec"]["extendedResourceName"]  # the chart's deviceClass.extendedResourceName: ""
+    changed = dr.class_infos([chart, stored, reserved])
+    status = dr.device_status(POLICY, {}, changed, [])
+    assert status.out_of_date == (
+        "deviceclass/rocm-isolation-shared does not say what the reservation records: pool apply "
+        "--devices-per-node 2 rewrites it",
+    )
+    body = dr.replace_body(stored, dr.desired_classes(POLICY, reservation, dr.ownership(POLICY, changed))[1])
+    assert body is not None and body["metadata"]["annotations"][dr.ALSO_NAMED_BY_ANNOTATION] == ""
+
+
+def test_replace_body_changes_only_our_fields_and_keeps_the_read_resource_version() -> None:
+    reservation = DeviceReservation(1, ("0000:19:00.0",))
+    desired = device_classes.reserved_class(POLICY, reservation)
+    current = copy.deepcopy(device_classes.reserved_class(POLICY, RELEASED_RESERVATION))
+    current["metadata"].update(
+        resourceVersion="41",
+        uid="uid-1",
+        creationTimestamp="2026-12-01T00:00:00Z",
+        managedFields=[{"manager": "rocm-isolation-webhook", "operation": "Update"}],
+    )
+    current["metadata"]["labels"]["team"] = "platform"
+    current["spec"]["config"] = [{"opaque": {"driver": "gpu.amd.com", "parameters": {}}}]
+    body = dr.replace_body(current, desired)
+    assert body is not None
+    assert body["metadata"]["resourceVersion"] == "41" and body["metadata"]["uid"] == "uid-1"
+    assert "managedFields" not in body["metadata"]
+    assert body["metadata"]["labels"] == {**desired["metadata"]["labels"], "team": "platform"}
+    assert body["spec"] == {**desired["spec"], "config": current["spec"]["config"]}
+    assert dr.replace_body({**body, "metadata": {**body["metadata"]}}, desired) is None
+
+
+def test_a_class_of_our_name_that_is_not_ours_is_never_edited() -> None:
+    foreign = device_class("rocm-isolation-reserved", created="2026-11-01T00:00:00Z")
+    with pytest.raises(SelectionError) as err:
+        plan_for(two_nodes(), 2, [foreign])
+    assert str(err.value).startswith(
+        "deviceclass/rocm-isolation-reserved exists and is not managed by rocm-isolation-webhook (label "
+        "app.kubernetes.io/managed-by=rocm-isolation-webhook): pool never edits a class that is not its own"
+    )
+
+
+# --- who holds which device -----------------------------------------------------------------------------
+
+
+def pod(name: str, class_name: str, namespace: str = "ml") -> PoolPod:
+    return PoolPod(namespace, name, "mi300-a", f"ReplicaSet/{name}", 1, class_name, class_name == "inference")
+
+
+def test_a_pod_holds_the_devices_of_the_claims_reserved_for_it() -> None:
+    found = two_nodes()
+    claims = [
+        held_claim("train", "ml", "mi300-a", ["gpu-9-137", "gpu-6-134"], pods=["train"]),
+        # one claim shared by two pods: both hold it
+        held_claim("shared", "ml", "mi300-a", ["gpu-8-136"], pods=["train", "llm"]),
+        # another driver's devices, and a device no slice publishes any more: not held here
+        held_claim("nic", "ml", "mi300-a", ["gpu-9-137"], pods=["llm"], driver="nic.example.com"),
+        held_claim("gone", "ml", "mi300-a", ["gpu-0-0"], pods=["llm"]),
+        # reserved for a pod that is not running (or another pod of that name: uid)
+        held_claim("orphan", "ml", "mi300-b", ["gpu-9-137"], pods=["done"]),
+    ]
+    claims[0]["status"]["reservedFor"].append({"resource": "pods", "name": "llm", "uid": "uid-of-an-older-llm"})
+    pods = [pod("train", "training"), pod("llm", "inference")]
+    uids = {("ml", "train"): "uid-pod-ml-train", ("ml", "llm"): "uid-pod-ml-llm"}
+    held, notes = dr.holds(claims, "gpu.amd.com", found, pods, uids)
+    assert [(h.pod.name, [d.name for d in h.devices]) for h in held] == [
+        ("llm", ["gpu-8-136"]),
+        ("train", ["gpu-9-137", "gpu-8-136", "gpu-6-134"]),
+    ]
+    assert notes == [
+        "resourceclaim/train -n ml is reserved for pod llm, which is not among the running pods read (finished or "
+        "deleted meanwhile)",
+        "resourceclaim/orphan -n ml is reserved for pod done, which is not among the running pods read (finished "
+        "or deleted meanwhile)",
+    ]
+
+
+def test_the_plan_lists_other_classes_on_devices_that_become_reserved_and_inference_on_a_shrink() -> None:
+    found = two_nodes()
+    reserved_now = DeviceReservation(3, ("0000:19:00.0", "0000:3b:00.0", "0000:5d:00.0"))
+    classes = [
+        ours("rocm-isolation-reserved", "2026-12-01T00:00:00Z"),
+        ours("rocm-isolation-shared", "2026-12-01T00:00:00Z", extended_resource_name="amd.com/gpu"),
+    ]
+    classes[0].update(device_classes.reserved_class(POLICY, reserved_now))
+    classes[0]["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
+    held = [
+        dr.Hold(pod("train", "training"), (found["mi300-a"][0],)),  # 19: reserved after
+        dr.Hold(pod("bench", ""), (found["mi300-a"][1],)),  # 3b: out of the policy's scope
+        dr.Hold(pod("llm", "inference"), (found["mi300-a"][3],)),  # 5d: reserved now, shared after
+        dr.Hold(pod("llm-2", "inference"), (found["mi300-a"][0],)),  # 19: stays reserved
+        dr.Hold(pod("etl", "training"), (found["mi300-b"][3],)),  # c1: shared
+    ]
+    plan = plan_for(found, 2, classes, held)
+    assert plan.before == reserved_now
+    assert [h.pod.name for h in plan.evicting] == ["train", "bench"]
+    assert [h.pod.name for h in plan.keeping] == ["llm"]
+    lines = dr.plan_lines(plan, POLICY)
+    assert "Now: 3 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0, 0000:5d:00.0." in lines
+    [bench] = [line for line in lines if " bench " in line]
+    assert bench.endswith("no: outside the policy's scope (excluded namespace)")
+    assert "Inference pods holding devices that stop being reserved (they keep them):" in lines
+    doc = dr.plan_json(plan)
+    assert [p["name"] for p in doc["podsHoldingReserved"]] == ["train", "bench"]
+    assert doc["classes"][0]["action"] == "replace" and doc["changes"] is True
+
+
+def test_a_release_plan_widens_both_classes_and_deletes_nothing() -> None:
+    found = two_nodes()
+    reserved_now = DeviceReservation(2, ("0000:19:00.0",))
+    reserved = device_classes.reserved_class(POLICY, reserved_now)
+    reserved["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
+    shared = ours("rocm-isolation-shared", "2026-12-01T00:00:00Z", extended_resource_name="amd.com/gpu")
+    chart = device_class("gpu.amd.com", created="2026-12-05T00:00:00Z", extended_resource_name="amd.com/gpu")
+    plan = dr.build_device_plan(
+        POLICY, found, RELEASED_RESERVATION, {}, dr.class_infos([reserved, shared, chart]), [], ensure_owner=False
+    )
+    assert [c.action for c in plan.classes] == ["replace", "replace"]
+    assert [c.desired["spec"]["selectors"][0]["cel"]["expression"] for c in plan.classes] == [
+        "device.driver == 'gpu.amd.com'",
+        "device.driver == 'gpu.amd.com'",
+    ]
+    lines = dr.plan_lines(plan, POLICY)
+    assert "After release: released (both classes select every device)." in lines
+    assert (
+        "  deviceclass/rocm-isolation-shared is not the newest; a release deletes nothing: pool apply "
+        "--devices-per-node N re-creates it"
+    ) in lines

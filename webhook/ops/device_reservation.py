@@ -1,0 +1,1003 @@
+"""Device-level reservation as data: the devices a DRA driver publishes per node, which of them the split
+reserves, what the two DeviceClasses must say, which pods hold which devices, and the plan.
+
+Pure: ``pool.py`` reads ResourceSlices, ResourceClaims and DeviceClasses and passes them in raw, with the
+nodes and pods as ``PoolNode``/``PoolPod``; nothing here does I/O, so every choice is tested without a
+cluster. The classes themselves are rendered by ``webhook.deploy.device_classes``.
+
+Why every node at once. The classes split the devices with CEL selectors, and CEL sees a device's driver,
+attributes and capacity, not its node, pool or name (resource.k8s.io/v1 ``CELDeviceSelector``): the
+reserved set is one list of PCI bus IDs, applied on every node that publishes the driver's devices. Each
+node wants its N GPUs with the lowest PCI bus IDs (ROCm's enumeration order); the classes select the union
+of those IDs, so a node whose GPUs sit in other PCI slots than its neighbours' gets more than N reserved.
+Selecting devices of some nodes only needs DeviceTaintRules (driver, pool and device by name), which this
+version does not write.
+
+Why the newest class. The scheduler maps an ``extendedResourceName`` (``amd.com/gpu``) to one DeviceClass:
+when several name it, the newest (``creationTimestamp``), then the lower name on a tie
+(k8s.io/dynamic-resource-allocation ``extendedresourcecache.updateResourceName2class``, v1.36). AMD's
+chart ships ``gpu.amd.com`` naming ``amd.com/gpu``; our shared class must be the one that wins, or
+``amd.com/gpu`` pods on DRA nodes may get reserved devices.
+
+Why the shared class records the other classes that name its extended resource
+(``ALSO_NAMED_BY_ANNOTATION``). In v1.36, an update that removes the name from a class, or the deletion of
+a class naming it, deletes the scheduler's mapping of that name, whichever class it pointed to; an update
+event of the class that still names it maps it again. Recording the others makes ``pool apply`` rewrite
+the shared class (one update event) exactly when that list changed, and write nothing otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.cluster.inventory import parse_time
+from webhook.core.policy import Policy
+from webhook.deploy import device_classes
+from webhook.deploy.device_classes import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PCI_BUS_ID_ATTRIBUTE,
+    RELEASED_RESERVATION,
+    DeviceReservation,
+    pci_sort_key,
+    reservation_for,
+    reservation_of,
+)
+from webhook.ops.reservation import PoolNode, PoolPod, Reservation, SelectionError, columns, plural
+
+ALSO_NAMED_BY_ANNOTATION = "rocm-isolation.io/extended-resource-also-named-by"
+RESERVED, SHARED, UNRESERVED = "reserved", "shared", "unreserved"
+DEVICE_PLUGIN_PREFIX = "amd.com/"
+DOCS = 'docs/operations.md, "Device-level reservation"'
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# --- the devices a driver publishes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the driver in a node's ResourceSlices."""
+
+    node: str
+    pool: str
+    name: str
+    pci_bus_id: str  # resource.kubernetes.io/pciBusID; "" when the device publishes none (never reserved)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(pool, device): how an allocation result names it (with the driver)."""
+        return (self.pool, self.name)
+
+
+def _device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
+    """resource.k8s.io/v1beta1 nests a device's fields under ``basic``; v1beta2 and v1 do not."""
+    basic = device.get("basic")
+    return basic if isinstance(basic, Mapping) else device
+
+
+def pci_bus_id(device: Mapping[str, Any]) -> str:
+    """The device's ``resource.kubernetes.io/pciBusID`` (a string attribute: ``{"string": "0000:19:00.0"}``)."""
+    attribute = _mapping(_mapping(_device_fields(device).get("attributes")).get(PCI_BUS_ID_ATTRIBUTE))
+    return _text(attribute.get("string"))
+
+
+def _device_order(device: Device) -> tuple[bool, tuple[int, ...] | tuple[float], str]:
+    return (not device.pci_bus_id, pci_sort_key(device.pci_bus_id) if device.pci_bus_id else (0,), device.name)
+
+
+@dataclass
+class PublishedDevices:
+    """The driver's devices in the ResourceSlices, added one by one (a list may start over: ``clear``);
+    per pool, only the newest generation counts (older slices are being replaced), as in
+    ``cluster/dra_capacity.py``. Slices for a node selector or all nodes belong to no node: left out."""
+
+    driver: str
+    _pools: dict[str, tuple[int, list[Device]]] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self._pools.clear()
+
+    def add(self, resource_slice: Mapping[str, Any]) -> None:
+        spec = _mapping(resource_slice.get("spec"))
+        pool = spec.get("pool")
+        if _text(spec.get("driver")) != self.driver or not isinstance(pool, Mapping):
+            return
+        pool_name = _text(pool.get("name"))
+        generation = pool.get("generation")
+        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+        node = _text(spec.get("nodeName"))
+        devices = []
+        for raw in _items(spec.get("devices")):
+            if not isinstance(raw, Mapping):
+                continue
+            # perDeviceNodeSelection: each device names its node.
+            on, name = node or _text(_device_fields(raw).get("nodeName")), _text(raw.get("name"))
+            if on and name:
+                devices.append(Device(on, pool_name, name, pci_bus_id(raw)))
+        known = self._pools.get(pool_name)
+        if known is None or generation > known[0]:
+            self._pools[pool_name] = (generation, devices)
+        elif generation == known[0]:
+            known[1].extend(devices)
+
+    def per_node(self) -> dict[str, tuple[Device, ...]]:
+        """Each node's devices, in ROCm's order (PCI bus ID; devices without one last, by name)."""
+        found: dict[str, list[Device]] = {}
+        for _, devices in self._pools.values():
+            for device in devices:
+                found.setdefault(device.node, []).append(device)
+        return {node: tuple(sorted(set(devices), key=_device_order)) for node, devices in sorted(found.items())}
+
+
+def published_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, tuple[Device, ...]]:
+    published = PublishedDevices(driver)
+    for resource_slice in slices:
+        published.add(resource_slice)
+    return published.per_node()
+
+
+def gpu_ids(devices: Iterable[Device]) -> tuple[str, ...]:
+    """The node's GPUs as their distinct PCI bus IDs, lowest first (partitions carry their GPU's ID)."""
+    return tuple(sorted({d.pci_bus_id for d in devices if d.pci_bus_id}, key=pci_sort_key))
+
+
+def gpu_count(devices: Sequence[Device]) -> int:
+    """GPUs of a node: one per PCI bus ID, plus each device that has none."""
+    return len(gpu_ids(devices)) + sum(1 for d in devices if not d.pci_bus_id)
+
+
+def split(
+    published: Mapping[str, Sequence[Device]], devices_per_node: int
+) -> tuple[DeviceReservation, dict[str, tuple[str, ...]]]:
+    """The reservation the classes will record (the union of every node's N lowest PCI bus IDs), and what
+    each node wanted for itself."""
+    wanted = {node: gpu_ids(devices)[:devices_per_node] for node, devices in published.items()}
+    return reservation_for((i for ids in wanted.values() for i in ids), devices_per_node), wanted
+
+
+def device_state(device: Device, reservation: DeviceReservation | None) -> str:
+    """reserved / shared while a reservation is active; unreserved (any class may get it) otherwise."""
+    if reservation is None or not reservation.active:
+        return UNRESERVED
+    return RESERVED if device.pci_bus_id and device.pci_bus_id in reservation.pci_bus_ids else SHARED
+
+
+# --- which nodes -------------------------------------------------------------------------------------
+
+
+class SubsetError(SelectionError):
+    """Some of the driver's nodes were asked for, not all: CEL cannot say which node (``subset_message``)."""
+
+    def __init__(self, option: str, chosen: Sequence[str], every: Sequence[str], driver: str) -> None:
+        self.option, self.chosen, self.every, self.driver = option, tuple(chosen), tuple(every), driver
+        super().__init__(subset_message(self, None))
+
+
+def subset_message(err: SubsetError, taint_rule_versions: Sequence[str] | None) -> str:
+    """Why a subset of the driver's nodes cannot be split, and what could do it (``taint_rule_versions``:
+    the resource.k8s.io versions the cluster serves ``devicetaintrules`` in; None when discovery failed)."""
+    left = [n for n in err.every if n not in err.chosen]
+    if taint_rule_versions is None:
+        served = "whether this cluster serves them could not be read (API discovery of resource.k8s.io)"
+    elif taint_rule_versions:
+        served = "this cluster serves devicetaintrules in " + ", ".join(
+            f"resource.k8s.io/{v}" for v in taint_rule_versions
+        )
+    else:
+        served = "this cluster serves no devicetaintrules (API discovery of resource.k8s.io)"
+    return (
+        f"{err.option}: device-level reservation splits every node that publishes {err.driver} devices, not some: "
+        f"{', '.join(left)} also publish{'es' if len(left) == 1 else ''} them. The DeviceClasses select devices "
+        "with CEL, which sees a device's driver, attributes and capacity but not its node, so the same PCI bus IDs "
+        "are reserved on every node. Splitting some nodes only would need DeviceTaintRules (they select driver, "
+        "pool and device by name): resource.k8s.io/v1beta2 in Kubernetes 1.36 with the DRADeviceTaintRules "
+        f"feature gate, v1 in 1.37; {served}, and this version of pool does not use them yet. Split every node "
+        f"(leave out --nodes/--selector), or reserve whole nodes with pool apply --nodes "
+        "(without --devices-per-node) while no device reservation is active"
+    )
+
+
+def dra_nodes_whole(
+    nodes: Sequence[PoolNode], published: Mapping[str, Sequence[Device]], reservation: Reservation
+) -> list[str]:
+    """The driver's nodes that are reserved whole (the reserved label, or a taint with our key)."""
+    return sorted(
+        n.name
+        for n in nodes
+        if n.name in published and (n.labelled(reservation) or any(reservation.has_our_key(t) for t in n.taints))
+    )
+
+
+def choose_device_nodes(
+    nodes: Sequence[PoolNode],
+    published: Mapping[str, Sequence[Device]],
+    plugin_gpus: Mapping[str, int],
+    reservation: Reservation,
+    driver: str,
+    *,
+    names: Sequence[str] | None = None,
+    selector: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """The nodes to split: every node publishing the driver's devices. ``--nodes``/``--selector`` must name
+    exactly those (SubsetError otherwise); a chosen node that serves GPUs through the device plugin only, or
+    one reserved whole, is refused (SelectionError: exit 2, nothing changed)."""
+    every = tuple(sorted(published))
+    known = {n.name for n in nodes} | set(every)
+    if names is not None:
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
+        chosen, option = list(names), f"--nodes {','.join(names)}"
+    elif selector is not None:
+        option = f"--selector {','.join(f'{k}={v}' for k, v in selector.items())}"
+        chosen = [n.name for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
+        chosen = [name for name in chosen if name in published or plugin_gpus.get(name, 0) > 0]
+        if not chosen:
+            raise SelectionError(f"no node with GPUs matches {option}")
+    else:
+        chosen, option = list(every), ""
+    plugin = [name for name in chosen if name not in published and plugin_gpus.get(name, 0) > 0]
+    if plugin:
+        raise SelectionError(
+            f"node{'s' if len(plugin) > 1 else ''} {', '.join(plugin)} serve{'s' if len(plugin) == 1 else ''} "
+            f"GPUs through the device plugin ({DEVICE_PLUGIN_PREFIX}* allocatable) and publish{'es' if len(plugin) == 1 else ''} "
+            f"no {driver} devices: device-level reservation needs AMD's DRA driver, because the device plugin "
+            "cannot choose devices per pod (kubelet's GetPreferredAllocation carries no pod). Move the node to the "
+            f"DRA driver ({DOCS}), or reserve it whole (pool apply --nodes NAME)"
+        )
+    bare = [name for name in chosen if name not in published]
+    if bare:
+        raise SelectionError(f"{', '.join(bare)}: no {driver} devices in its ResourceSlices")
+    if not every:
+        raise SelectionError(
+            f"no node publishes {driver} devices in its ResourceSlices: device-level reservation needs AMD's DRA "
+            f"driver ({DOCS})"
+        )
+    if option and set(chosen) != set(every):
+        raise SubsetError(option, chosen, every, driver)
+    whole = dra_nodes_whole(nodes, published, reservation)
+    if whole:
+        raise SelectionError(
+            f"{', '.join(whole)} {'is' if len(whole) == 1 else 'are'} reserved whole (label {reservation.label_text} "
+            f"or taint {reservation.taint_text}) and publish{'es' if len(whole) == 1 else ''} {driver} devices: "
+            "a node is reserved whole or split, never both, and the split applies to every node of the driver. "
+            f"Release {'it' if len(whole) == 1 else 'them'} first: pool release --nodes {','.join(whole)}"
+        )
+    return every
+
+
+# --- the DeviceClasses -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    """What the plan needs of a DeviceClass."""
+
+    name: str
+    ours: bool  # labelled app.kubernetes.io/managed-by: rocm-isolation-webhook
+    created: str  # creationTimestamp as read
+    extended_resource_name: str
+    raw: Mapping[str, Any]
+
+    @property
+    def created_seconds(self) -> float:
+        parsed = parse_time(self.created)
+        return parsed.timestamp() if parsed is not None else float("-inf")
+
+
+def class_info(obj: Mapping[str, Any]) -> ClassInfo:
+    metadata = _mapping(obj.get("metadata"))
+    return ClassInfo(
+        name=_text(metadata.get("name")),
+        ours=_mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) == MANAGED_BY,
+        created=_text(metadata.get("creationTimestamp")),
+        extended_resource_name=_text(_mapping(obj.get("spec")).get("extendedResourceName")),
+        raw=obj,
+    )
+
+
+def class_infos(objects: Iterable[Mapping[str, Any]]) -> dict[str, ClassInfo]:
+    found = (class_info(obj) for obj in objects)
+    return {info.name: info for info in found if info.name}
+
+
+def winner(claimants: Iterable[ClassInfo]) -> ClassInfo | None:
+    """The class the scheduler maps an extended resource name to: the newest, the lower name on a tie."""
+    return min(claimants, key=lambda c: (-c.created_seconds, c.name), default=None)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who maps the policy's extendedResourceName, and whether ``apply`` must re-create our shared class."""
+
+    name: str  # the extended resource name ("" when the policy sets none)
+    shared_class: str
+    others: tuple[ClassInfo, ...]  # the other classes naming it, newest first
+    owner_now: ClassInfo | None
+    recreate: bool  # ours exists, names it (or will) and loses to another class: delete and re-create
+
+    @property
+    def others_text(self) -> str:
+        return ",".join(sorted(c.name for c in self.others))
+
+
+def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
+    devices = policy.spec.reserved_devices
+    name, shared = devices.extended_resource_name, devices.shared_class_name
+    if not name:
+        return Ownership("", shared, (), None, False)
+    others = tuple(
+        sorted(
+            (c for c in classes.values() if c.name != shared and c.extended_resource_name == name),
+            key=lambda c: (-c.created_seconds, c.name),
+        )
+    )
+    ours = classes.get(shared)
+    current = [*others, ours] if ours is not None and ours.extended_resource_name == name else list(others)
+    owner_now = winner(current)
+    recreate = False
+    if ours is not None and ours.ours and others:
+        after = winner([*others, ClassInfo(ours.name, True, ours.created, name, ours.raw)])
+        recreate = after is not None and after.name != shared
+    return Ownership(name, shared, others, owner_now, recreate)
+
+
+def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Ownership) -> list[dict[str, Any]]:
+    """Both classes as ``device_classes`` renders them, the shared one recording the other classes that
+    name its extended resource (see the module docstring); reserved first (the order they are written)."""
+    reserved, shared = device_classes.classes(policy, reservation)
+    if owner.name:
+        shared["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
+    return [reserved, shared]
+
+
+def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The PUT body that makes ``current`` say what ``desired`` says (our labels, annotations, selectors and
+    extendedResourceName; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
+    None when it already does."""
+    metadata = dict(_mapping(current.get("metadata")))
+    want_meta = _mapping(desired.get("metadata"))
+    labels = {**_mapping(metadata.get("labels")), **_mapping(want_meta.get("labels"))}
+    annotations = {**_mapping(metadata.get("annotations")), **_mapping(want_meta.get("annotations"))}
+    spec = dict(_mapping(current.get("spec")))
+    want_spec = _mapping(desired.get("spec"))
+    spec["selectors"] = want_spec.get("selectors")
+    if "extendedResourceName" in want_spec:
+        spec["extendedResourceName"] = want_spec["extendedResourceName"]
+    else:
+        spec.pop("extendedResourceName", None)
+    if (
+        labels == _mapping(metadata.get("labels"))
+        and annotations == _mapping(metadata.get("annotations"))
+        and spec == _mapping(current.get("spec"))
+    ):
+        return None
+    metadata.pop("managedFields", None)  # absent from an update: the apiserver keeps them
+    metadata["labels"], metadata["annotations"] = labels, annotations
+    return {"apiVersion": device_classes.API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+
+def foreign_class_error(name: str, role: str) -> SelectionError:
+    return SelectionError(
+        f"deviceclass/{name} exists and is not managed by rocm-isolation-webhook (label "
+        f"{MANAGED_BY_LABEL}={MANAGED_BY}): pool never edits a class that is not its own. Name another "
+        f"{role} class in the policy (reservedDevices.{role}ClassName), or delete that class if it is a leftover"
+    )
+
+
+@dataclass(frozen=True)
+class ClassChange:
+    name: str
+    role: str  # reserved, shared
+    action: str  # create, replace, unchanged, recreate
+    desired: dict[str, Any]
+    current: Mapping[str, Any] | None
+
+
+def class_changes(
+    policy: Policy,
+    reservation: DeviceReservation,
+    classes: Mapping[str, ClassInfo],
+    owner: Ownership,
+    *,
+    ensure_owner: bool = True,
+) -> tuple[ClassChange, ClassChange]:
+    """What writing the classes does (``ensure_owner``: re-create the shared class when another class
+    wins its extended resource name); SelectionError when a class of that name is not ours."""
+    reserved, shared = desired_classes(policy, reservation, owner)
+    changes = []
+    for role, desired in (("reserved", reserved), ("shared", shared)):
+        name = desired["metadata"]["name"]
+        info = classes.get(name)
+        if info is None:
+            action = "create"
+        elif not info.ours:
+            raise foreign_class_error(name, role)
+        elif role == "shared" and owner.recreate and ensure_owner:
+            action = "recreate"
+        else:
+            action = "unchanged" if replace_body(info.raw, desired) is None else "replace"
+        changes.append(ClassChange(name, role, action, desired, info.raw if info is not None else None))
+    return changes[0], changes[1]
+
+
+def current_reservation(policy: Policy, classes: Mapping[str, ClassInfo]) -> DeviceReservation | None:
+    """The reservation our reserved class records; None when it does not exist (or is not ours)."""
+    info = classes.get(policy.spec.reserved_devices.reserved_class_name)
+    return reservation_of(info.raw) if info is not None else None
+
+
+# --- who holds which device --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A pod and the driver's devices it holds (the allocations of the claims reserved for it)."""
+
+    pod: PoolPod
+    devices: tuple[Device, ...]
+
+
+def holds(
+    claims: Iterable[Mapping[str, Any]],
+    driver: str,
+    published: Mapping[str, Sequence[Device]],
+    pods: Iterable[PoolPod],
+    uids: Mapping[tuple[str, str], str] | None = None,
+) -> tuple[list[Hold], list[str]]:
+    """Which pod holds which device: a claim's ``status.allocation.devices.results[]`` (driver, pool,
+    device) are held by the pods in its ``status.reservedFor[]``. Also, notes about claims reserved for
+    pods that are not among the running pods read (finished or deleted meanwhile)."""
+    by_key = {d.key: d for devices in published.values() for d in devices}
+    by_ref = {(p.namespace, p.name): p for p in pods}
+    held: dict[tuple[str, str], dict[tuple[str, str], Device]] = {}
+    notes: list[str] = []
+    for claim in claims:
+        metadata = _mapping(claim.get("metadata"))
+        namespace, claim_name = _text(metadata.get("namespace")), _text(metadata.get("name"))
+        status = _mapping(claim.get("status"))
+        results = _items(_mapping(_mapping(status.get("allocation")).get("devices")).get("results"))
+        devices = [
+            by_key[key]
+            for r in results
+            if isinstance(r, Mapping)
+            and _text(r.get("driver")) == driver
+            and (key := (_text(r.get("pool")), _text(r.get("device")))) in by_key
+        ]
+        if not devices:
+            continue
+        for ref in _items(status.get("reservedFor")):
+            if not isinstance(ref, Mapping) or _text(ref.get("resource")) != "pods" or _text(ref.get("apiGroup")):
+                continue
+            pod_ref = (namespace, _text(ref.get("name")))
+            pod = by_ref.get(pod_ref)
+            uid = _text(ref.get("uid"))
+            if pod is None or (uids is not None and uid and uids.get(pod_ref, uid) != uid):
+                notes.append(
+                    f"resourceclaim/{claim_name} -n {namespace} is reserved for pod {pod_ref[1]}, which is not "
+                    "among the running pods read (finished or deleted meanwhile)"
+                )
+                continue
+            for device in devices:
+                held.setdefault(pod_ref, {})[device.key] = device
+    out = [Hold(by_ref[ref], tuple(sorted(found.values(), key=_device_order))) for ref, found in held.items()]
+    out.sort(key=lambda h: (h.devices[0].node, h.pod.namespace, h.pod.name))
+    return out, notes
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    node: str
+    devices: tuple[Device, ...]
+    wanted: tuple[str, ...]  # its own N lowest PCI bus IDs
+    before: DeviceReservation | None
+    after: DeviceReservation
+
+    @property
+    def gpus(self) -> int:
+        return gpu_count(self.devices)
+
+    def count(self, state: str, reservation: DeviceReservation | None) -> int:
+        """GPUs of the node in ``state`` (one per PCI bus ID, each device without one)."""
+        ids = {d.pci_bus_id for d in self.devices if d.pci_bus_id and device_state(d, reservation) == state}
+        bare = sum(1 for d in self.devices if not d.pci_bus_id and device_state(d, reservation) == state)
+        return len(ids) + bare
+
+    @property
+    def reserved_after(self) -> int:
+        return self.count(RESERVED, self.after)
+
+    @property
+    def shared_after(self) -> int:
+        return self.count(SHARED, self.after)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    driver: str
+    before: DeviceReservation | None  # as the reserved class records it; None: no class yet
+    after: DeviceReservation
+    nodes: tuple[NodeSplit, ...]
+    evicting: tuple[Hold, ...]  # pods of other classes holding devices reserved after
+    keeping: tuple[Hold, ...]  # inference pods holding devices that stop being reserved (they keep them)
+    owner: Ownership
+    classes: tuple[ClassChange, ClassChange]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return any(c.action != "unchanged" for c in self.classes)
+
+    @property
+    def release(self) -> bool:
+        return not self.after.active
+
+
+def _node_notes(
+    node: str,
+    devices: Sequence[Device],
+    wanted: Sequence[str],
+    after: DeviceReservation,
+    wanted_by: Mapping[str, list[str]],
+) -> list[str]:
+    notes = []
+    n = after.devices_per_node
+    bare = [d.name for d in devices if not d.pci_bus_id]
+    if bare:
+        notes.append(
+            f"{node}: {', '.join(bare)} publish{'es' if len(bare) == 1 else ''} no {PCI_BUS_ID_ATTRIBUTE}: "
+            "never reserved (the classes select PCI bus IDs), always shared"
+        )
+    ids = gpu_ids(devices)
+    if len(ids) < n:
+        notes.append(
+            f"{node} has {plural(len(ids), 'GPU')} with a PCI bus ID, fewer than {n}: all of them are reserved"
+        )
+    extra = [i for i in ids if i in after.pci_bus_ids and i not in wanted]
+    if extra:
+        by = ", ".join(
+            f"{i} ({', '.join(d.name for d in devices if d.pci_bus_id == i)}, reserved on "
+            f"{', '.join(wanted_by.get(i, []))})"
+            for i in extra
+        )
+        notes.append(
+            f"CEL cannot see the node: {node} gets {plural(len(wanted) + len(extra), 'reserved GPU')}, not "
+            f"{len(wanted)}: the classes select the same PCI bus IDs on every node, and {by} "
+            f"{'is' if len(extra) == 1 else 'are'} in the reserved set"
+        )
+    if len(ids) >= n and not bare and all(i in after.pci_bus_ids for i in ids):
+        notes.append(f"{node} keeps no shared GPU: other classes get none of its devices")
+    return notes
+
+
+def build_device_plan(
+    policy: Policy,
+    published: Mapping[str, Sequence[Device]],
+    after: DeviceReservation,
+    wanted: Mapping[str, Sequence[str]],
+    classes: Mapping[str, ClassInfo],
+    held: Sequence[Hold],
+    notes: Sequence[str] = (),
+    *,
+    ensure_owner: bool = True,
+) -> DevicePlan:
+    """The plan of ``apply --devices-per-node`` (``after`` from ``split``) or of ``release --devices``
+    (``after`` = ``RELEASED_RESERVATION``, nothing wanted, ``ensure_owner`` off: a release deletes nothing)."""
+    devices = policy.spec.reserved_devices
+    owner = ownership(policy, classes)
+    changes = class_changes(policy, after, classes, owner, ensure_owner=ensure_owner)
+    before = current_reservation(policy, classes)
+    wanted_by: dict[str, list[str]] = {}
+    for node, ids in sorted(wanted.items()):
+        for i in ids:
+            wanted_by.setdefault(i, []).append(node)
+    all_notes: list[str] = []
+    nodes = []
+    for node, found in sorted(published.items()):
+        own = tuple(wanted.get(node, ()))
+        nodes.append(NodeSplit(node, tuple(found), own, before, after))
+        if after.active:
+            all_notes += _node_notes(node, found, own, after, wanted_by)
+    evicting = tuple(
+        h for h in held if not h.pod.inference and any(device_state(d, after) == RESERVED for d in h.devices)
+    )
+    keeping = tuple(
+        h
+        for h in held
+        if h.pod.inference
+        and any(device_state(d, before) == RESERVED and device_state(d, after) != RESERVED for d in h.devices)
+    )
+    all_notes += list(notes)
+    return DevicePlan(devices.driver, before, after, tuple(nodes), evicting, keeping, owner, changes, tuple(all_notes))
+
+
+# --- output ------------------------------------------------------------------------------------------
+
+
+def reservation_text(reservation: DeviceReservation | None) -> str:
+    if reservation is None:
+        return "no device reservation (the classes do not exist)"
+    if not reservation.active:
+        return "released (both classes select every device)"
+    return (
+        f"{plural(reservation.devices_per_node, 'device')} per node, PCI bus IDs {', '.join(reservation.pci_bus_ids)}"
+    )
+
+
+def reservation_json(reservation: DeviceReservation | None) -> dict[str, Any] | None:
+    if reservation is None:
+        return None
+    return {
+        "active": reservation.active,
+        "devicesPerNode": reservation.devices_per_node,
+        "pciBusIds": list(reservation.pci_bus_ids),
+    }
+
+
+def _pod_text(pod: PoolPod) -> str:
+    return f"{pod.namespace}/{pod.name} ({pod.class_name or 'out of scope'})"
+
+
+def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool) -> list[str]:
+    """What the scheduler maps the extended resource to, today and after ``apply``."""
+    if not owner.name:
+        return [
+            "The policy sets no reservedDevices.extendedResourceName: no extended resource maps to the shared class."
+        ]
+    lines = [
+        f"{owner.name}: the scheduler maps it to the newest DeviceClass naming it (the lower name on a tie): "
+        + (f"deviceclass/{owner.owner_now.name} today." if owner.owner_now else "no class names it today.")
+    ]
+    for other in owner.others:
+        lines.append(
+            f"  deviceclass/{other.name} also names {owner.name} (created {other.created or 'at an unknown time'})"
+            + ("" if other.ours else "; not ours: pool never edits it")
+        )
+    if recreate_planned:
+        lines.append(
+            f"  apply deletes deviceclass/{owner.shared_class} and creates it again, so that it is the newest: it is "
+            f"ours and not the class {owner.name} maps to ({owner.name} maps to no class only between the delete "
+            "and the create)"
+        )
+    elif creating:
+        lines.append(f"  apply creates deviceclass/{owner.shared_class}, which is then the newest")
+    elif owner.recreate:
+        lines.append(
+            f"  deviceclass/{owner.shared_class} is not the newest; a release deletes nothing: pool apply "
+            "--devices-per-node N re-creates it"
+        )
+    elif owner.owner_now is not None and owner.owner_now.name == owner.shared_class:
+        lines.append(f"  deviceclass/{owner.shared_class} is the newest: it keeps {owner.name}")
+    if owner.others:
+        lines.append(f'  (AMD\'s chart stops its class naming it with deviceClass.extendedResourceName: ""; {DOCS})')
+    return lines
+
+
+def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
+    devices = policy.spec.reserved_devices
+    lines = [
+        f"Device-level reservation (driver {plan.driver}): deviceclass/{devices.reserved_class_name} for inference, "
+        f"deviceclass/{devices.shared_class_name} for every other class"
+        + (f" and {devices.extended_resource_name}" if devices.extended_resource_name else ""),
+        f"Now: {reservation_text(plan.before)}.",
+        f"After {'release' if plan.release else 'apply'}: {reservation_text(plan.after)}"
+        + (" (the lowest PCI bus IDs of each node, ROCm's order)." if plan.after.active else "."),
+        "",
+    ]
+    rows = [["NODE", "GPUS", "RESERVED", "SHARED"]]
+    rows += [
+        [n.node, str(n.gpus), *((str(n.reserved_after), str(n.shared_after)) if plan.after.active else ("-", "-"))]
+        for n in plan.nodes
+    ]
+    lines += columns(rows)
+    lines.append("")
+    rows = [["NODE", "DEVICE", "PCI BUS ID", "NOW", "AFTER"]]
+    rows += [
+        [n.node, d.name, d.pci_bus_id or "-", device_state(d, plan.before), device_state(d, plan.after)]
+        for n in plan.nodes
+        for d in n.devices
+    ]
+    lines += columns(rows)
+    lines.append("")
+    if plan.evicting:
+        lines.append(
+            "Running pods of other classes that hold devices that become reserved (they keep them until they end; "
+            "pool apply --evict evicts them):"
+        )
+        rows = [["NODE", "NAMESPACE", "POD", "OWNER", "CLASS", "DEVICES", "EVICT"]]
+        rows += [
+            [
+                h.devices[0].node,
+                h.pod.namespace,
+                h.pod.name,
+                h.pod.owner or "-",
+                h.pod.class_name or "-",
+                ",".join(d.name for d in h.devices),
+                "yes" if h.pod.skip_reason is None else f"no: {h.pod.skip_reason}",
+            ]
+            for h in plan.evicting
+        ]
+        lines += columns(rows)
+    elif plan.after.active:
+        lines.append("No pod of another class holds a device that becomes reserved.")
+    if plan.keeping:
+        if lines[-1]:
+            lines.append("")
+        lines.append("Inference pods holding devices that stop being reserved (they keep them):")
+        rows = [["NODE", "NAMESPACE", "POD", "DEVICES"]]
+        rows += [
+            [h.devices[0].node, h.pod.namespace, h.pod.name, ",".join(d.name for d in h.devices)] for h in plan.keeping
+        ]
+        lines += columns(rows)
+    if lines[-1]:
+        lines.append("")
+    creating = plan.classes[1].action == "create"
+    lines += ownership_lines(plan.owner, recreate_planned=plan.classes[1].action == "recreate", creating=creating)
+    lines.append("")
+    for change in plan.classes:
+        lines.append(f"deviceclass/{change.name} ({change.role}): {_action_text(change)}")
+    lines += [f"note: {note}" for note in plan.notes]
+    if not plan.changes:
+        lines.append("Nothing to change: the classes already say this.")
+    return lines
+
+
+def _action_text(change: ClassChange) -> str:
+    return {
+        "create": "create",
+        "replace": "replace",
+        "unchanged": "unchanged",
+        "recreate": "delete and create again (see above)",
+    }[change.action]
+
+
+def _device_json(device: Device, before: DeviceReservation | None, after: DeviceReservation) -> dict[str, Any]:
+    return {
+        "name": device.name,
+        "pciBusId": device.pci_bus_id or None,
+        "now": device_state(device, before),
+        "after": device_state(device, after),
+    }
+
+
+def hold_json(hold: Hold) -> dict[str, Any]:
+    pod = hold.pod
+    out: dict[str, Any] = {
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "node": hold.devices[0].node,
+        "owner": pod.owner or None,
+        "class": pod.class_name,
+        "devices": [d.name for d in hold.devices],
+        "evictable": pod.skip_reason is None,
+    }
+    if pod.skip_reason is not None:
+        out["skipReason"] = pod.skip_reason
+    return out
+
+
+def ownership_json(owner: Ownership) -> dict[str, Any]:
+    return {
+        "name": owner.name or None,
+        "ownerNow": owner.owner_now.name if owner.owner_now else None,
+        "alsoNamedBy": [{"name": c.name, "created": c.created, "ours": c.ours} for c in owner.others],
+        "recreateShared": owner.recreate,
+    }
+
+
+def plan_json(plan: DevicePlan) -> dict[str, Any]:
+    return {
+        "driver": plan.driver,
+        "before": reservation_json(plan.before),
+        "after": reservation_json(plan.after),
+        "nodes": [
+            {
+                "name": n.node,
+                "gpus": n.gpus,
+                "reserved": n.reserved_after,
+                "shared": n.shared_after,
+                "wanted": list(n.wanted),
+                "devices": [_device_json(d, plan.before, plan.after) for d in n.devices],
+            }
+            for n in plan.nodes
+        ],
+        "podsHoldingReserved": [hold_json(h) for h in plan.evicting],
+        "inferenceKeeping": [hold_json(h) for h in plan.keeping],
+        "extendedResource": ownership_json(plan.owner),
+        "classes": [{"name": c.name, "role": c.role, "action": c.action, "object": c.desired} for c in plan.classes],
+        "changes": plan.changes,
+        "notes": list(plan.notes),
+    }
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    driver: str
+    reserved_class: str
+    reservation: DeviceReservation | None
+    foreign: tuple[str, ...]  # our class names taken by classes that are not ours
+    published: Mapping[str, tuple[Device, ...]]
+    held: tuple[Hold, ...]
+    owner: Ownership
+    out_of_date: tuple[str, ...]  # what the classes say differs from the recorded reservation
+
+
+def device_status(
+    policy: Policy, published: Mapping[str, tuple[Device, ...]], classes: Mapping[str, ClassInfo], held: Sequence[Hold]
+) -> DeviceStatus:
+    devices = policy.spec.reserved_devices
+    foreign = tuple(
+        name
+        for name in (devices.reserved_class_name, devices.shared_class_name)
+        if name in classes and not classes[name].ours
+    )
+    reservation = None if foreign else current_reservation(policy, classes)
+    owner = ownership(policy, classes)
+    stale: list[str] = []
+    if reservation is not None:
+        again = (
+            "pool apply --devices-per-node " + str(reservation.devices_per_node)
+            if reservation.active
+            else ("pool release --devices --all")
+        )
+        for desired in desired_classes(policy, reservation, owner):
+            name = desired["metadata"]["name"]
+            info = classes.get(name)
+            if info is None:
+                stale.append(f"deviceclass/{name} is missing: {again} writes it")
+            elif replace_body(info.raw, desired) is not None:
+                stale.append(f"deviceclass/{name} does not say what the reservation records: {again} rewrites it")
+        if owner.recreate:
+            stale.append(
+                f"deviceclass/{owner.owner_now.name if owner.owner_now else '?'} is newer than deviceclass/"
+                f"{owner.shared_class}: {owner.name} maps to it; {again} re-creates ours"
+            )
+    return DeviceStatus(
+        devices.driver, devices.reserved_class_name, reservation, foreign, published, tuple(held), owner, tuple(stale)
+    )
+
+
+def _holders(status: DeviceStatus) -> dict[tuple[str, str], list[PoolPod]]:
+    found: dict[tuple[str, str], list[PoolPod]] = {}
+    for hold in status.held:
+        for device in hold.devices:
+            found.setdefault(device.key, []).append(hold.pod)
+    return found
+
+
+def _by_class(pods: Iterable[PoolPod]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pod in {(p.namespace, p.name): p for p in pods}.values():
+        name = pod.class_name or "(out of scope)"
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def status_json(status: DeviceStatus) -> dict[str, Any]:
+    holders = _holders(status)
+    nodes = []
+    for node, devices in status.published.items():
+        by_state: dict[str, list[PoolPod]] = {}
+        for d in devices:
+            by_state.setdefault(device_state(d, status.reservation), []).extend(holders.get(d.key, []))
+        split_node = NodeSplit(node, devices, (), status.reservation, status.reservation or RELEASED_RESERVATION)
+        nodes.append(
+            {
+                "name": node,
+                "gpus": split_node.gpus,
+                "reserved": split_node.count(RESERVED, status.reservation),
+                "shared": split_node.count(SHARED, status.reservation),
+                "podsByClass": {state: _by_class(pods) for state, pods in sorted(by_state.items())},
+                "devices": [
+                    {
+                        "name": d.name,
+                        "pciBusId": d.pci_bus_id or None,
+                        "state": device_state(d, status.reservation),
+                        "pods": [
+                            {"namespace": p.namespace, "name": p.name, "class": p.class_name}
+                            for p in holders.get(d.key, [])
+                        ],
+                    }
+                    for d in devices
+                ],
+            }
+        )
+    strays = [
+        h
+        for h in status.held
+        if not h.pod.inference and any(device_state(d, status.reservation) == RESERVED for d in h.devices)
+    ]
+    return {
+        "driver": status.driver,
+        "reservedClass": status.reserved_class,
+        "reservation": reservation_json(status.reservation),
+        "notOurs": list(status.foreign),
+        "nodes": nodes,
+        "nonInferenceOnReserved": [hold_json(h) for h in strays],
+        "extendedResource": ownership_json(status.owner),
+        "outOfDate": list(status.out_of_date),
+    }
+
+
+def status_lines(status: DeviceStatus) -> list[str]:
+    lines = [f"Device-level reservation (driver {status.driver}): {reservation_text(status.reservation)}"]
+    for name in status.foreign:
+        lines.append(f"  deviceclass/{name} exists and is not ours ({MANAGED_BY_LABEL}): pool will not edit it")
+    lines.append("")
+    holders = _holders(status)
+    rows = [["NODE", "DEVICE", "PCI BUS ID", "STATE", "PODS"]]
+    for node, devices in status.published.items():
+        for d in devices:
+            rows.append(
+                [
+                    node,
+                    d.name,
+                    d.pci_bus_id or "-",
+                    device_state(d, status.reservation),
+                    ", ".join(_pod_text(p) for p in holders.get(d.key, [])) or "-",
+                ]
+            )
+    lines += columns(rows)
+    if status.reservation is not None and status.reservation.active:
+        lines.append("")
+        rows = [["NODE", "RESERVED", "SHARED", "PODS ON RESERVED", "PODS ON SHARED"]]
+        for node, devices in status.published.items():
+            split_node = NodeSplit(node, devices, (), status.reservation, status.reservation)
+            on: dict[str, list[PoolPod]] = {RESERVED: [], SHARED: []}
+            for d in devices:
+                on[device_state(d, status.reservation)].extend(holders.get(d.key, []))
+            rows.append(
+                [
+                    node,
+                    str(split_node.count(RESERVED, status.reservation)),
+                    str(split_node.count(SHARED, status.reservation)),
+                    ", ".join(f"{k} {v}" for k, v in _by_class(on[RESERVED]).items()) or "-",
+                    ", ".join(f"{k} {v}" for k, v in _by_class(on[SHARED]).items()) or "-",
+                ]
+            )
+        lines += columns(rows)
+        strays = [
+            h
+            for h in status.held
+            if not h.pod.inference and any(device_state(d, status.reservation) == RESERVED for d in h.devices)
+        ]
+        if strays:
+            lines += [
+                "",
+                "Non-inference pods holding reserved devices (pool apply --devices-per-node "
+                f"{status.reservation.devices_per_node} --evict moves them):",
+            ]
+            lines += [
+                f"  {_pod_text(h.pod)} on {h.devices[0].node}: {', '.join(d.name for d in h.devices)}" for h in strays
+            ]
+    lines.append("")
+    owner = status.owner
+    if owner.name:
+        lines.append(
+            f"{owner.name} maps to "
+            + (f"deviceclass/{owner.owner_now.name}" if owner.owner_now else "no class")
+            + " (the newest DeviceClass naming it)"
+            + (f"; also named by {', '.join('deviceclass/' + c.name for c in owner.others)}" if owner.others else "")
+        )
+    lines += [f"warning: {text}" for text in status.out_of_date]
+    return lines
