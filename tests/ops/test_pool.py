@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from cluster_objects import allocated, inference_pod, namespace, node, pod, resource_claim, resource_slice
-from dra_objects import device_class, held_claim, node_gpus
+from dra_objects import device_class, gpu, gpu_slice, held_claim, node_gpus
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -670,8 +670,8 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
     lines = out.splitlines()
     assert lines[1] == "Now: no device reservation (the classes do not exist)."
     assert lines[2] == (
-        "After apply: 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0 (the lowest PCI bus IDs of each "
-        "node, ROCm's order)."
+        "After apply: 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0 (each node's 2 lowest, in ROCm's "
+        "order; one list for every node)."
     )
     assert [line.split() for line in lines[4:7]] == [
         ["NODE", "GPUS", "RESERVED", "SHARED"],
@@ -1024,3 +1024,35 @@ def test_status_shows_the_devices_reserved_and_shared_and_who_holds_them(
     code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
     assert code == 0
     assert [(r.method, r.path) for r in writes(dra)[before:]] == [("PUT", f"{DEVICE_CLASSES}/{SHARED_CLASS}")]
+
+
+def test_the_device_plan_shown_in_operations_md_is_this_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/operations.md shows `pool plan --devices-per-node 2` run against this cluster: the docs stay true."""
+    fake = FakeCluster().start()
+    try:
+        slots = ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0", "0000:63:00.0")
+        moved = ("0000:23:00.0", "0000:43:00.0", "0000:63:00.0", "0000:83:00.0")  # first slot empty, a fourth one used
+        fake.add(
+            namespace("ml-training"),
+            namespace("serving", {"rocm-isolation.io/class": "inference"}),
+            node("gpu-node-11", allocatable={}),
+            node("gpu-node-12", allocatable={}),
+            node("gpu-node-13", allocatable={}),
+            node("gpu-node-05"),
+            *(
+                gpu_slice(name, *(gpu(f"gpu-{i + 1}-{128 + i}", pci) for i, pci in enumerate(ids)))
+                for name, ids in (("gpu-node-11", slots), ("gpu-node-12", slots), ("gpu-node-13", moved))
+            ),
+            device_class("gpu.amd.com", created="2026-11-02T14:03:11Z", extended_resource_name="amd.com/gpu"),
+            held_claim("trainer-gpus", "ml-training", "gpu-node-11", ["gpu-1-128", "gpu-4-131"], pods=["trainer-0"]),
+            claim_pod("trainer-0", "ml-training", "gpu-node-11", "trainer-gpus"),
+        )
+        code, out, _ = run(fake, tmp_path, capsys, "plan", "--devices-per-node", "2")
+    finally:
+        fake.stop()
+    assert code == 0
+    docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    shown = "$ rocm-isolation-webhook pool plan --devices-per-node 2\n" + out
+    assert shown in docs

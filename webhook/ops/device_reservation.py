@@ -698,7 +698,11 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
         + (f" and {devices.extended_resource_name}" if devices.extended_resource_name else ""),
         f"Now: {reservation_text(plan.before)}.",
         f"After {'release' if plan.release else 'apply'}: {reservation_text(plan.after)}"
-        + (" (the lowest PCI bus IDs of each node, ROCm's order)." if plan.after.active else "."),
+        + (
+            f" (each node's {plan.after.devices_per_node} lowest, in ROCm's order; one list for every node)."
+            if plan.after.active
+            else "."
+        ),
         "",
     ]
     rows = [["NODE", "GPUS", "RESERVED", "SHARED"]]
@@ -721,7 +725,7 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
             "Running pods of other classes that hold devices that become reserved (they keep them until they end; "
             "pool apply --evict evicts them):"
         )
-        rows = [["NODE", "NAMESPACE", "POD", "OWNER", "CLASS", "DEVICES", "EVICT"]]
+        rows = [["NODE", "NAMESPACE", "POD", "OWNER", "CLASS", "RESERVED DEVICES", "EVICT"]]
         rows += [
             [
                 h.devices[0].node,
@@ -729,7 +733,7 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
                 h.pod.name,
                 h.pod.owner or "-",
                 h.pod.class_name or "-",
-                ",".join(d.name for d in h.devices),
+                ",".join(d.name for d in h.devices if device_state(d, plan.after) == RESERVED),
                 "yes" if h.pod.skip_reason is None else f"no: {h.pod.skip_reason}",
             ]
             for h in plan.evicting
@@ -741,9 +745,10 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
         if lines[-1]:
             lines.append("")
         lines.append("Inference pods holding devices that stop being reserved (they keep them):")
-        rows = [["NODE", "NAMESPACE", "POD", "DEVICES"]]
+        rows = [["NODE", "NAMESPACE", "POD", "DEVICES NO LONGER RESERVED"]]
         rows += [
-            [h.devices[0].node, h.pod.namespace, h.pod.name, ",".join(d.name for d in h.devices)] for h in plan.keeping
+            [h.devices[0].node, h.pod.namespace, h.pod.name, ",".join(d.name for d in _unreserved(h, plan))]
+            for h in plan.keeping
         ]
         lines += columns(rows)
     if lines[-1]:
@@ -757,6 +762,13 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
     if not plan.changes:
         lines.append("Nothing to change: the classes already say this.")
     return lines
+
+
+def _unreserved(hold: Hold, plan: DevicePlan) -> list[Device]:
+    """The devices of ``hold`` that are reserved now and not after."""
+    return [
+        d for d in hold.devices if device_state(d, plan.before) == RESERVED and device_state(d, plan.after) != RESERVED
+    ]
 
 
 def _action_text(change: ClassChange) -> str:
