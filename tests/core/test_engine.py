@@ -64,6 +64,8 @@ def facts(case: dict[str, Any]) -> dict[str, Any]:
         "devices": DeviceFacts(
             frozenset(case.get("devices", {}).get("gpuClasses", [])),
             frozenset(case.get("devices", {}).get("extendedResources", [])),
+            # The reserved DeviceClass says that a device-level reservation is active.
+            devices_reserved=case.get("devices", {}).get("reserved", False),
         ),
         "sub_resource": case.get("subResource", ""),
     }

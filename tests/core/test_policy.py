@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook.core import engine
+from webhook.core import device_claims, engine
 from webhook.core.policy import (
     NamespaceClasses,
     Policy,
@@ -492,9 +492,12 @@ def test_docs_complete_example_is_the_good_full_fixture_and_loads_cleanly() -> N
 def test_docs_list_every_rule_id() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "policy.md").read_text(encoding="utf-8")
     rules = [
-        value for name, value in vars(engine).items() if name.startswith(("RULE_", "DENY_")) and isinstance(value, str)
+        value
+        for module in (engine, device_claims)
+        for name, value in vars(module).items()
+        if name.startswith(("RULE_", "DENY_")) and isinstance(value, str)
     ]
-    assert len(rules) == 16
+    assert len(set(rules)) == 17 + 5
     for rule in rules:
         assert f"| `{rule}` |" in docs, rule
 

@@ -32,9 +32,39 @@ def find(resources: list[dict[str, Any]], kind: str, name: str | None = None) ->
 @pytest.fixture
 def hook(resources: list[dict[str, Any]]) -> dict[str, Any]:
     webhooks = find(resources, "MutatingWebhookConfiguration")["webhooks"]
-    assert len(webhooks) == 1, "consolidate: one webhook, one call per pod"
-    result: dict[str, Any] = webhooks[0]
+    # Consolidate: one call per object. Each resource is matched by exactly one webhook of ours.
+    matched = [resource for w in webhooks for rule in w["rules"] for resource in rule["resources"]]
+    assert len(matched) == len(set(matched)), matched
+    result: dict[str, Any] = next(w for w in webhooks if w["name"] == render.POD_WEBHOOK)
     return result
+
+
+@pytest.fixture
+def claim_hook(resources: list[dict[str, Any]]) -> dict[str, Any]:
+    webhooks = find(resources, "MutatingWebhookConfiguration")["webhooks"]
+    result: dict[str, Any] = next(w for w in webhooks if w["name"] == render.CLAIM_WEBHOOK)
+    return result
+
+
+def test_the_claims_webhook_follows_the_same_practices(hook: dict[str, Any], claim_hook: dict[str, Any]) -> None:
+    # Small timeout, no side effects, v1 reviews, fail open (the backstop VAPs hold the line), the same
+    # excluded namespaces; CREATE only (a claim's spec is immutable); v1 with Equivalent matching.
+    for key in ("timeoutSeconds", "sideEffects", "admissionReviewVersions", "failurePolicy", "matchPolicy"):
+        assert claim_hook[key] == hook[key], key
+    assert excluded_names(claim_hook) == excluded_names(hook)
+    assert claim_hook["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "scope": "Namespaced",
+        }
+    ]
+    # The scheduler's claims for DRA extended resources are never sent (they are made after allocation).
+    [condition] = claim_hook["matchConditions"]
+    assert "resource.kubernetes.io/extended-resource-claim" in condition["expression"]
+    assert claim_hook["clientConfig"].get("caBundle") == hook["clientConfig"].get("caBundle")
 
 
 def excluded_names(hook: dict[str, Any]) -> set[str]:

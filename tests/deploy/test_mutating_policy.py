@@ -121,7 +121,7 @@ def test_the_binding_leaves_out_exactly_the_namespaces_whose_mode_is_audit(
     assert selected is mutates
     from webhook.core.decision import NamespaceFacts
 
-    mode, _ = engine._mode(policy.spec, NamespaceFacts("ns", labels))
+    mode, _ = engine.namespace_mode(policy.spec, NamespaceFacts("ns", labels))
     assert (mode != "audit") is mutates
 
 

@@ -519,7 +519,9 @@ class ClusterCache:
         with self.device_classes_reflector.lock:
             generation = self._device_generation
             classes = dict(self.device_classes_reflector.items)
-        facts = claims.device_facts(classes, policy.spec.scope.gpu_drivers)
+        facts = claims.device_facts(
+            classes, policy.spec.scope.gpu_drivers, policy.spec.reserved_devices.reserved_class_name
+        )
         self._devices = (generation, policy, facts)
         return facts
 

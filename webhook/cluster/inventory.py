@@ -432,7 +432,11 @@ class Snapshot:
     def devices(self) -> DeviceFacts:
         """The cluster's GPU DeviceClasses as the policy's drivers recognise them (worked out once)."""
         if self._devices is None:
-            self._devices = dra.device_facts(self.device_classes, self.policy.spec.scope.gpu_drivers)
+            self._devices = dra.device_facts(
+                self.device_classes,
+                self.policy.spec.scope.gpu_drivers,
+                self.policy.spec.reserved_devices.reserved_class_name,
+            )
         return self._devices
 
     # -- pods -----------------------------------------------------------------------------------

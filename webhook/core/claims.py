@@ -25,6 +25,15 @@ GROUP = "resource.k8s.io"
 # Newest first: the cache lists the first version the cluster serves.
 VERSIONS = ("v1", "v1beta2", "v1beta1")
 CLAIM_KIND = "ResourceClaim"
+# Device-level reservation: the reserved DeviceClass that ``pool`` writes says whether a reservation is
+# active (webhook.deploy.device_classes renders it; the webhook and the backstop read the label).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rocm-isolation-webhook"
+RESERVATION_LABEL = "rocm-isolation.io/device-reservation"
+RESERVATION_ACTIVE = "active"
+RESERVATION_RELEASED = "released"
+# The scheduler's claims for DRA extended resources (created after allocation: never denied or changed).
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 TEMPLATE_KIND = "ResourceClaimTemplate"
 DEVICE_CLASS_KIND = "DeviceClass"
 
@@ -97,6 +106,8 @@ class DeviceClassInfo:
 
     selectors: tuple[str, ...]
     extended_resource_name: str
+    # Written by ``pool`` and saying that a device-level reservation is active (``RESERVATION_LABEL``).
+    reservation_active: bool = False
 
 
 def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
@@ -112,7 +123,9 @@ def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
     name = spec.get("extendedResourceName") or ""
     if not isinstance(name, str):
         raise MalformedClaim("spec.extendedResourceName must be a string")
-    return DeviceClassInfo(tuple(expressions), name)
+    labels = _object(_object(obj.get("metadata"), "metadata").get("labels"), "metadata.labels")
+    active = labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(RESERVATION_LABEL) == RESERVATION_ACTIVE
+    return DeviceClassInfo(tuple(expressions), name, active)
 
 
 def selects_driver(info: DeviceClassInfo, drivers: Iterable[str]) -> bool:
@@ -129,14 +142,19 @@ def selects_driver(info: DeviceClassInfo, drivers: Iterable[str]) -> bool:
     return not any("device.driver" in expression for expression in info.selectors)
 
 
-def device_facts(classes: Mapping[str, DeviceClassInfo], drivers: Iterable[str]) -> DeviceFacts:
-    """The DeviceFacts of a cluster's (or a dry run's) DeviceClasses: the GPU classes and their
-    extendedResourceNames."""
+def device_facts(
+    classes: Mapping[str, DeviceClassInfo], drivers: Iterable[str], reserved_class: str = ""
+) -> DeviceFacts:
+    """The DeviceFacts of a cluster's (or a dry run's) DeviceClasses: the GPU classes, their
+    extendedResourceNames, and whether ``reserved_class`` (``reservedDevices.reservedClassName``) says
+    that a device-level reservation is active."""
     names = tuple(drivers)
     gpu = {name: info for name, info in classes.items() if selects_driver(info, names)}
+    reserved = classes.get(reserved_class) if reserved_class else None
     return DeviceFacts(
         frozenset(gpu),
         frozenset(info.extended_resource_name for info in gpu.values() if info.extended_resource_name),
+        devices_reserved=reserved is not None and reserved.reservation_active,
     )
 
 

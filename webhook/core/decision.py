@@ -75,28 +75,38 @@ NO_CLAIMS: Final = ClaimFacts()
 class DeviceFacts:
     """What the cluster's DeviceClasses add to the GPU-route catalogue (``webhook.core.claims.device_facts``):
     the classes that select a GPU driver whatever they are called, and their ``extendedResourceName``s
-    (DRA extended resources). Empty when unknown: the policy's own names still apply."""
+    (DRA extended resources); and whether a device-level reservation is active (the reserved DeviceClass
+    says so). Empty when unknown: the policy's own names still apply, and no reservation."""
 
-    __slots__ = ("extended_resources", "gpu_classes")
+    __slots__ = ("devices_reserved", "extended_resources", "gpu_classes")
 
     def __init__(
-        self, gpu_classes: frozenset[str] = frozenset(), extended_resources: frozenset[str] = frozenset()
+        self,
+        gpu_classes: frozenset[str] = frozenset(),
+        extended_resources: frozenset[str] = frozenset(),
+        *,
+        devices_reserved: bool = False,
     ) -> None:
         self.gpu_classes: Final = gpu_classes
         self.extended_resources: Final = extended_resources
+        self.devices_reserved: Final = devices_reserved
 
     def __repr__(self) -> str:
-        return f"DeviceFacts(gpu_classes={self.gpu_classes!r}, extended_resources={self.extended_resources!r})"
+        return (
+            f"DeviceFacts(gpu_classes={self.gpu_classes!r}, extended_resources={self.extended_resources!r}, "
+            f"devices_reserved={self.devices_reserved!r})"
+        )
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, DeviceFacts)
             and self.gpu_classes == other.gpu_classes
             and self.extended_resources == other.extended_resources
+            and self.devices_reserved == other.devices_reserved
         )
 
     def __hash__(self) -> int:
-        return hash((self.gpu_classes, self.extended_resources))
+        return hash((self.gpu_classes, self.extended_resources, self.devices_reserved))
 
 
 NO_DEVICES: Final = DeviceFacts()

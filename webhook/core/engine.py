@@ -52,9 +52,10 @@ DENY_TOLERATION = "deny-toleration"
 DENY_CLASS = "deny-class-not-allowed"
 DENY_DIRECT_ACCESS = "deny-direct-gpu-access"
 DENY_EPHEMERAL = "deny-ephemeral-gpu-access"
+DENY_RESERVED_DEVICES = "deny-reserved-devices"
 DENY_RULES = (
     DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS, DENY_DIRECT_ACCESS,
-    DENY_EPHEMERAL,
+    DENY_EPHEMERAL, DENY_RESERVED_DEVICES,
 )  # fmt: skip
 # The one subresource the engine reads: kubectl debug adds containers to a running pod through it.
 EPHEMERAL_CONTAINERS = "ephemeralcontainers"
@@ -84,7 +85,7 @@ def decide(
     add to the GPU routes. ``sub_resource`` ``ephemeralcontainers``: an UPDATE adding debug containers
     (checked, never patched); any other subresource is not the engine's."""
     spec = policy.spec
-    mode, mode_warnings = _mode(spec, namespace)
+    mode, mode_warnings = namespace_mode(spec, namespace)
     if operation not in ("CREATE", "UPDATE"):
         return _allow(RULE_OPERATION, f"{operation} is not checked", mode)
     if namespace.name in spec.excluded_namespaces:
@@ -195,7 +196,7 @@ def _allow(rule: str, message: str, mode: Mode) -> Decision:
     return Decision(allowed=True, rule=rule, message=message, mode=mode)
 
 
-def _mode(spec: PolicySpec, namespace: NamespaceFacts) -> tuple[Mode, list[str]]:
+def namespace_mode(spec: PolicySpec, namespace: NamespaceFacts) -> tuple[Mode, list[str]]:
     if namespace.labels is None:
         return spec.mode, []
     value = namespace.labels.get(spec.labels.namespace_mode)
@@ -260,10 +261,14 @@ def _decide_pod(
         review.direct.extend(pods.unscanned_runtime_routes(routes, matcher))
     _check_direct_access(review, cls, class_name)
     _check_create(review, cls, class_name)
+    if devices.devices_reserved:
+        _check_reserved_devices(review, cls, class_name, claims)
     if mirror:
         # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
         # mutate them. Anyone can set the annotation, so they are still checked.
         return _finish(review, mode, class_name, RULE_MIRROR)
+    if devices.devices_reserved:
+        _plan_device_resources(review, cls, devices)
     _plan(review, cls, class_name, gpu, labels)
     return _finish(review, mode, class_name, RULE_COMPLIANT)
 
@@ -568,6 +573,89 @@ def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: dic
         scheduling.required_terms(old_spec), reserved
     ):
         _deny_node_affinity(review, class_name)
+
+
+# --- device-level reservation (webhook.core.device_claims steers the claims themselves) --------------
+
+
+def _reserved_resource(policy: Policy) -> str:
+    return pods.DEVICE_CLASS_RESOURCE_PREFIX + policy.spec.reserved_devices.reserved_class_name
+
+
+def _check_reserved_devices(review: _Review, cls: WorkloadClass, class_name: str, claims: ClaimFacts) -> None:
+    """A pod of a class other than inference asks for the reserved DeviceClass by name: through its implicit
+    extended resource, or through a claim of the namespace that names it (the backstop cannot read claims;
+    the claim itself is only admitted in a namespace that also allows the inference class)."""
+    if cls.placement == "reserved":
+        return
+    devices = review.policy.spec.reserved_devices
+    reserved = _reserved_resource(review.policy)
+    hint = _reserved_hint(review.policy)
+    for container in pods.containers(review.spec):
+        for field, values in zip(("requests", "limits"), pods.resource_maps(container), strict=True):
+            if values is not None and reserved in values:
+                where = f"{container.field}.resources.{field}[{reserved}]"
+                review.violations.append(
+                    Violation(
+                        DENY_RESERVED_DEVICES,
+                        where,
+                        f"{class_name} pods may not use the GPUs reserved for inference: {where} asks for the "
+                        f"reserved DeviceClass {devices.reserved_class_name}; request {devices.extended_resource_name or pods.DEVICE_CLASS_RESOURCE_PREFIX + devices.shared_class_name} instead{hint}",
+                    )
+                )
+    for ref in pods.resource_claims(review.spec.get("resourceClaims")):
+        if ref.template_name:
+            kind, target, classes = "ResourceClaimTemplate", ref.template_name, claims.templates.get(ref.template_name)
+        else:
+            kind, target, classes = "ResourceClaim", ref.claim_name, claims.claims.get(ref.claim_name or "")
+        if classes is not None and devices.reserved_class_name in classes:
+            review.violations.append(
+                Violation(
+                    DENY_RESERVED_DEVICES,
+                    ref.field,
+                    f"{class_name} pods may not use the GPUs reserved for inference: {ref.field} ({ref.name}) names "
+                    f"{kind} {target}, which asks for the reserved DeviceClass {devices.reserved_class_name}; use a "
+                    f"claim of {devices.shared_class_name}{hint}",
+                )
+            )
+
+
+def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceFacts) -> None:
+    """DRA extended resources steered to the class's DeviceClass: an inference pod's ``amd.com/gpu`` (the
+    shared class's extendedResourceName) and any class's ``deviceclass.resource.kubernetes.io/<GPU class>``
+    become the reserved class's implicit name for inference, the shared class's for every other class.
+    An extended resource maps to exactly one DeviceClass, with no fallback: "reserved first" cannot be
+    said for it, so inference gets reserved devices only (``reservedDevices.inferenceSpillover`` is for
+    claims)."""
+    policy = review.policy
+    settings = policy.spec.reserved_devices
+    prefix = pods.DEVICE_CLASS_RESOURCE_PREFIX
+    inference = cls.placement == "reserved"
+    target = prefix + (settings.reserved_class_name if inference else settings.shared_class_name)
+    own = (prefix + settings.reserved_class_name, prefix + settings.shared_class_name)
+    changed = False
+    for container in pods.containers(review.spec):
+        for field, values in zip(("requests", "limits"), pods.resource_maps(container), strict=True):
+            if values is None or target in values:
+                continue
+            for key in list(values):
+                if key in own:
+                    continue
+                steered = (inference and key == settings.extended_resource_name) or (
+                    key.startswith(prefix)
+                    and (
+                        bool(policy.gpu_device_classes(key[len(prefix) :])) or key[len(prefix) :] in devices.gpu_classes
+                    )
+                )
+                if not steered:
+                    continue
+                path = f"{container.pointer}/resources/{field}"
+                review.operations.append(patch.remove(path + "/" + patch.escape(key)))
+                review.operations.append(patch.add(path + "/" + patch.escape(target), values[key]))
+                changed = True
+                break  # one GPU name per map: a second one would be summed into the same key
+    if changed:
+        review.done.append("device-class")
 
 
 def _plan(

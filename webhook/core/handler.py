@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from webhook.core import review
-from webhook.core.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.device_claims import decide_claim
 from webhook.core.engine import EPHEMERAL_CONTAINERS, decide
 from webhook.core.policy import Policy
 from webhook.core.review import AdmissionRequest, AdmissionResponse
@@ -84,6 +85,8 @@ def _names_claims(pod: dict[str, Any]) -> bool:
 
 def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
     mode = policy.spec.mode
+    if request.is_claim:
+        return _handle_claim(request, policy=policy, facts=facts)
     if not request.is_pod:
         return _skip("skip.not-a-pod", mode)
     if request.sub_resource and request.sub_resource != EPHEMERAL_CONTAINERS:
@@ -121,6 +124,34 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
         devices=facts.devices(policy),
         sub_resource=request.sub_resource,
     )
+    return _handled(decision)
+
+
+def _handle_claim(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
+    """A ResourceClaim or ResourceClaimTemplate: steered while a device-level reservation is active."""
+    mode = policy.spec.mode
+    if request.sub_resource:
+        return _skip("skip.subresource", mode)
+    if request.object is None and request.operation == "CREATE":
+        return Handled(
+            response=review.denied("request.object is null on CREATE: there is no claim to check", code=400),
+            workload_class="",
+            decision="denied",
+            rule="request.object-missing",
+            mode=mode,
+        )
+    decision = decide_claim(
+        operation=request.operation,
+        claim=request.object,
+        kind=request.kind.get("kind", ""),
+        namespace=facts.namespace(request.namespace),
+        policy=policy,
+        devices=facts.devices(policy),
+    )
+    return _handled(decision)
+
+
+def _handled(decision: Decision) -> Handled:
     if not decision.allowed:
         response = review.denied(
             decision.message,

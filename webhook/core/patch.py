@@ -37,6 +37,10 @@ def replace(path: str, value: Any) -> Operation:
     return {"op": "replace", "path": path, "value": value}
 
 
+def remove(path: str) -> Operation:
+    return {"op": "remove", "path": path}
+
+
 def set_map_entries(document: dict[str, Any], map_path: tuple[str, ...], entries: dict[str, Any]) -> list[Operation]:
     """Operations that make ``document[map_path...]`` contain ``entries``, creating missing maps.
 

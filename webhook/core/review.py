@@ -90,6 +90,14 @@ class AdmissionRequest:
         )
 
     @property
+    def is_claim(self) -> bool:
+        """A ResourceClaim or ResourceClaimTemplate (resource.k8s.io): steered under device-level reservation."""
+        return self.kind.get("group") == "resource.k8s.io" and self.kind.get("kind") in (
+            "ResourceClaim",
+            "ResourceClaimTemplate",
+        )
+
+    @property
     def pod_name(self) -> str:
         """The pod's name, or its generateName (a CREATE with generateName has no name yet)."""
         return self.name or pods.pod_name(self.object or {})

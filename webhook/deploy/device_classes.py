@@ -27,15 +27,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.claims import MANAGED_BY as MANAGED_BY
+from webhook.core.claims import MANAGED_BY_LABEL as MANAGED_BY_LABEL
+from webhook.core.claims import (
+    RESERVATION_ACTIVE,
+    RESERVATION_LABEL,
+    RESERVATION_RELEASED,
+)
 from webhook.core.policy import Policy
 from webhook.deploy.cel import quote, str_list
 
 API_VERSION = "resource.k8s.io/v1"
-MANAGED_BY = "rocm-isolation-webhook"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-STATE_LABEL = "rocm-isolation.io/device-reservation"
-ACTIVE = "active"
-RELEASED = "released"
+STATE_LABEL = RESERVATION_LABEL
+ACTIVE = RESERVATION_ACTIVE
+RELEASED = RESERVATION_RELEASED
 DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
 PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
 ROLE_ANNOTATION = "rocm-isolation.io/role"

@@ -36,6 +36,8 @@ RESERVED_NODES_POLICY = "rocm-isolation-reserved-nodes"
 NAMESPACE_CLASS_POLICY = "rocm-isolation-namespace-class"
 PLACEMENT_POLICY = mutating_policy.POLICY_NAME
 RESERVED_NODE_NAMES_POLICY = reserved_names.POLICY_NAME
+POD_WEBHOOK = "pods.rocm-isolation.io"
+CLAIM_WEBHOOK = "claims.rocm-isolation.io"
 CLASS_LABEL_EDITORS = cel.CLASS_LABEL_EDITORS
 # Pods carrying this label are not sent to the webhook (the ValidatingAdmissionPolicy still applies).
 OPT_OUT_LABEL = cel.OPT_OUT_LABEL
@@ -227,6 +229,8 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
     scope_patch = [
         {"op": "add", "path": "/webhooks/0/namespaceSelector", "value": {"matchExpressions": [excluded]}},
         {"op": "add", "path": "/webhooks/0/matchConditions", "value": cel.webhook_match_conditions(policy)},
+        # The claims webhook keeps its own matchConditions (manifests/base/mutatingwebhookconfiguration.yaml).
+        {"op": "add", "path": "/webhooks/1/namespaceSelector", "value": {"matchExpressions": [excluded]}},
     ]
     reserved: list[Resource] = [
         {
@@ -287,7 +291,8 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
     configuration = _find(resources, "MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
     for hook in configuration["webhooks"]:
         hook["namespaceSelector"] = {"matchExpressions": [excluded]}
-        hook["matchConditions"] = cel.webhook_match_conditions(policy)
+        if hook["name"] == POD_WEBHOOK:
+            hook["matchConditions"] = cel.webhook_match_conditions(policy)
     reserved = _find(resources, "ValidatingAdmissionPolicy", RESERVED_NODES_POLICY)
     reserved["spec"] = cel.reserved_nodes_policy_spec(policy)
     for mode in MODES:

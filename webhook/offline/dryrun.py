@@ -401,7 +401,11 @@ def device_class_documents(documents: Iterable[Document], policy: Policy) -> Dev
                 found[name] = claims.device_class_info(body)
             except claims.MalformedClaim as err:
                 raise InputError(f"{item.where}: DeviceClass {name}: {err}") from None
-    return claims.device_facts(found, policy.spec.scope.gpu_drivers) if found else NO_DEVICES
+    return (
+        claims.device_facts(found, policy.spec.scope.gpu_drivers, policy.spec.reserved_devices.reserved_class_name)
+        if found
+        else NO_DEVICES
+    )
 
 
 def namespace_labels(documents: Iterable[Document]) -> dict[str, Mapping[str, str]]:

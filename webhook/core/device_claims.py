@@ -1,0 +1,264 @@
+"""``decide_claim``: ResourceClaims and ResourceClaimTemplates under device-level reservation.
+
+While a reservation is active (the reserved DeviceClass says so: ``DeviceFacts.devices_reserved``), a
+claim's GPU requests are steered at CREATE, the only time they can be (a claim's and a template's
+spec are immutable afterwards), so that pod authors change nothing:
+
+- in a namespace whose class is the inference one (``placement: reserved``), a request naming any
+  other GPU DeviceClass (AMD's ``gpu.amd.com``, ...) is pointed at the reserved class; with
+  ``reservedDevices.inferenceSpillover`` an ``exactly`` request becomes ``firstAvailable: [reserved,
+  shared]`` instead (reserved devices first, shared ones when they are taken);
+- in any other namespace, such a request is pointed at the shared class, and a request naming the
+  reserved class itself is denied (unless the namespace also allows the inference class).
+
+Requests of classes that hand out no GPU are left alone. Claims the scheduler makes for a DRA extended
+resource (``resource.kubernetes.io/extended-resource-claim``) are created after their allocation:
+changing or denying them would only leave their pod Pending, so they are never touched (the backstop
+ValidatingAdmissionPolicies judge them like any claim, since anyone can set that annotation). Only
+``resource.k8s.io/v1`` is read: the webhook is registered for v1 with ``matchPolicy: Equivalent``, so
+the apiserver converts other versions before calling it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook.core import patch
+from webhook.core.claims import CLAIM_KIND, EXTENDED_RESOURCE_CLAIM_ANNOTATION, TEMPLATE_KIND
+from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, Violation
+from webhook.core.engine import (
+    CLASS_ANNOTATION,
+    RULE_COMPLIANT,
+    RULE_EXCLUDED,
+    RULE_MUTATED,
+    RULE_OPERATION,
+    namespace_mode,
+)
+from webhook.core.policy import Mode, Policy
+
+RULE_NOT_RESERVED = "no-device-reservation"
+RULE_SCHEDULER_CLAIM = "extended-resource-claim"
+RULE_NO_GPU_REQUEST = "no-gpu-request"
+RULE_MALFORMED_CLAIM = "malformed-claim"
+DENY_RESERVED_CLASS = "deny-reserved-device-class"
+
+
+class _Malformed(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _dict(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Malformed(field, "must be an object")
+    return value
+
+
+def _items(value: Any, field: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Malformed(field, "must be a list")
+    return value
+
+
+def _allow(rule: str, message: str, mode: Mode) -> Decision:
+    return Decision(allowed=True, rule=rule, message=message, mode=mode)
+
+
+def decide_claim(
+    *,
+    operation: str,
+    claim: Any,
+    kind: str,
+    namespace: NamespaceFacts,
+    policy: Policy,
+    devices: DeviceFacts,
+) -> Decision:
+    """Decide what to do with one ResourceClaim (``kind`` ResourceClaim) or ResourceClaimTemplate. Pure;
+    never raises."""
+    spec = policy.spec
+    mode, mode_warnings = namespace_mode(spec, namespace)
+    if operation != "CREATE":
+        # The spec is immutable: nothing an UPDATE can change is ours to check.
+        return _allow(RULE_OPERATION, f"{operation} of a {kind} is not checked", mode)
+    if namespace.name in spec.excluded_namespaces:
+        return _allow(RULE_EXCLUDED, f"namespace {namespace.name} is excluded by the policy", mode)
+    if not devices.devices_reserved:
+        return _allow(RULE_NOT_RESERVED, "no device-level reservation is active", mode)
+    try:
+        return _decide(claim, kind, namespace, policy, devices, mode, mode_warnings)
+    except _Malformed as err:
+        return Decision(
+            allowed=False,
+            rule=RULE_MALFORMED_CLAIM,
+            message=f"the {kind} cannot be checked: {err}",
+            mode=mode,
+            code=400,
+            violations=(Violation(RULE_MALFORMED_CLAIM, err.field, str(err)),),
+        )
+
+
+def _decide(
+    claim: Any,
+    kind: str,
+    namespace: NamespaceFacts,
+    policy: Policy,
+    devices: DeviceFacts,
+    mode: Mode,
+    warnings: list[str],
+) -> Decision:
+    spec = policy.spec
+    reserved_devices = spec.reserved_devices
+    claim = _dict(claim, "object")
+    metadata = _dict(claim.get("metadata"), "metadata")
+    annotations = _dict(metadata.get("annotations"), "metadata.annotations")
+    if annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true" and kind == CLAIM_KIND:
+        return _allow(RULE_SCHEDULER_CLAIM, "made by the scheduler for an extended resource: never changed", mode)
+    classes = policy.namespace_classes(namespace.name, namespace.labels)
+    class_name = classes.default
+    inference = spec.classes[class_name].placement == "reserved"
+    may_use_reserved = any(spec.classes[name].placement == "reserved" for name in classes.allowed)
+    root: tuple[str, ...] = ("spec", "spec") if kind == TEMPLATE_KIND else ("spec",)
+    claim_spec = _dict(_dict(claim.get("spec"), "spec").get("spec"), "spec.spec") if kind == TEMPLATE_KIND else None
+    claim_spec = claim_spec if claim_spec is not None else _dict(claim.get("spec"), "spec")
+    where = ".".join(root)
+    requests = _items(_dict(claim_spec.get("devices"), f"{where}.devices").get("requests"), f"{where}.devices.requests")
+
+    target = reserved_devices.reserved_class_name if inference else reserved_devices.shared_class_name
+    ops: list[dict[str, Any]] = []
+    changed: list[str] = []
+    violations: list[Violation] = []
+
+    def is_gpu(name: str) -> bool:
+        return bool(policy.gpu_device_classes(name)) or name in devices.gpu_classes
+
+    def steer(name: Any, field: str, pointer: str) -> None:
+        if not isinstance(name, str) or not name or not is_gpu(name):
+            return
+        if name in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name):
+            if name == reserved_devices.reserved_class_name and not may_use_reserved:
+                violations.append(
+                    Violation(
+                        DENY_RESERVED_CLASS,
+                        field,
+                        f"{field}: DeviceClass {name} hands out the GPUs reserved for inference, and namespace "
+                        f"{namespace.name} (class {class_name}) allows no inference class; use "
+                        f"{reserved_devices.shared_class_name}{_inference_hint(policy)}",
+                    )
+                )
+            return
+        ops.append(patch.replace(pointer, target))
+        changed.append(f"{field}: {name} -> {target}")
+
+    for i, request in enumerate(requests):
+        field = f"{where}.devices.requests[{i}]"
+        request = _dict(request, field)
+        pointer = patch.pointer(*root, "devices", "requests", i)
+        exactly = request.get("exactly")
+        if exactly is not None:
+            exactly = _dict(exactly, f"{field}.exactly")
+            name = exactly.get("deviceClassName")
+            spill = (
+                inference
+                and reserved_devices.inference_spillover
+                and isinstance(name, str)
+                and is_gpu(name)
+                and name not in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name)
+                and not exactly.get("adminAccess")
+            )
+            if spill:
+                ops.extend(_spill_over(request, exactly, pointer, reserved_devices.reserved_class_name,
+                                       reserved_devices.shared_class_name))  # fmt: skip
+                changed.append(f"{field}.exactly: {name} -> firstAvailable [reserved, shared]")
+            else:
+                steer(name, f"{field}.exactly.deviceClassName", f"{pointer}/exactly/deviceClassName")
+        for j, sub in enumerate(_items(request.get("firstAvailable"), f"{field}.firstAvailable")):
+            sub_field = f"{field}.firstAvailable[{j}]"
+            sub = _dict(sub, sub_field)
+            steer(
+                sub.get("deviceClassName"),
+                f"{sub_field}.deviceClassName",
+                f"{pointer}/firstAvailable/{j}/deviceClassName",
+            )
+
+    if not ops and not violations:
+        return _allow(RULE_NO_GPU_REQUEST, f"class {class_name}: no GPU request to steer", mode)
+    if ops and annotations.get(CLASS_ANNOTATION) != class_name:
+        ops.extend(patch.set_map_entries(claim, ("metadata", "annotations"), {CLASS_ANNOTATION: class_name}))
+    return _finish(ops, changed, violations, warnings, mode, class_name)
+
+
+def _spill_over(
+    request: dict[str, Any], exactly: dict[str, Any], pointer: str, reserved: str, shared: str
+) -> list[dict[str, Any]]:
+    """The request with ``exactly`` as ``firstAvailable: [reserved, shared]`` (a subrequest has every
+    field of an exact request but ``adminAccess``, which is never spilled)."""
+    fields = {key: value for key, value in exactly.items() if key != "deviceClassName"}
+    body = {key: value for key, value in request.items() if key != "exactly"}
+    body["firstAvailable"] = [
+        {"name": "reserved", **fields, "deviceClassName": reserved},
+        {"name": "shared", **fields, "deviceClassName": shared},
+    ]
+    return [patch.replace(pointer, body)]
+
+
+def _inference_hint(policy: Policy) -> str:
+    spec = policy.spec
+    reserved = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+    return f", or a namespace labelled {spec.labels.namespace_class}={reserved[0]}" if reserved else ""
+
+
+def _finish(
+    ops: list[dict[str, Any]],
+    changed: list[str],
+    violations: list[Violation],
+    warnings: list[str],
+    mode: Mode,
+    class_name: str,
+) -> Decision:
+    audit = {"class": class_name, "mode": mode}
+    denial = "; ".join(v.message for v in violations)
+    if mode == "audit":
+        audit["would-patch-operations"] = str(len(ops))
+        if violations:
+            audit["would-deny"] = denial[:1000]
+        return Decision(
+            allowed=True,
+            rule=violations[0].rule if violations else RULE_MUTATED,
+            message="audit mode: nothing changed" + (f"; would deny: {denial}" if violations else ""),
+            mode=mode,
+            workload_class=class_name,
+            audit_annotations=audit,
+            violations=tuple(violations),
+        )
+    if violations and mode == "enforce":
+        audit["decision"] = "denied"
+        return Decision(
+            allowed=False,
+            rule=violations[0].rule,
+            message=denial,
+            mode=mode,
+            workload_class=class_name,
+            audit_annotations=audit,
+            violations=tuple(violations),
+            code=403,
+        )
+    notes = [f"rocm-isolation: device-level reservation: {change}" for change in changed]
+    if violations:
+        notes = [f"would be denied in enforce mode: {v.message}" for v in violations] + notes
+    audit["decision"] = "patched" if ops else "allowed"
+    return Decision(
+        allowed=True,
+        rule=violations[0].rule if violations else (RULE_MUTATED if ops else RULE_COMPLIANT),
+        message=f"class {class_name}: " + ("; ".join(changed) or "compliant"),
+        mode=mode,
+        workload_class=class_name,
+        patch=tuple(ops),
+        warnings=tuple(notes + warnings),
+        audit_annotations=audit,
+        violations=tuple(violations),
+    )
