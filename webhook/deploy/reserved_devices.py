@@ -116,6 +116,16 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
                 }
             ]
         },
+        # UPDATE is judged too: the scheduler's adding its finalizer to a claim it allocates is one, so a
+        # claim created while no reservation was active gets nothing once one is. A claim being deleted is
+        # not: the resourceclaim controller's removal of its delete-protection finalizer must pass, or a
+        # claim allocated before the reservation could never go (seen on v1.36.2).
+        "matchConditions": [
+            {
+                "name": "not-being-deleted",
+                "expression": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
+            }
+        ],
         "variables": variables,
         "validations": [
             {
