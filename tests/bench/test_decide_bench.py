@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bench import policies, reviews
-from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.device_claims import decide_claim
 from webhook.core.engine import decide
 from webhook.core.policy import Policy
 
@@ -98,3 +99,37 @@ def test_review_files_are_generated() -> None:
     """bench/reviews/*.json are what ``python -m bench.reviews`` writes (edit the generator, not the files)."""
     for name, build in reviews.BUILDERS.items():
         assert json.loads(reviews.path(name).read_text()) == build(), f"run python -m bench.reviews ({name})"
+
+
+# Device-level reservation: ResourceClaim(Template) reviews are rarer than pods (one per claim, none for
+# the scheduler's extended-resource claims) but have their own path, decide_claim: its row.
+CLAIM_CASES = {
+    # (namespace, class of the request, kind) -> (rule, operations)
+    "training-template-steered": ("ml-training", "gpu.amd.com", "ResourceClaimTemplate", "mutated", 2),
+    "inference-claim-steered": ("inference-serving", "gpu.amd.com", "ResourceClaim", "mutated", 2),
+    "training-claim-already-shared": ("ml-training", "rocm-isolation-shared", "ResourceClaim", "no-gpu-request", 0),
+}
+
+
+def claim_object(kind: str, namespace: str, device_class: str) -> dict[str, Any]:
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 2}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"generateName": "job-0-gpu-", "namespace": namespace},
+        "spec": {"spec": spec} if kind == "ResourceClaimTemplate" else spec,
+    }
+
+
+@pytest.mark.parametrize("name", list(CLAIM_CASES))
+def test_decide_claim(benchmark: Any, name: str) -> None:
+    namespace, device_class, kind, rule, operations = CLAIM_CASES[name]
+    claim = claim_object(kind, namespace, device_class)
+    facts = NamespaceFacts(namespace, {"rocm-isolation.io/class": namespace.split("-")[0]})
+    devices = DeviceFacts(devices_reserved=True)
+
+    def call() -> Decision:
+        return decide_claim(operation="CREATE", claim=claim, kind=kind, namespace=facts, policy=POLICY, devices=devices)
+
+    decision = benchmark(call)
+    assert (decision.allowed, decision.rule, len(decision.patch)) == (True, rule, operations)
