@@ -213,6 +213,7 @@ def test_an_admission_review_has_its_request_object_mutated() -> None:
         ("namespaces.yaml", []),
         ("list.yaml", []),
         ("review.json", ["--namespace-label", f"{CLASS}=inference"]),
+        ("device-reservation.yaml", []),
     ],
 )
 def test_the_patch_output_applied_with_jsonpatch_gives_the_manifests_output(name: str, extra: list[str]) -> None:
@@ -273,6 +274,7 @@ def test_prefixed_patch_creates_a_missing_pod_template() -> None:
         ("workloads.yaml", []),
         ("namespaces.yaml", []),
         ("review.json", ["--namespace-label", f"{CLASS}=inference"]),
+        ("device-reservation.yaml", []),
     ],
 )
 def test_running_on_its_own_output_changes_nothing(name: str, extra: list[str]) -> None:
@@ -401,3 +403,175 @@ def test_without_the_device_class_its_extended_resource_is_no_gpu() -> None:
     result = mutate("-f", "-", stdin=without)
     assert result.returncode == 0, result.stderr
     assert stderr_lines(result, "Pod/research/extended-on-reserved: unchanged")
+
+
+# --- device-level reservation: claims shown as they will be admitted -------------------------------
+
+RESERVED_CLASS, SHARED_CLASS = "rocm-isolation-reserved", "rocm-isolation-shared"
+IMPLICIT = "deviceclass.resource.kubernetes.io/"
+
+
+def _by_name(text: str) -> dict[str, Any]:
+    return {doc["metadata"]["name"]: doc for doc in load_all(text)}
+
+
+def _without_device_classes(name: str) -> str:
+    documents = (FIXTURES / name).read_text().split("\n---\n")
+    return "\n---\n".join(doc for doc in documents if "kind: DeviceClass" not in doc)
+
+
+def test_claims_and_pods_are_shown_steered_while_the_reserved_device_class_is_active() -> None:
+    """The input holds the reserved DeviceClass labelled active: inference claims point at the reserved
+    class, training ones at the shared class (firstAvailable entries each, the NIC left alone), an
+    inference pod's amd.com/gpu and a training init container's implicit name of gpu.amd.com are rewritten,
+    and every object printed is valid Kubernetes 1.37."""
+    result = mutate("-f", fixture("device-reservation.yaml"))
+
+    assert result.returncode == 0, result.stderr
+    out = _by_name(result.stdout)
+    llm = out["llm-gpu"]["spec"]["spec"]["devices"]["requests"]
+    assert llm == [{"name": "gpu", "exactly": {"deviceClassName": RESERVED_CLASS, "count": 2}}]
+    assert out["llm-gpu"]["metadata"]["annotations"] == {CLASS: "inference"}
+    trainer = out["trainer-gpus"]["spec"]["spec"]["devices"]["requests"]
+    assert [r["exactly"]["deviceClassName"] for r in trainer] == [SHARED_CLASS, "nic.example.com"]
+    assert [s["deviceClassName"] for s in out["any-gpu"]["spec"]["devices"]["requests"][0]["firstAvailable"]] == [
+        SHARED_CLASS,
+        SHARED_CLASS,
+    ]
+    server = pod_of(out["llm-server"])["spec"]["containers"][0]
+    assert server["resources"]["limits"] == {IMPLICIT + RESERVED_CLASS: "1"}
+    job = pod_of(out["finetune"])["spec"]
+    assert job["initContainers"][0]["resources"]["limits"] == {IMPLICIT + SHARED_CLASS: "1"}
+    # amd.com/gpu is the shared class's extendedResourceName: a training pod keeps it.
+    assert job["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "2"}
+    for obj in out.values():
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+    (inference,) = stderr_lines(result, "ResourceClaimTemplate/serving/llm-gpu: mutated: class inference:")
+    assert "spec.spec.devices.requests[0].exactly.deviceClassName: gpu.amd.com -> rocm-isolation-reserved" in inference
+    assert stderr_lines(result, "ResourceClaim/research/any-gpu: mutated: class training:")
+    assert stderr_lines(result, "it says a device-level reservation is active")
+    # The v1beta1 claim: said plainly, printed as it came.
+    (old,) = stderr_lines(result, "ResourceClaim/research/old-shape: passed through: not decided")
+    assert "converts this resource.k8s.io/v1beta1 object" in old and "write it as resource.k8s.io/v1" in old
+    assert out["old-shape"] == _by_name((FIXTURES / "device-reservation.yaml").read_text())["old-shape"]
+    (unchecked,) = stderr_lines(
+        result, "a GPU request at spec.devices.requests (gpu.amd.com), in a resource.k8s.io/v1beta1"
+    )
+    assert "--strict" in unchecked
+    assert mutate("-f", fixture("device-reservation.yaml"), "--strict").returncode == 1
+
+
+def test_the_flag_assumes_the_reservation_the_input_does_not_hold() -> None:
+    """Without the DeviceClass documents nothing says a reservation is active: claims are passed through and
+    pods keep their names. --device-reservation-active gives what the active DeviceClass gives."""
+    text = _without_device_classes("device-reservation.yaml")
+    unaware = mutate("-f", "-", stdin=text)
+    assumed = mutate("-f", "-", "--device-reservation-active", stdin=text)
+    with_classes = mutate("-f", fixture("device-reservation.yaml"))
+
+    assert unaware.returncode == assumed.returncode == 0, assumed.stderr
+    plain = _by_name(unaware.stdout)
+    assert plain["llm-gpu"] == _by_name(text)["llm-gpu"]
+    assert pod_of(plain["llm-server"])["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert len(stderr_lines(unaware, "passed through: used to resolve the resource claims")) == 4
+    steered = _by_name(assumed.stdout)
+    assert steered == {name: doc for name, doc in _by_name(with_classes.stdout).items() if doc["kind"] != "DeviceClass"}
+
+
+def test_a_released_reservation_changes_no_claim_unless_the_flag_says_otherwise() -> None:
+    text = (
+        (FIXTURES / "device-reservation.yaml")
+        .read_text()
+        .replace("rocm-isolation.io/device-reservation: active", "rocm-isolation.io/device-reservation: released")
+    )
+    released = mutate("-f", "-", stdin=text)
+    assumed = mutate("-f", "-", "--device-reservation-active", stdin=text)
+
+    assert released.returncode == 0, released.stderr
+    assert _by_name(released.stdout)["trainer-gpus"] == _by_name(text)["trainer-gpus"]
+    assert stderr_lines(released, "it says no device-level reservation is active")
+    assert (
+        _by_name(assumed.stdout)["trainer-gpus"]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+        == SHARED_CLASS
+    )
+    assert stderr_lines(assumed, "(assumed active: --device-reservation-active)")
+
+
+DENIED_CLAIMS = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: sneaky, namespace: research}
+spec:
+  devices:
+    requests:
+      - name: gpu
+        firstAvailable:
+          - {name: reserved, deviceClassName: rocm-isolation-reserved}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: fine, namespace: research}
+spec:
+  spec:
+    devices:
+      requests:
+        - {name: gpu, exactly: {deviceClassName: gpu.amd.com}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: direct, namespace: research}
+spec:
+  containers:
+    - name: trainer
+      image: rocm/pytorch:latest
+      resources: {limits: {deviceclass.resource.kubernetes.io/rocm-isolation-reserved: "1"}}
+"""
+
+
+def test_a_denied_claim_exits_1_and_is_reported_like_a_denied_pod() -> None:
+    flags = ("--device-reservation-active", "--namespace-label", f"{CLASS}=training")
+    result = mutate("-f", "-", *flags, stdin=DENIED_CLAIMS)
+    patches = mutate("-f", "-", *flags, "-o", "patch", stdin=DENIED_CLAIMS)
+
+    assert result.returncode == patches.returncode == 1
+    sneaky, fine, pod = load_all(result.stdout)
+    assert sneaky == load_all(DENIED_CLAIMS)[0], "a denied object is printed as it came"
+    assert fine["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == SHARED_CLASS
+    assert pod == load_all(DENIED_CLAIMS)[2]
+    (claim,) = stderr_lines(
+        result, "<stdin>: document 1: ResourceClaim/research/sneaky: denied [deny-reserved-device-class]:"
+    )
+    assert "spec.devices.requests[0].firstAvailable[0].deviceClassName: DeviceClass rocm-isolation-reserved" in claim
+    assert stderr_lines(result, "<stdin>: document 3: Pod/research/direct: denied [deny-reserved-devices]")
+
+    entries = json.loads(patches.stdout)
+    assert [(e["kind"], e["allowed"], e["rule"], e["podPath"]) for e in entries] == [
+        ("ResourceClaim", False, "deny-reserved-device-class", None),
+        ("ResourceClaimTemplate", True, "mutated", None),
+        ("Pod", False, "deny-reserved-devices", ""),
+    ]
+    assert entries[0]["patch"] == []
+    assert jsonpatch.apply_patch(load_all(DENIED_CLAIMS)[1], entries[1]["patch"]) == fine
+
+
+def test_warn_and_audit_modes_apply_to_claims_as_to_pods() -> None:
+    flags = ("-f", "-", "--device-reservation-active", "--namespace-label", f"{CLASS}=training", "--namespace-label")
+    warn = mutate(*flags, "rocm-isolation.io/mode=warn", stdin=DENIED_CLAIMS)
+    audit = mutate(*flags, "rocm-isolation.io/mode=audit", stdin=DENIED_CLAIMS)
+
+    assert warn.returncode == audit.returncode == 0, warn.stderr
+    assert stderr_lines(warn, "ResourceClaim/research/sneaky: unchanged:")
+    assert stderr_lines(warn, "warning: would be denied in enforce mode: spec.devices.requests[0]")
+    # Audit: nothing changed at all, the would-be denial said.
+    assert load_all(audit.stdout) == load_all(DENIED_CLAIMS)
+    assert stderr_lines(audit, "ResourceClaim/research/sneaky: unchanged: audit mode: nothing changed; would deny:")
+
+
+def test_claims_in_unlabelled_namespaces_are_named_in_the_one_warning() -> None:
+    claim = DENIED_CLAIMS.split("---\n")[1].replace("namespace: research", "namespace: lonely")
+    result = mutate("-f", "-", "--device-reservation-active", stdin=claim)
+
+    assert result.returncode == 0, result.stderr
+    assert stderr_lines(result, "warning: namespace labels not given for lonely")
+    assert not stderr_lines(result, "  warning: namespace lonely")

@@ -7,6 +7,11 @@ will add and the DRA claims of the input's ResourceClaim(Template) documents. Th
 is relative to the pod; here it is moved to where the pod sits in the object (``/spec/template``,
 ``/request/object``, a KServe component's fields) and applied to the object itself, so the
 manifests printed are by construction what the patch gives.
+
+While a device-level reservation is active (a reserved DeviceClass document of the input labelled
+active, or ``--device-reservation-active``), the ResourceClaim and ResourceClaimTemplate documents of
+``resource.k8s.io/v1`` go through the same ``decide_claim`` as ``serve``, and the pods see the claims
+as they will be admitted (steered).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +28,7 @@ import jsonpatch
 
 from webhook.core import claims, patch, pods
 from webhook.core.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.device_claims import decide_claim
 from webhook.core.engine import CLAIM_UNRESOLVED, LABELS_UNKNOWN, RULE_MALFORMED, decide, route_matcher_for
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
 from webhook.offline import manifest_yaml, workloads
@@ -63,6 +69,15 @@ namespace labels (they decide the class, the mode and the Pod Security level), f
 DRA claims: ResourceClaim and ResourceClaimTemplate documents (resource.k8s.io v1, v1beta2,
   v1beta1) in the input resolve the claims of the pods in their namespace; a claim not in the
   input counts as a GPU request, with a warning.
+
+device-level reservation (pool apply --devices-per-node), active when the input holds the reserved
+  DeviceClass labelled rocm-isolation.io/device-reservation=active, or with --device-reservation-active:
+  resource.k8s.io/v1 ResourceClaims and ResourceClaimTemplates are checked as CREATEs and printed as
+  they will be admitted (GPU requests pointed at the reserved or the shared DeviceClass; the reserved
+  one denied where no inference class is allowed), the pods see them so, and a pod's amd.com/gpu and
+  deviceclass.resource.kubernetes.io/<GPU class> are steered like the webhook steers them. A claim
+  of v1beta1 or v1beta2 is printed unchanged with a note: the webhook sees it converted to v1, which
+  the dry run does not do.
 
 output (stdout):
   manifests  the objects in input order, mutated, as multi-document YAML; an object left unchanged
@@ -198,6 +213,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="name of a reserved node, to check spec.nodeName and matchFields; may be repeated",
     )
+    parser.add_argument(
+        "--device-reservation-active",
+        action="store_true",
+        help="assume a device-level reservation is active (the reserved DeviceClass labelled "
+        "rocm-isolation.io/device-reservation=active, as pool apply --devices-per-node leaves it), whatever the "
+        "input's DeviceClass documents say: claims and DRA extended resources are decided as the webhook then "
+        "decides them",
+    )
     parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
     parser.add_argument(
         "-o",
@@ -225,14 +248,23 @@ def main(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy) if args.policy else default_policy()
         documents = [doc for name in args.filenames for doc in parse_documents(name, read_text(name))]
+        devices = device_class_documents(documents, policy)
+        if args.device_reservation_active:
+            devices = DeviceFacts(devices.gpu_classes, devices.extended_resources, devices_reserved=True)
         facts = Facts(
             policy=policy,
             nodes=NodeFacts(frozenset(args.reserved_nodes) if args.reserved_nodes else None),
             default_namespace=args.namespace,
             given_labels=dict(args.namespace_labels) if args.namespace_labels else None,
             namespace_documents=namespace_labels(documents),
-            claim_documents=claim_documents(documents, args.namespace),
-            devices=device_class_documents(documents, policy),
+            devices=devices,
+        )
+        # The pods see the claims as they will be admitted (steered while a reservation is active); deciding a
+        # claim needs no claim facts.
+        unresolved = facts
+        facts = replace(
+            facts,
+            claim_documents=claim_documents(documents, args.namespace, lambda item: process_object(item, unresolved)),
         )
         results = [process_document(doc, facts) for doc in documents]
     except (DryRunError, PolicyError) as err:
@@ -361,14 +393,17 @@ def spread_label_keys(policy: Policy) -> frozenset[str]:
     return frozenset(excluded) | frozenset(match)
 
 
-def claim_documents(documents: Iterable[Document], default_namespace: str) -> dict[str, ClaimFacts]:
-    """The device classes of the ResourceClaim and ResourceClaimTemplate documents, by namespace."""
+def claim_documents(
+    documents: Iterable[Document], default_namespace: str, admitted: Callable[[Document], Outcome] | None = None
+) -> dict[str, ClaimFacts]:
+    """The device classes of the ResourceClaim and ResourceClaimTemplate documents, by namespace; of each
+    claim as ``admitted`` prints it (the webhook's steering applied), when given."""
     found: dict[str, tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]] = {}
     for doc in documents:
         for item in _items(doc):
-            body = item.body
-            if not claims.is_claim_kind(body["apiVersion"], body["kind"]):
+            if not claims.is_claim_kind(item.body["apiVersion"], item.body["kind"]):
                 continue
+            body = admitted(item).output if admitted is not None else item.body
             metadata = _metadata(body)
             name = metadata.get("name")
             if not isinstance(name, str) or not name:
@@ -443,6 +478,8 @@ def process_object(doc: Document, facts: Facts) -> Outcome:
     kind, group = body["kind"], _group(body["apiVersion"])
     if kind == "AdmissionReview" and group == "admission.k8s.io":
         return _review(doc, facts)
+    if claims.is_claim_kind(body["apiVersion"], kind) and facts.devices.devices_reserved:
+        return _claim(doc, facts)
     found = workloads.workload(body["apiVersion"], kind)
     if found is None:
         return _passed(doc, _pass_reason(body, facts), _uncovered(body, facts))
@@ -499,8 +536,77 @@ def _pass_reason(body: Mapping[str, Any], facts: Facts) -> str:
     if claims.is_claim_kind(body["apiVersion"], body["kind"]):
         return "used to resolve the resource claims of the pods in its namespace"
     if claims.is_device_class_kind(body["apiVersion"], body["kind"]):
-        return "used to tell which DeviceClasses hand out GPUs"
+        why = "used to tell which DeviceClasses hand out GPUs"
+        if _metadata(body).get("name") != facts.policy.spec.reserved_devices.reserved_class_name:
+            return why
+        if claims.device_class_info(body).reservation_active:
+            return f"{why}; it says a device-level reservation is active"
+        assumed = " (assumed active: --device-reservation-active)" if facts.devices.devices_reserved else ""
+        return f"{why}; it says no device-level reservation is active{assumed}"
     return f"{body['apiVersion']} {body['kind']} is not a pod or a known workload with a pod template"
+
+
+def _claim(doc: Document, facts: Facts) -> Outcome:
+    """A ResourceClaim(Template) while a device-level reservation is active: decided as the webhook decides
+    its CREATE, in resource.k8s.io/v1 only (the version the webhook is called with)."""
+    body = doc.body
+    namespace = str(_metadata(body).get("namespace") or facts.default_namespace)
+    api_version, kind = body["apiVersion"], body["kind"]
+    if api_version != f"{claims.GROUP}/v1":
+        return _claim_not_in_v1(doc, facts)
+    namespace_facts = facts.namespace(namespace)
+    decision = decide_claim(
+        operation="CREATE",
+        claim=body,
+        kind=kind,
+        namespace=namespace_facts,
+        policy=facts.policy,
+        devices=facts.devices,
+    )
+    warnings = decision.warnings
+    if namespace_facts.labels is None:
+        # As the engine says it for a pod (said once per run by main()).
+        source = facts.policy.namespace_classes(namespace, None).source
+        warnings += (
+            f"namespace {namespace}{LABELS_UNKNOWN}{source}; label rules, the mode label and Pod Security labels "
+            "were not checked",
+        )
+    common: dict[str, Any] = {
+        "where": doc.where,
+        "body": body,
+        "namespace": namespace,
+        "name": pods.pod_name(body),
+        "warnings": warnings,
+    }
+    if not decision.allowed:
+        return Outcome(**common, output=body, verdict="denied", rule=decision.rule, message=decision.message)
+    return _patched(doc, common, [dict(op) for op in decision.patch], decision.rule, decision.message)
+
+
+def _claim_not_in_v1(doc: Document, facts: Facts) -> Outcome:
+    """A claim of an older version: the webhook is called with it converted to v1 (matchPolicy: Equivalent),
+    a conversion the dry run does not guess. Said plainly; a GPU request in it is unchecked (--strict)."""
+    body = doc.body
+    try:
+        names = sorted(claims.device_classes(body))
+    except claims.MalformedClaim:
+        names = []  # claim_documents() has already refused it (exit 2)
+    policy, devices = facts.policy, facts.devices
+    gpu = [name for name in names if policy.gpu_device_classes(name) or name in devices.gpu_classes]
+    why = (
+        f"not decided: the webhook decides a claim as {claims.GROUP}/v1 (the apiserver converts this "
+        f"{body['apiVersion']} object before calling it), a conversion the dry run does not make; write it as "
+        f"{claims.GROUP}/v1 to see how it is admitted (as written, it resolves the claims of the pods in its namespace)"
+    )
+    outcome = _passed(doc, why)
+    if not gpu:
+        return outcome
+    where = f"{'spec.spec' if body['kind'] == claims.TEMPLATE_KIND else 'spec'}.devices.requests ({', '.join(gpu)})"
+    warning = (
+        f"a GPU request at {where}, in a {body['apiVersion']} {body['kind']}: checked only in the cluster "
+        "(--strict makes this an error)"
+    )
+    return replace(outcome, warnings=(warning,), uncovered=(where,))
 
 
 def _review(doc: Document, facts: Facts) -> Outcome:
