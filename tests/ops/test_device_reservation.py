@@ -109,7 +109,7 @@ def test_cel_cannot_see_the_node_and_the_plan_says_what_that_does() -> None:
         "every node, and 0000:4c:00.0 (gpu-7-135, reserved on mi300-b) is in the reserved set"
     )
     lines = dr.plan_lines(plan, POLICY)
-    assert "mi300-a   4      3          1" in lines
+    assert ["mi300-a", "4", "3", "1", "-"] in [line.split() for line in lines]
     assert any(line.split() == ["mi300-a", "gpu-7-135", "0000:4c:00.0", "unreserved", "reserved"] for line in lines)
 
 
@@ -459,3 +459,58 @@ def test_a_release_plan_widens_both_classes_and_deletes_nothing() -> None:
         "  deviceclass/rocm-isolation-shared is not the newest; a release deletes nothing: pool apply "
         "--devices-per-node N re-creates it"
     ) in lines
+
+
+# --- the split nodes' label ---------------------------------------------------------------------------
+
+SPLIT = ("rocm-isolation.io/pool", "inference-devices")
+
+
+@pytest.mark.parametrize(
+    ("labels", "release", "action", "patch"),
+    [
+        ({}, False, "add", {"rocm-isolation.io/pool": "inference-devices"}),
+        ({"rocm-isolation.io/pool": "inference-devices"}, False, "keep", None),
+        ({"rocm-isolation.io/pool": "batch"}, False, "replace", {"rocm-isolation.io/pool": "inference-devices"}),
+        ({"rocm-isolation.io/pool": "inference-devices"}, True, "remove", {"rocm-isolation.io/pool": None}),
+        # a release never removes the whole-node value
+        ({"rocm-isolation.io/pool": "inference"}, True, "none", None),
+        ({}, True, "none", None),
+    ],
+)
+def test_split_nodes_get_the_label_inference_is_placed_on(
+    labels: dict[str, str], release: bool, action: str, patch: dict[str, Any] | None
+) -> None:
+    node = PoolNode("mi300-a", {"team": "ml", **labels}, (), "42", 0)
+    assert dr.split_label(POLICY) == SPLIT
+    assert dr.label_action(node, SPLIT, release=release) == action
+    made = (dr.unsplit_label_patch if release else dr.split_label_patch)(node, SPLIT)
+    assert made == (None if patch is None else {"metadata": {"labels": patch, "resourceVersion": "42"}})
+
+
+def test_the_plan_says_which_nodes_get_the_label_and_status_warns_when_one_lacks_it() -> None:
+    found = two_nodes()
+    nodes = {
+        "mi300-a": pool_node("mi300-a", labels={"rocm-isolation.io/pool": "inference-devices"}),
+        "mi300-b": pool_node("mi300-b"),
+    }
+    after, wanted = dr.split(found, 2)
+    plan = dr.build_device_plan(POLICY, found, after, wanted, {}, [], nodes=nodes)
+    assert [(n.node, n.label) for n in plan.nodes] == [("mi300-a", "keep"), ("mi300-b", "add")]
+    assert "Split nodes are labelled rocm-isolation.io/pool=inference-devices" in dr.plan_lines(plan, POLICY)[3]
+    classes = dr.class_infos(c.desired for c in plan.classes)
+    status = dr.device_status(POLICY, found, classes, [], nodes)
+    assert status.out_of_date == (
+        "node/mi300-b lacks the label rocm-isolation.io/pool=inference-devices: inference is not placed there; "
+        "pool apply --devices-per-node 2 labels it",
+    )
+
+
+def test_a_split_node_is_not_a_whole_reserved_one() -> None:
+    split = pool_node("a", labels={"rocm-isolation.io/pool": "inference-devices"})
+    assert dr.split_labelled(split, RES, "inference-devices")
+    assert not dr.split_labelled(
+        pool_node("b", labels={"rocm-isolation.io/pool": "inference"}), RES, "inference-devices"
+    )
+    tainted = pool_node("c", labels={"rocm-isolation.io/pool": "inference-devices"}, taints=(OUR_TAINT,))
+    assert not dr.split_labelled(tainted, RES, "inference-devices")

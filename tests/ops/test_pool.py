@@ -673,10 +673,14 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
         "After apply: 2 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0 (each node's 2 lowest, in ROCm's "
         "order; one list for every node)."
     )
-    assert [line.split() for line in lines[4:7]] == [
-        ["NODE", "GPUS", "RESERVED", "SHARED"],
-        ["dra-a", "4", "2", "2"],
-        ["dra-b", "4", "2", "2"],
+    assert lines[3] == (
+        "Split nodes are labelled rocm-isolation.io/pool=inference-devices (inference is placed on them, no taint: "
+        "every class uses their shared devices)."
+    )
+    assert [line.split() for line in lines[5:8]] == [
+        ["NODE", "GPUS", "RESERVED", "SHARED", "LABEL"],
+        ["dra-a", "4", "2", "2", "add"],
+        ["dra-b", "4", "2", "2", "add"],
     ]
     assert ["dra-a", "gpu-9-137", "0000:19:00.0", "unreserved", "reserved"] in [line.split() for line in lines]
     # the training pod on dra-a's first GPU is listed, the inference pod and the training pod on a shared GPU not
@@ -710,12 +714,27 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
 def test_device_apply_writes_the_reserved_class_then_the_shared_one_and_is_idempotent(
     dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    before_a = stored_node(dra, "dra-a")
     code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
     assert code == 0, err
-    assert [(r.method, r.path, r.body["metadata"]["name"]) for r in writes(dra)] == [
+    assert [(r.method, r.path, r.body["metadata"].get("name")) for r in writes(dra)] == [
         ("POST", DEVICE_CLASSES, RESERVED_CLASS),
         ("POST", DEVICE_CLASSES, SHARED_CLASS),
+        ("PATCH", "/api/v1/nodes/dra-a", None),
+        ("PATCH", "/api/v1/nodes/dra-b", None),
     ]
+    # the split nodes get the label inference is placed on (our key only, the resourceVersion read), no taint
+    assert writes(dra)[2].body == {
+        "metadata": {
+            "labels": {POOL_LABEL: "inference-devices"},
+            "resourceVersion": before_a["metadata"]["resourceVersion"],
+        }
+    }
+    after_a = stored_node(dra, "dra-a")
+    assert after_a["metadata"]["labels"] == {**before_a["metadata"]["labels"], POOL_LABEL: "inference-devices"}
+    assert after_a["spec"] == before_a["spec"]
+    assert "node/dra-a labeled rocm-isolation.io/pool=inference-devices" in out
+    assert POOL_LABEL not in stored_node(dra, "plugin-1")["metadata"]["labels"]
     reservation = DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0"))
     policy = default_policy()
     reserved, shared = stored_class(dra, RESERVED_CLASS), stored_class(dra, SHARED_CLASS)
@@ -738,8 +757,8 @@ def test_device_apply_writes_the_reserved_class_then_the_shared_one_and_is_idemp
     code, out, _ = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
     assert code == 0
     assert len(writes(dra)) == before
-    assert "deviceclass/rocm-isolation-reserved unchanged" in out
-    assert out.rstrip().endswith("Nothing changed: the classes already said this.")
+    assert "deviceclass/rocm-isolation-reserved unchanged" in out and "node/dra-b unchanged" in out
+    assert out.rstrip().endswith("Nothing changed: the classes and the nodes already said this.")
 
 
 def test_device_apply_with_another_n_replaces_with_the_resource_version_read(
@@ -841,8 +860,11 @@ def test_device_apply_server_dry_run_persists_nothing(
     assert [(r.method, r.query.get("dryRun")) for r in writes(dra)] == [
         ("POST", "All"),
         ("POST", "All"),
+        ("PATCH", "All"),
+        ("PATCH", "All"),
         ("POST", "All"),
     ]
+    assert POOL_LABEL not in stored_node(dra, "dra-a")["metadata"]["labels"]
     assert dra.get_object("deviceclasses", RESERVED_CLASS, group="resource.k8s.io") is None
     assert dra.get_object("pods", "train-a", "ml-training") is not None
     assert "deviceclass/rocm-isolation-reserved created (server dry run)" in out
@@ -858,10 +880,12 @@ def test_device_apply_evicts_the_other_classes_on_reserved_devices_after_writing
     assert [(r.method, r.path.rsplit("/", 1)[-1], r.status) for r in writes(dra)] == [
         ("POST", "deviceclasses", 201),
         ("POST", "deviceclasses", 201),
+        ("PATCH", "dra-a", 200),
+        ("PATCH", "dra-b", 200),
         ("POST", "eviction", 429),
         ("POST", "eviction", 201),
     ]
-    assert writes(dra)[2].path == "/api/v1/namespaces/ml-training/pods/train-a/eviction"
+    assert writes(dra)[4].path == "/api/v1/namespaces/ml-training/pods/train-a/eviction"
     assert dra.get_object("pods", "train-a", "ml-training") is None
     assert dra.get_object("pods", "train-b", "ml-training") is not None  # on a shared GPU
     assert dra.get_object("pods", "llm-0", "serving") is not None  # inference
@@ -971,6 +995,10 @@ def test_release_devices_widens_both_classes_and_deletes_neither(
     assert device_classes.reservation_of(stored_class(dra, RESERVED_CLASS)) == device_classes.RELEASED_RESERVATION
     assert not [r for r in writes(dra) if r.method == "DELETE"]
     assert "After release: released (both classes select every device)." in out
+    # the split label goes with it; nothing else of the node
+    for name in ("dra-a", "dra-b"):
+        assert POOL_LABEL not in stored_node(dra, name)["metadata"]["labels"]
+    assert "node/dra-a unlabeled (rocm-isolation.io/pool=inference-devices removed)" in out
     code, out, _ = run(dra, tmp_path, capsys, "release", "--devices", "--all")
     assert code == 0 and out.rstrip().endswith("Nothing changed: the device reservation was already released.")
 
@@ -1056,3 +1084,35 @@ def test_the_device_plan_shown_in_operations_md_is_this_output(
     docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     shown = "$ rocm-isolation-webhook pool plan --devices-per-node 2\n" + out
     assert shown in docs
+
+
+def test_whole_node_release_and_status_leave_split_nodes_to_the_device_reservation(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(dra, tmp_path, capsys, "apply", "--nodes", "plugin-1")[0] == 0
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    # status: the split nodes are not whole-node members with a foreign label value
+    code, out, _ = run(dra, tmp_path, capsys, "status", "-o", "json")
+    doc = json.loads(out)
+    assert [n["name"] for n in doc["nodes"]] == ["plugin-1"]
+    assert doc["devices"]["outOfDate"] == []
+    # a split node is not released as a whole node; --all releases the whole ones only
+    code, _, err = run(dra, tmp_path, capsys, "release", "--nodes", "dra-a")
+    assert code == 2
+    assert err.startswith(
+        "error: dra-a is split (label rocm-isolation.io/pool=inference-devices), not reserved whole: pool release "
+        "--devices --all releases the device reservation"
+    )
+    code, out, _ = run(dra, tmp_path, capsys, "release", "--all", "--force")
+    assert code == 0, out
+    assert stored_node(dra, "dra-a")["metadata"]["labels"][POOL_LABEL] == "inference-devices"
+    assert POOL_LABEL not in stored_node(dra, "plugin-1")["metadata"]["labels"]
+    # someone removes a split label by hand: status says what to run
+    node_b = stored_node(dra, "dra-b")
+    del node_b["metadata"]["labels"][POOL_LABEL]
+    dra.add({"apiVersion": "v1", "kind": "Node", **node_b})
+    code, out, _ = run(dra, tmp_path, capsys, "status")
+    assert (
+        "warning: node/dra-b lacks the label rocm-isolation.io/pool=inference-devices: inference is not placed "
+        "there; pool apply --devices-per-node 2 labels it"
+    ) in out

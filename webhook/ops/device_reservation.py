@@ -5,6 +5,11 @@ Pure: ``pool.py`` reads ResourceSlices, ResourceClaims and DeviceClasses and pas
 nodes and pods as ``PoolNode``/``PoolPod``; nothing here does I/O, so every choice is tested without a
 cluster. The classes themselves are rendered by ``webhook.deploy.device_classes``.
 
+Why the split nodes are labelled. The inference class is placed (required node affinity) on nodes whose
+reserved-nodes label key (``rocm-isolation.io/pool``) says either the whole-node value (``inference``) or
+``reservedDevices.nodeLabelValue`` (``inference-devices``): ``apply`` gives every split node that value,
+``release --devices`` takes it away. No taint: every other class still uses the split nodes' shared devices.
+
 Why every node at once. The classes split the devices with CEL selectors, and CEL sees a device's driver,
 attributes and capacity, not its node, pool or name (resource.k8s.io/v1 ``CELDeviceSelector``): the
 reserved set is one list of PCI bus IDs, applied on every node that publishes the driver's devices. Each
@@ -174,6 +179,46 @@ def device_state(device: Device, reservation: DeviceReservation | None) -> str:
     if reservation is None or not reservation.active:
         return UNRESERVED
     return RESERVED if device.pci_bus_id and device.pci_bus_id in reservation.pci_bus_ids else SHARED
+
+
+def split_label(policy: Policy) -> tuple[str, str]:
+    """The label of a split node: the reserved-nodes key with ``reservedDevices.nodeLabelValue``."""
+    return policy.spec.reserved_nodes.label[0], policy.spec.reserved_devices.node_label_value
+
+
+def split_label_patch(node: PoolNode, label: tuple[str, str]) -> dict[str, Any] | None:
+    """The merge patch that labels a split node (our label key only, ``resourceVersion`` as read), or None."""
+    key, value = label
+    if node.labels.get(key) == value:
+        return None
+    return {"metadata": {"labels": {key: value}, "resourceVersion": node.resource_version}}
+
+
+def unsplit_label_patch(node: PoolNode, label: tuple[str, str]) -> dict[str, Any] | None:
+    """The merge patch that removes the split label (only that value: a whole-node label is not ours to
+    remove here), or None."""
+    key, value = label
+    if node.labels.get(key) != value:
+        return None
+    return {"metadata": {"labels": {key: None}, "resourceVersion": node.resource_version}}
+
+
+def split_labelled(node: PoolNode, reservation: Reservation, split_value: str) -> bool:
+    """The node carries the split label (and no taint with our key): split, not reserved whole. Whole-node
+    ``release`` and ``status`` leave it to the device reservation."""
+    key, _ = reservation.label
+    return node.labels.get(key) == split_value and not any(reservation.has_our_key(t) for t in node.taints)
+
+
+def label_action(node: PoolNode | None, label: tuple[str, str], *, release: bool) -> str:
+    """add, replace (another value of our key), keep; remove or none on a release; "-" without a Node."""
+    if node is None:
+        return "-"
+    key, value = label
+    current = node.labels.get(key)
+    if release:
+        return "remove" if current == value else "none"
+    return "keep" if current == value else "add" if current is None else "replace"
 
 
 # --- which nodes -------------------------------------------------------------------------------------
@@ -509,6 +554,7 @@ class NodeSplit:
     wanted: tuple[str, ...]  # its own N lowest PCI bus IDs
     before: DeviceReservation | None
     after: DeviceReservation
+    label: str = "-"  # what happens to its split label: label_action
 
     @property
     def gpus(self) -> int:
@@ -541,9 +587,13 @@ class DevicePlan:
     classes: tuple[ClassChange, ClassChange]
     notes: tuple[str, ...] = ()
 
+    label: tuple[str, str] = ("", "")  # the split nodes' label (key, value)
+
     @property
     def changes(self) -> bool:
-        return any(c.action != "unchanged" for c in self.classes)
+        return any(c.action != "unchanged" for c in self.classes) or any(
+            n.label in ("add", "replace", "remove") for n in self.nodes
+        )
 
     @property
     def release(self) -> bool:
@@ -597,6 +647,7 @@ def build_device_plan(
     notes: Sequence[str] = (),
     *,
     ensure_owner: bool = True,
+    nodes: Mapping[str, PoolNode] | None = None,
 ) -> DevicePlan:
     """The plan of ``apply --devices-per-node`` (``after`` from ``split``) or of ``release --devices``
     (``after`` = ``RELEASED_RESERVATION``, nothing wanted, ``ensure_owner`` off: a release deletes nothing)."""
@@ -609,12 +660,19 @@ def build_device_plan(
         for i in ids:
             wanted_by.setdefault(i, []).append(node)
     all_notes: list[str] = []
-    nodes = []
+    label = split_label(policy)
+    splits = []
     for node, found in sorted(published.items()):
         own = tuple(wanted.get(node, ()))
-        nodes.append(NodeSplit(node, tuple(found), own, before, after))
+        known = (nodes or {}).get(node)
+        action = label_action(known, label, release=not after.active) if nodes is not None else "-"
+        splits.append(NodeSplit(node, tuple(found), own, before, after, action))
         if after.active:
             all_notes += _node_notes(node, found, own, after, wanted_by)
+        if nodes is not None and known is None:
+            all_notes.append(
+                f"{node} publishes {devices.driver} devices but no Node of that name was read: not labelled"
+            )
     evicting = tuple(
         h for h in held if not h.pod.inference and any(device_state(d, after) == RESERVED for d in h.devices)
     )
@@ -625,7 +683,9 @@ def build_device_plan(
         and any(device_state(d, before) == RESERVED and device_state(d, after) != RESERVED for d in h.devices)
     )
     all_notes += list(notes)
-    return DevicePlan(devices.driver, before, after, tuple(nodes), evicting, keeping, owner, changes, tuple(all_notes))
+    return DevicePlan(
+        devices.driver, before, after, tuple(splits), evicting, keeping, owner, changes, tuple(all_notes), label
+    )
 
 
 # --- output ------------------------------------------------------------------------------------------
@@ -703,11 +763,18 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
             if plan.after.active
             else "."
         ),
+        f"Split nodes are labelled {plan.label[0]}={plan.label[1]} (inference is placed on them, no taint: every "
+        "class uses their shared devices).",
         "",
     ]
-    rows = [["NODE", "GPUS", "RESERVED", "SHARED"]]
+    rows = [["NODE", "GPUS", "RESERVED", "SHARED", "LABEL"]]
     rows += [
-        [n.node, str(n.gpus), *((str(n.reserved_after), str(n.shared_after)) if plan.after.active else ("-", "-"))]
+        [
+            n.node,
+            str(n.gpus),
+            *((str(n.reserved_after), str(n.shared_after)) if plan.after.active else ("-", "-")),
+            n.label,
+        ]
         for n in plan.nodes
     ]
     lines += columns(rows)
@@ -817,6 +884,7 @@ def ownership_json(owner: Ownership) -> dict[str, Any]:
 def plan_json(plan: DevicePlan) -> dict[str, Any]:
     return {
         "driver": plan.driver,
+        "label": {"key": plan.label[0], "value": plan.label[1]},
         "before": reservation_json(plan.before),
         "after": reservation_json(plan.after),
         "nodes": [
@@ -826,6 +894,7 @@ def plan_json(plan: DevicePlan) -> dict[str, Any]:
                 "reserved": n.reserved_after,
                 "shared": n.shared_after,
                 "wanted": list(n.wanted),
+                "label": n.label,
                 "devices": [_device_json(d, plan.before, plan.after) for d in n.devices],
             }
             for n in plan.nodes
@@ -855,7 +924,11 @@ class DeviceStatus:
 
 
 def device_status(
-    policy: Policy, published: Mapping[str, tuple[Device, ...]], classes: Mapping[str, ClassInfo], held: Sequence[Hold]
+    policy: Policy,
+    published: Mapping[str, tuple[Device, ...]],
+    classes: Mapping[str, ClassInfo],
+    held: Sequence[Hold],
+    nodes: Mapping[str, PoolNode] | None = None,
 ) -> DeviceStatus:
     devices = policy.spec.reserved_devices
     foreign = tuple(
@@ -884,6 +957,19 @@ def device_status(
                 f"deviceclass/{owner.owner_now.name if owner.owner_now else '?'} is newer than deviceclass/"
                 f"{owner.shared_class}: {owner.name} maps to it; {again} re-creates ours"
             )
+        label = split_label(policy)
+        for name in published:
+            node = (nodes or {}).get(name)
+            action = label_action(node, label, release=not reservation.active) if node is not None else "-"
+            if action in ("add", "replace"):
+                stale.append(
+                    f"node/{name} lacks the label {label[0]}={label[1]}: inference is not placed there; {again} "
+                    "labels it"
+                )
+            elif action == "remove":
+                stale.append(
+                    f"node/{name} still carries the label {label[0]}={label[1]} of a released split: {again} removes it"
+                )
     return DeviceStatus(
         devices.driver, devices.reserved_class_name, reservation, foreign, published, tuple(held), owner, tuple(stale)
     )

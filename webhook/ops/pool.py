@@ -16,9 +16,10 @@ Device-level reservation (``--devices-per-node N``; nodes whose GPUs AMD's DRA d
 GPUs with the lowest PCI bus IDs of every node of the driver go to inference, through two DeviceClasses
 (``webhook.deploy.device_classes``; the planning is ``device_reservation.py``). ``apply`` writes the
 reserved class, then the shared one (created, or replaced with the ``resourceVersion`` read: 409 → read
-again and retry), keeps the shared class the one the scheduler maps ``amd.com/gpu`` to, and with
-``--evict`` evicts the pods of other classes holding devices that became reserved; ``release --devices
---all`` widens both classes to every device (never deletes them); ``status`` adds a device section.
+again and retry), keeps the shared class the one the scheduler maps ``amd.com/gpu`` to, labels the split
+nodes with ``reservedDevices.nodeLabelValue`` (inference is placed on them), and with ``--evict`` evicts
+the pods of other classes holding devices that became reserved; ``release --devices --all`` widens both
+classes to every device (never deletes them) and removes the label; ``status`` adds a device section.
 
 Exit status: 0 done (or nothing to do), 1 something was refused or not done (an eviction still
 refused at ``--timeout``, a release refused, a node that kept changing under us), 2 the cluster
@@ -380,7 +381,8 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
         state = read_dra(api, policy, claims=True, required=False)
         for warning in state.warnings:
             out.warning(warning)
-        return status(cluster, reservation, args, out, device_status(policy, cluster, state))
+        split_value = policy.spec.reserved_devices.node_label_value
+        return status(cluster, reservation, args, out, device_status(policy, cluster, state), split_value)
     if args.action == "release" and getattr(args, "devices", False):
         return release_devices(api, policy, cluster, args, out)
     if args.action == "release":
@@ -394,7 +396,7 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
                 for line in device_reservation.plan_lines(plan_state[0], policy):
                     out.line(line)
             return EXIT_OK
-        return apply_devices(api, policy, plan_state[0], plan_state[1], args, out)
+        return apply_devices(api, policy, cluster, plan_state[0], args, out)
     selection = choose_nodes(
         cluster.nodes,
         cluster.pods,
@@ -578,13 +580,25 @@ def release(
     dry_run = args.dry_run == "server"
     by_name = {n.name: n for n in cluster.nodes}
 
+    split_value = policy.spec.reserved_devices.node_label_value
     if args.all:
-        names = sorted(n.name for n in cluster.nodes if n.marked(reservation))
+        # Split nodes carry our label key too: the device reservation's, released with --devices.
+        names = sorted(
+            n.name
+            for n in cluster.nodes
+            if n.marked(reservation) and not device_reservation.split_labelled(n, reservation, split_value)
+        )
     else:
         names = parse_names(args.nodes)
         unknown = [name for name in names if name not in by_name]
         if unknown:
             raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
+        split = [name for name in names if device_reservation.split_labelled(by_name[name], reservation, split_value)]
+        if split:
+            raise SelectionError(
+                f"{', '.join(split)} {'is' if len(split) == 1 else 'are'} split (label {reservation.label[0]}="
+                f"{split_value}), not reserved whole: pool release --devices --all releases the device reservation"
+            )
     homeless = room_after_release(names, cluster.nodes, cluster.pods, reservation)
     table = args.output == "table"
     if homeless and not args.force:
@@ -667,8 +681,18 @@ def status(
     args: argparse.Namespace,
     out: Output,
     devices: DeviceStatus | None = None,
+    split_value: str | None = None,
 ) -> int:
-    members = sorted((n for n in cluster.nodes if n.marked(reservation)), key=lambda n: n.name)
+    # Split nodes (the device reservation's label value) are shown in the device section.
+    members = sorted(
+        (
+            n
+            for n in cluster.nodes
+            if n.marked(reservation)
+            and (split_value is None or not device_reservation.split_labelled(n, reservation, split_value))
+        ),
+        key=lambda n: n.name,
+    )
     names = {n.name for n in members if n.labelled(reservation)}
     requested: dict[str, int] = {}
     for pod in cluster.pods:
@@ -848,7 +872,9 @@ def device_status(policy: Policy, cluster: Cluster, state: DraState) -> DeviceSt
     if not state.published and not ours:
         return None
     held, _ = device_reservation.holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
-    return device_reservation.device_status(policy, state.published, state.classes, held)
+    return device_reservation.device_status(
+        policy, state.published, state.classes, held, {n.name: n for n in cluster.nodes}
+    )
 
 
 def device_plan(
@@ -883,7 +909,9 @@ def device_plan(
             f"(device-level reservation needs the DRA driver; reserve such nodes whole with pool apply --nodes, or "
             f"move them to the DRA driver: {device_reservation.DOCS})"
         )
-    plan = device_reservation.build_device_plan(policy, state.published, after, wanted, state.classes, held, notes)
+    plan = device_reservation.build_device_plan(
+        policy, state.published, after, wanted, state.classes, held, notes, nodes={n.name: n for n in cluster.nodes}
+    )
     return plan, state
 
 
@@ -1072,9 +1100,45 @@ def _written_json(written: ClassWritten) -> dict[str, Any]:
     return {"name": written.name, "result": written.result, "message": written.message or None}
 
 
+def write_split_labels(
+    api: KubeApi, policy: Policy, plan: DevicePlan, cluster: Cluster, *, dry_run: bool, out: Output, table: bool
+) -> list[Written]:
+    """Label every split node (apply), or take the label away (release): a merge patch of our label key
+    with the ``resourceVersion`` read, 409 → read again, as for whole nodes."""
+    by_name = {n.name: n for n in cluster.nodes}
+    label = plan.label
+    if plan.release:
+        verb = f"unlabeled ({label[0]}={label[1]} removed)"
+
+        def make(node: PoolNode) -> dict[str, Any] | None:
+            return device_reservation.unsplit_label_patch(node, label)
+    else:
+        verb = f"labeled {label[0]}={label[1]}"
+
+        def make(node: PoolNode) -> dict[str, Any] | None:
+            return device_reservation.split_label_patch(node, label)
+
+    written = []
+    for split in plan.nodes:
+        node = by_name.get(split.node)
+        if node is None:
+            continue
+        result = write_node(api, node, make, policy, dry_run=dry_run)
+        written.append(result)
+        if table:
+            out.line(_written_line(result, verb, dry_run))
+    return written
+
+
+def _nodes_json(written: Iterable[Written]) -> list[dict[str, Any]]:
+    return [{"name": w.node, "result": w.result, "patch": w.patch} for w in written]
+
+
 def apply_devices(
-    api: KubeApi, policy: Policy, plan: DevicePlan, state: DraState, args: argparse.Namespace, out: Output
+    api: KubeApi, policy: Policy, cluster: Cluster, plan: DevicePlan, args: argparse.Namespace, out: Output
 ) -> int:
+    """The classes first (the reserved one, then the shared one), then the split nodes' label (inference
+    may be placed on them once their devices are split), then the evictions."""
     dry_run = args.dry_run == "server"
     table = args.output == "table"
     if table:
@@ -1088,7 +1152,10 @@ def apply_devices(
         ensure_owner=True,
         on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
     )
-    classes_ok = all(w.ok for w in written)
+    labelled: list[Written] = []
+    if all(w.ok for w in written):
+        labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
+    classes_ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
     evictions: list[EvictionResult] = []
     if args.evict and classes_ok:
         evictions = evict_pods(
@@ -1100,21 +1167,23 @@ def apply_devices(
             on_result=(lambda r: out.line(_eviction_line(r))) if table else None,
         )
     elif table and args.evict and plan.evicting:
-        out.line("No pod was evicted: the classes were not written.")
+        out.line("No pod was evicted: the classes or the nodes' labels were not written.")
     elif table and plan.evicting:
         out.line(
             f"The pods listed above keep their devices: pool apply --devices-per-node {plan.after.devices_per_node} "
             "--evict evicts them."
         )
     ok = classes_ok and all(e.done for e in evictions)
-    if table and ok and not evictions and all(w.result == "unchanged" for w in written):
-        out.line("Nothing changed: the classes already said this.")
+    unchanged = all(w.result == "unchanged" for w in written) and all(w.result == "unchanged" for w in labelled)
+    if table and ok and not evictions and unchanged:
+        out.line("Nothing changed: the classes and the nodes already said this.")
     if not table:
         out.json(
             {
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "dryRun": dry_run,
                 "deviceClasses": [_written_json(w) for w in written],
+                "nodes": _nodes_json(labelled),
                 "evictions": [
                     {
                         "namespace": e.pod.namespace,
@@ -1159,7 +1228,15 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         return EXIT_OK
     held, notes = device_reservation.holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
     plan = device_reservation.build_device_plan(
-        policy, state.published, device_classes.RELEASED_RESERVATION, {}, state.classes, held, notes, ensure_owner=False
+        policy,
+        state.published,
+        device_classes.RELEASED_RESERVATION,
+        {},
+        state.classes,
+        held,
+        notes,
+        ensure_owner=False,
+        nodes={n.name: n for n in cluster.nodes},
     )
     if table:
         for line in device_reservation.plan_lines(plan, policy):
@@ -1172,8 +1249,16 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         ensure_owner=False,
         on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
     )
-    ok = all(w.ok for w in written)
-    if table and ok and all(w.result == "unchanged" for w in written):
+    labelled: list[Written] = []
+    if all(w.ok for w in written):
+        labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
+    ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
+    if (
+        table
+        and ok
+        and all(w.result == "unchanged" for w in written)
+        and all(w.result == "unchanged" for w in labelled)
+    ):
         out.line("Nothing changed: the device reservation was already released.")
     if not table:
         out.json(
@@ -1182,6 +1267,7 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
                 "dryRun": dry_run,
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "deviceClasses": [_written_json(w) for w in written],
+                "nodes": _nodes_json(labelled),
             }
         )
     return EXIT_OK if ok else EXIT_NOT_DONE
