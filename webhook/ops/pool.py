@@ -388,15 +388,15 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
     if args.action == "release":
         return release(api, policy, cluster, reservation, args, out)
     if getattr(args, "devices_per_node", None) is not None:
-        plan_state = device_plan(api, policy, cluster, reservation, args)
+        devices = device_plan(api, policy, cluster, reservation, args)
         if args.action == "plan":
             if args.output == "json":
-                out.json({"devices": device_reservation.plan_json(plan_state[0])})
+                out.json({"devices": device_reservation.plan_json(devices)})
             else:
-                for line in device_reservation.plan_lines(plan_state[0], policy):
+                for line in device_reservation.plan_lines(devices, policy):
                     out.line(line)
             return EXIT_OK
-        return apply_devices(api, policy, cluster, plan_state[0], args, out)
+        return apply_devices(api, policy, cluster, devices, args, out)
     selection = choose_nodes(
         cluster.nodes,
         cluster.pods,
@@ -879,7 +879,7 @@ def device_status(policy: Policy, cluster: Cluster, state: DraState) -> DeviceSt
 
 def device_plan(
     api: KubeApi, policy: Policy, cluster: Cluster, reservation: Reservation, args: argparse.Namespace
-) -> tuple[DevicePlan, DraState]:
+) -> DevicePlan:
     state = read_dra(api, policy, claims=True, required=True)
     require_v1(state)
     driver = policy.spec.reserved_devices.driver
@@ -912,7 +912,7 @@ def device_plan(
     plan = device_reservation.build_device_plan(
         policy, state.published, after, wanted, state.classes, held, notes, nodes={n.name: n for n in cluster.nodes}
     )
-    return plan, state
+    return plan
 
 
 @dataclass(frozen=True)
