@@ -6,6 +6,7 @@ No I/O: everything it needs is passed in, so what CI dry-runs is exactly what th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -620,40 +621,75 @@ def _check_reserved_devices(review: _Review, cls: WorkloadClass, class_name: str
             )
 
 
+# A whole-number resource quantity as the apiserver writes one (extended resources must be whole numbers).
+_WHOLE_QUANTITY: Final = re.compile(r"^([0-9]{1,18})(?:(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)|[eE]\+?([0-9]{1,2}))?$")
+_QUANTITY_FACTORS: Final = {
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+
+
+def _whole_quantity(value: Any) -> int | None:
+    """``value`` as a whole number when it is one written as a Kubernetes quantity (``2``, ``1k``, ``1e3``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    match = _WHOLE_QUANTITY.match(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    number, suffix, exponent = match.groups()
+    factor = _QUANTITY_FACTORS[suffix] if suffix else 10 ** int(exponent) if exponent else 1
+    return int(number) * factor
+
+
 def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceFacts) -> None:
     """DRA extended resources steered to the class's DeviceClass: an inference pod's ``amd.com/gpu`` (the
-    shared class's extendedResourceName) and any class's ``deviceclass.resource.kubernetes.io/<GPU class>``
-    become the reserved class's implicit name for inference, the shared class's for every other class.
-    An extended resource maps to exactly one DeviceClass, with no fallback: "reserved first" cannot be
-    said for it, so inference gets reserved devices only (``reservedDevices.inferenceSpillover`` is for
-    claims)."""
+    shared class's extendedResourceName), any class's ``deviceclass.resource.kubernetes.io/<GPU class>``
+    and any other GPU class's extendedResourceName (the policy's ``extendedResourceNames``, the cluster's
+    GPU DeviceClasses') become the reserved class's implicit name for inference, the shared class's for
+    every other class. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
+    first" cannot be said for it, so inference gets reserved devices only
+    (``reservedDevices.inferenceSpillover`` is for claims). Several such names in one map (or one next
+    to the target name) are summed into the target name; quantities that are not whole numbers (which
+    the apiserver refuses for extended resources) are then left as they are."""
     policy = review.policy
     settings = policy.spec.reserved_devices
     prefix = pods.DEVICE_CLASS_RESOURCE_PREFIX
     inference = cls.placement == "reserved"
     target = prefix + (settings.reserved_class_name if inference else settings.shared_class_name)
     own = (prefix + settings.reserved_class_name, prefix + settings.shared_class_name)
+    other_names = (frozenset(policy.spec.scope.extended_resource_names) | devices.extended_resources) - {
+        settings.extended_resource_name
+    }
+
+    def steered(key: str) -> bool:
+        if key in own:
+            return False
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            return bool(policy.gpu_device_classes(name)) or name in devices.gpu_classes
+        return (inference and key == settings.extended_resource_name) or key in other_names
+
     changed = False
     for container in pods.containers(review.spec):
         for field, values in zip(("requests", "limits"), pods.resource_maps(container), strict=True):
-            if values is None or target in values:
+            if values is None:
                 continue
-            for key in list(values):
-                if key in own:
+            keys = [key for key in values if steered(key)]
+            if not keys:
+                continue
+            merged = [target, *keys] if target in values else keys
+            quantity: Any = values[keys[0]]
+            if len(merged) > 1:
+                amounts = [_whole_quantity(values[key]) for key in merged]
+                if None in amounts:
                     continue
-                steered = (inference and key == settings.extended_resource_name) or (
-                    key.startswith(prefix)
-                    and (
-                        bool(policy.gpu_device_classes(key[len(prefix) :])) or key[len(prefix) :] in devices.gpu_classes
-                    )
-                )
-                if not steered:
-                    continue
-                path = f"{container.pointer}/resources/{field}"
-                review.operations.append(patch.remove(path + "/" + patch.escape(key)))
-                review.operations.append(patch.add(path + "/" + patch.escape(target), values[key]))
-                changed = True
-                break  # one GPU name per map: a second one would be summed into the same key
+                quantity = str(sum(amount or 0 for amount in amounts))
+            path = f"{container.pointer}/resources/{field}"
+            review.operations.extend(patch.remove(path + "/" + patch.escape(key)) for key in keys)
+            review.operations.append(patch.add(path + "/" + patch.escape(target), quantity))
+            changed = True
     if changed:
         review.done.append("device-class")
 
