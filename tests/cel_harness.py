@@ -18,7 +18,7 @@ from celpy import celtypes
 from webhook.core import engine
 from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy, load_policy
-from webhook.deploy import render
+from webhook.deploy import device_classes, render
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION)
@@ -242,3 +242,86 @@ def reserved_nodes_verdict(
 
 def engine_reach(decision: Decision) -> set[str]:
     return {v.rule for v in decision.violations if v.rule in REACH_RULES}
+
+
+# --- policies with a parameter: the device-level reservation backstop ------------------------------
+
+RESERVED_PCI_BUS_IDS = ("0000:05:00.0", "0000:26:00.0")
+PARAM_STATES = ("active", "released", None)  # None: the reserved DeviceClass does not exist
+
+
+def reserved_device_class(policy: Policy, state: str | None) -> dict[str, Any] | None:
+    """The reserved DeviceClass as ``pool`` leaves it (``active``, ``released``), or None when absent."""
+    if state is None:
+        return None
+    reservation = (
+        device_classes.DeviceReservation(2, RESERVED_PCI_BUS_IDS)
+        if state == "active"
+        else device_classes.RELEASED_RESERVATION
+    )
+    return device_classes.reserved_class(policy, reservation)
+
+
+def applying_binding(
+    resources: list[dict[str, Any]], policy_name: str, case: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The binding of ``policy_name`` whose namespace selector matches the case's namespace (at most one:
+    the mode bindings select disjoint namespaces)."""
+    labels = namespace_object(case)["metadata"]["labels"]
+    applying = [
+        r
+        for r in resources
+        if r["kind"] == "ValidatingAdmissionPolicyBinding"
+        and r["spec"]["policyName"] == policy_name
+        and selector_matches(r["spec"]["matchResources"]["namespaceSelector"], labels)
+    ]
+    assert len(applying) <= 1, "the mode bindings must select disjoint namespaces"
+    return applying[0] if applying else None
+
+
+def params_verdict(
+    resources: list[dict[str, Any]],
+    policy_name: str,
+    case: Mapping[str, Any],
+    obj: Mapping[str, Any],
+    params: Mapping[str, Any] | None,
+    operation: str = "CREATE",
+    old: Mapping[str, Any] | None = None,
+) -> tuple[list[str], list[int], list[str]]:
+    """(actions of the binding that applies, indexes of failed validations, messages) of a policy whose
+    binding takes a parameter by name (``paramRef``). ``params`` None: the parameter is not found, and with
+    ``parameterNotFoundAction: Allow`` nothing is evaluated (the apiserver admits)."""
+    binding = applying_binding(resources, policy_name, case)
+    if binding is None:
+        return [], [], []
+    actions = binding["spec"]["validationActions"]
+    ref = binding["spec"]["paramRef"]
+    if params is None:
+        assert ref["parameterNotFoundAction"] == "Allow"
+        return actions, [], []
+    assert params["metadata"]["name"] == ref["name"]
+    spec = find(resources, "ValidatingAdmissionPolicy", policy_name)["spec"]
+    activation = {
+        "object": cel(obj),
+        "oldObject": cel(old),
+        "request": cel(request(operation, case["namespace"]["name"], ["system:authenticated"])),
+        "namespaceObject": cel(namespace_object(case)),
+        "params": cel(params),
+    }
+    _, failed, messages = run_policy(spec, activation)
+    return actions, failed, messages
+
+
+def policy_expressions(resources: list[dict[str, Any]], kind: str, names: tuple[str, ...] | None = None) -> list[str]:
+    """Every CEL expression of the ``kind`` objects (ValidatingAdmissionPolicy, ...) of ``resources``,
+    optionally only those named ``names``: match conditions, variables, validations and their messages."""
+    out = []
+    for resource in resources:
+        if resource["kind"] != kind or (names is not None and resource["metadata"]["name"] not in names):
+            continue
+        spec = resource["spec"]
+        for key in ("matchConditions", "variables"):
+            out += [item["expression"] for item in spec.get(key) or []]
+        for validation in spec.get("validations") or []:
+            out += [validation["expression"], validation["messageExpression"]]
+    return out
