@@ -210,7 +210,12 @@ def test_be_scheduled_and_drained_like_a_critical_component(resources: list[dict
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     graceful = next(int(a.split("=")[1]) for a in container["args"] if a.startswith("--graceful-timeout-seconds="))
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + graceful
+    drain = next(float(a.split("=")[1]) for a in container["args"] if a.startswith("--drain-seconds="))
+    # The kubelet kills the container at the end of the grace period: preStop, then the drain (/readyz
+    # 503, reviews still served), then the reviews in flight must all fit, with a margin.
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain + graceful
+    # The readiness probe sees the drain: /readyz fails for at least one probe period before shutdown.
+    assert drain >= container["readinessProbe"]["periodSeconds"]
     assert container["resources"]["requests"] and container["resources"]["limits"]
 
 

@@ -48,6 +48,7 @@ from webhook.cluster.cache import ClusterCache
 from webhook.core import review
 from webhook.core.handler import ClusterFacts, Handled, NoCluster, handle
 from webhook.core.review import ReviewError
+from webhook.service.drain import Drain
 from webhook.service.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level
 from webhook.service.metrics import CONTENT_TYPE, Metrics
 from webhook.service.reload import PolicyStore
@@ -78,6 +79,8 @@ class WebhookService:
     max_body_bytes: int = MAX_BODY_BYTES
     log_summary_seconds: float = DEFAULT_SUMMARY_SECONDS  # 0: no summary line
     review_counts: ReviewCounts = field(default_factory=ReviewCounts, repr=False)
+    # SIGTERM: /readyz fails at once while reviews are still served for drain.seconds (drain.py).
+    drain: Drain = field(default_factory=lambda: Drain(0.0))
     _stop: asyncio.Event | None = field(default=None, repr=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
@@ -87,6 +90,7 @@ class WebhookService:
 
     async def start(self) -> None:
         self._stop = asyncio.Event()
+        self.drain.install(asyncio.get_running_loop())
         if self.policies.path is not None:
             self._tasks.append(asyncio.create_task(self.policies.run(self.policy_poll_seconds, self._stop)))
         if self.certificates is not None:
@@ -147,6 +151,8 @@ class WebhookService:
         if self.auditor is not None:
             # Informational: where the background audit's findings go never makes a replica unready.
             checks["auditReports"] = {"ok": True, **self.auditor.reports_status()}
+        if self.drain.draining:
+            checks["shutdown"] = self.drain.status()
         missing = [name for name, check in checks.items() if not check["ok"]]
         return not missing, {"ready": not missing, "missing": missing, "checks": checks}
 

@@ -5,7 +5,9 @@ uvicorn settings that matter for kube-apiserver as a client:
 - ``timeout_keep_alive`` 95 s: the apiserver pools idle webhook connections for 90 s (Go's
   ``IdleConnTimeout``); a server that closes first races the next POST on a reused connection.
 - ``timeout_graceful_shutdown``: on SIGTERM uvicorn stops accepting, answers the reviews in flight,
-  then exits; idle pooled connections are closed so the apiserver redials a live replica.
+  then exits; idle pooled connections are closed so the apiserver redials a live replica. With
+  ``--drain-seconds`` that waits for a drain first: ``/readyz`` fails at once, reviews are still served
+  (``drain.py``).
 - read deadline (``--read-timeout-seconds``, default 10 s): uvicorn has no header or body read
   timeout, so a client that connects and then sends nothing, or trickles its headers a byte at a
   time (slowloris), would hold its connection forever. ``DeadlineHttpToolsProtocol`` closes a
@@ -46,6 +48,7 @@ from webhook.cluster.cache import ClusterCache, kubeconfig_available, load_api_c
 from webhook.core.policy import PolicyError
 from webhook.service.app import MAX_BODY_BYTES, WebhookService, create_app
 from webhook.service.coalesce import CoalescedWrites
+from webhook.service.drain import Drain
 from webhook.service.logs import DEFAULT_SUMMARY_SECONDS, configure, uvicorn_log_config
 from webhook.service.metrics import Metrics
 from webhook.service.reload import PolicyStore
@@ -77,6 +80,7 @@ class Settings:
     resync_seconds: float = 600.0
     keep_alive_seconds: int = DEFAULT_KEEP_ALIVE
     graceful_timeout_seconds: int = 30
+    drain_seconds: float = 0.0
     log_level: str = "info"
     log_summary_seconds: float = DEFAULT_SUMMARY_SECONDS
     max_body_bytes: int = MAX_BODY_BYTES
@@ -121,6 +125,7 @@ def build_service(settings: Settings) -> WebhookService:
         cert_poll_seconds=settings.cert_poll_seconds,
         max_body_bytes=settings.max_body_bytes,
         log_summary_seconds=settings.log_summary_seconds,
+        drain=Drain(settings.drain_seconds),
     )
 
 
@@ -300,6 +305,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--graceful-timeout-seconds", type=int, default=30, help="how long shutdown waits for reviews in flight"
     )
     parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=0.0,
+        help="on SIGTERM, how long /readyz answers 503 while reviews are still served, before shutdown "
+        "(default 0: shut down at once; the Deployment sets 5, docs/operations.md 'Shutdown')",
+    )
+    parser.add_argument(
         "--read-timeout-seconds",
         type=float,
         default=DEFAULT_READ_TIMEOUT,
@@ -349,6 +361,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         resync_seconds=args.resync_seconds,
         keep_alive_seconds=args.keep_alive_seconds,
         graceful_timeout_seconds=args.graceful_timeout_seconds,
+        drain_seconds=args.drain_seconds,
         log_level=args.log_level,
         log_summary_seconds=args.log_summary_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
@@ -371,6 +384,7 @@ def main(args: argparse.Namespace) -> int:
         or args.read_timeout_seconds <= 0
         or args.audit_interval_seconds < 0
         or args.log_summary_seconds < 0
+        or args.drain_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2
