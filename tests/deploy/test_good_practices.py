@@ -253,16 +253,29 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
             "verbs": ["list", "create", "patch", "delete"],
         },
     ]
-    # The other write: the background audit's Lease, in the webhook's own namespace.
+    # The other writes, in the webhook's own namespace: the background audit's Lease, and the one
+    # ConfigMap the Lease holder keeps in step with the reserved nodes (by name, no create: it is shipped).
     roles = [r for r in resources if r["kind"] == "Role"]
     assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
         (
             "rocm-isolation-system",
             [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}],
-        )
+        ),
+        (
+            "rocm-isolation-system",
+            [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": ["rocm-isolation-reserved-node-names"],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        ),
     ]
-    binding = find(resources, "RoleBinding", "rocm-isolation-webhook-audit-lease")
-    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": render.APP_NAME, "namespace": "rocm-isolation-system"}
-    ]
+    for role in roles:
+        binding = find(resources, "RoleBinding", role["metadata"]["name"])
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": render.APP_NAME, "namespace": "rocm-isolation-system"}
+        ]

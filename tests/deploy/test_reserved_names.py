@@ -48,9 +48,26 @@ def test_the_manifests_bind_the_policy_per_mode_to_the_params_and_allow_when_it_
             "namespace": render.NAMESPACE,
             "parameterNotFoundAction": "Allow",
         }
-    # Not shipped: re-applying the manifests must not empty what pool apply wrote.
-    assert not [
+    # Shipped so that serve's Lease holder needs no create, without data: re-applying the manifests never
+    # manages (or empties) what serve and pool write. serve may get and patch that object only.
+    [shipped] = [
         r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == reserved_names.PARAMS_CONFIGMAP
+    ]
+    assert shipped["metadata"]["namespace"] == reserved_names.NAMESPACE and "data" not in shipped
+    rules = [
+        rule
+        for r in resources
+        if r["kind"] == "Role" and r["metadata"]["namespace"] == reserved_names.NAMESPACE
+        for rule in r["rules"]
+        if "configmaps" in rule["resources"]
+    ]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [reserved_names.PARAMS_CONFIGMAP],
+            "verbs": ["get", "patch"],
+        }
     ]
 
 

@@ -5,14 +5,17 @@ that names a reserved node (``spec.nodeName``: the scheduler and with it the NoS
 skipped, and the kubelet does not check NoSchedule; or ``matchFields metadata.name``) passed it while
 the webhook was down. This module closes that gap with a second policy, ``rocm-isolation-reserved-node-names``,
 whose parameters are a ConfigMap in the webhook's namespace listing the reserved nodes (one data key
-per node). ``pool apply`` and ``pool release`` rewrite the ConfigMap from the nodes that carry the
-reserved label after they changed them (``webhook.ops.reserved_names_sync``); ``audit`` reports when the two disagree (a node
-labelled or unlabelled by hand: ``disagreement``).
+per node). The replica of ``serve`` holding the audit Lease keeps it equal to the nodes carrying the
+reserved label in its watch cache, within seconds, whatever tool labelled them (``webhook.service.names_sync``);
+``pool apply`` and ``pool release`` rewrite it too, with the same content, after they changed the nodes
+(``webhook.ops.reserved_names_sync``); ``audit`` reports when the two disagree (no replica running, or
+a node labelled while none was: ``disagreement``).
 
-The ConfigMap is not part of ``manifests`` (re-applying the manifests would empty it). Until the first
-``pool apply`` it does not exist: the bindings' ``parameterNotFoundAction: Allow`` makes a missing
-ConfigMap deny nothing new (the label-based backstop and the webhook still apply; ``Deny`` would stop
-every GPU pod of the cluster), and ``audit`` reports it when reserved nodes exist.
+The ConfigMap is shipped with the manifests without ``data`` (so that re-applying them never manages
+or empties it, and ``serve`` needs no ``create``). Should it be missing, the bindings'
+``parameterNotFoundAction: Allow`` makes it deny nothing new (the label-based backstop and the webhook
+still apply; ``Deny`` would stop every GPU pod of the cluster), and ``audit`` reports it when reserved
+nodes exist.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from webhook.core.review import ReviewError
 from webhook.service.drain import Drain
 from webhook.service.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level
 from webhook.service.metrics import CONTENT_TYPE, Metrics
+from webhook.service.names_sync import ReservedNamesSync
 from webhook.service.reload import PolicyStore
 from webhook.service.tls import CertificateReloader
 
@@ -74,6 +75,8 @@ class WebhookService:
     certificates: CertificateReloader | None = None
     cluster: ClusterCache | None = None
     auditor: BackgroundAudit | None = None
+    # The Lease holder keeps the reserved-node-names ConfigMap in step with the labelled nodes.
+    names_sync: ReservedNamesSync | None = None
     policy_poll_seconds: float = 5.0
     cert_poll_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
@@ -101,6 +104,8 @@ class WebhookService:
             self.cluster.start()
         if self.auditor is not None:
             self.auditor.start()
+        if self.names_sync is not None:
+            self.names_sync.start()
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -110,6 +115,8 @@ class WebhookService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self.review_counts.log_summary()  # the last, partial period
+        if self.names_sync is not None:
+            await asyncio.to_thread(self.names_sync.stop)
         if self.auditor is not None:
             await asyncio.to_thread(self.auditor.stop)
         if self.cluster is not None:

@@ -112,6 +112,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.reserved_names_syncs = Counter(
+            f"{PREFIX}_reserved_names_syncs",
+            "Rounds of the Lease holder keeping the reserved-node-names ConfigMap in step with the labelled "
+            "nodes that wrote or failed, by result (updated, conflict, missing, failed).",
+            ["result"],
+            registry=r,
+        )
         self.audit_runs = Counter(
             f"{PREFIX}_audit_runs", "Background audits run, by result (success, failure).", ["result"], registry=r
         )
@@ -159,6 +166,23 @@ class Metrics:
         self.pool_oldest_pending_seconds = Gauge(
             f"{PREFIX}_pool_oldest_pending_seconds",
             "How long the oldest unscheduled GPU pod of the pool and class had waited, at the last audit.",
+            ["pool", "class"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        # Device-level reservation (pool apply --devices-per-node N): the split nodes' GPUs, absent while none
+        # is active. pool is the side of the split: reserved (inference) or shared.
+        self.pool_split_devices = Gauge(
+            f"{PREFIX}_pool_split_devices",
+            "GPUs of the split nodes of the active device-level reservation, reserved or shared, at the last audit.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.pool_split_devices_allocated = Gauge(
+            f"{PREFIX}_pool_split_devices_allocated",
+            "GPUs of the split nodes allocated to the claims of pods, by side (reserved, shared) and the class of "
+            "the pods holding them, at the last audit.",
             ["pool", "class"],
             registry=r,
             multiprocess_mode="livemax",

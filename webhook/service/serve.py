@@ -56,6 +56,7 @@ from webhook.service.tls import CertificateError, CertificateReloader
 
 if TYPE_CHECKING:
     from webhook.service.auditloop import BackgroundAudit
+    from webhook.service.names_sync import ReservedNamesSync
 
 SETTINGS_ENV = "ROCM_ISOLATION_WEBHOOK_SERVE"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -86,6 +87,7 @@ class Settings:
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
     audit_interval_seconds: float = 300.0
+    names_sync_seconds: float = 2.0
     audit_reports: bool = True
 
     def to_env(self) -> str:
@@ -113,8 +115,11 @@ def build_service(settings: Settings) -> WebhookService:
             resync_seconds=settings.resync_seconds,
         )
     auditor = None
+    names_sync = None
     if settings.cluster and settings.audit_interval_seconds > 0:
         auditor = build_auditor(settings, metrics)
+        if cluster is not None and settings.names_sync_seconds > 0:
+            names_sync = build_names_sync(settings, metrics, cluster, policies, auditor)
     return WebhookService(
         policies=policies,
         metrics=metrics,
@@ -126,6 +131,7 @@ def build_service(settings: Settings) -> WebhookService:
         max_body_bytes=settings.max_body_bytes,
         log_summary_seconds=settings.log_summary_seconds,
         drain=Drain(settings.drain_seconds),
+        names_sync=names_sync,
     )
 
 
@@ -136,6 +142,27 @@ def api_client(settings: Settings) -> Any:
     if client is None:
         raise RuntimeError("no kubeconfig and not running in a cluster")
     return client
+
+
+def build_names_sync(
+    settings: Settings, metrics: Metrics, cluster: ClusterCache, policies: PolicyStore, auditor: BackgroundAudit
+) -> ReservedNamesSync:
+    """The reserved-node-names ConfigMap kept in step with the labelled nodes of the watch cache, by the
+    replica holding the audit Lease (its own API client)."""
+    from webhook.cluster.kubeapi import KubeApi
+    from webhook.service.names_sync import ReservedNamesSync
+
+    def counted(result: str) -> None:
+        metrics.reserved_names_syncs.labels(result).inc()
+
+    return ReservedNamesSync(
+        KubeApi(api_client(settings)),
+        cluster,
+        lambda: policies.policy,
+        lambda: auditor.leading,
+        interval=settings.names_sync_seconds,
+        on_write=counted,
+    )
 
 
 def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
@@ -325,6 +352,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(a Lease in the webhook's namespace); 0 disables it (default: 300; needs a cluster)",
     )
     parser.add_argument(
+        "--names-sync-seconds",
+        type=float,
+        default=2.0,
+        help="how often the replica holding the audit Lease compares the nodes carrying the reserved label "
+        "with the backstop's reserved-node-names ConfigMap and patches it when they differ; 0 disables it "
+        "(default: 2; needs the background audit's Lease)",
+    )
+    parser.add_argument(
         "--audit-reports",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -366,6 +401,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_summary_seconds=args.log_summary_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
         audit_interval_seconds=args.audit_interval_seconds,
+        names_sync_seconds=args.names_sync_seconds,
         audit_reports=args.audit_reports,
     )
 
@@ -385,6 +421,7 @@ def main(args: argparse.Namespace) -> int:
         or args.audit_interval_seconds < 0
         or args.log_summary_seconds < 0
         or args.drain_seconds < 0
+        or args.names_sync_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2
