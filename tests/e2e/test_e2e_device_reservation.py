@@ -1,30 +1,27 @@
 """Device-level reservation (design.md, "Reserved capacity: nodes or devices") on a real control plane
-of its own (v1.36.2), with the apiserver alone holding the line: the product's ValidatingAdmissionPolicies
-installed from its manifests, the webhook not running (no MutatingWebhookConfiguration), and the split
-made by the two DeviceClasses that ``deploy/device_classes.py`` renders, read by the real scheduler's
-allocator at every allocation.
+of its own (v1.36.2), set up by the operator's commands and held by the apiserver alone: the product's
+ValidatingAdmissionPolicies and placement MutatingAdmissionPolicy installed from its manifests, the webhook
+not running (no MutatingWebhookConfiguration) except in ``TestWithTheWebhookUp``, and the split made by
+``pool apply --devices-per-node N`` (the two DeviceClasses, read by the real scheduler's allocator at every
+allocation, and the split nodes' label), changed by ``pool apply`` / ``pool release --devices --all``.
 
 The cluster, started once for the module (the session's DRA nodes are not touched):
 
 - two MI210 nodes running AMD's DRA driver and no device plugin (no ``amd.com/gpu`` in allocatable), each
   with one ResourceSlice in the shape the current driver publishes: driver ``gpu.amd.com``, pool named
   after the node, four full GPUs named ``gpu-<card>-<render>`` from their DRM minors, listed in name order
-  (the driver's first-fit order), which is not PCI order, the same PCI slots on both nodes;
-- one device-plugin node (``amd.com/gpu: 4``, no slices) reserved whole: label and taint of the pool;
+  (the driver's first-fit order), which is not PCI order, the same PCI slots on both nodes; ``pool`` labels
+  them ``rocm-isolation.io/pool=inference-devices``, where the placement policy sends inference pods;
+- one device-plugin node (``amd.com/gpu: 4``, no slices) reserved whole by ``pool apply --nodes``: label and
+  taint of the pool;
 - AMD's chart DeviceClass ``gpu.amd.com`` (``extendedResourceName: amd.com/gpu``, PR #73), created
   before the product's classes, which reserve the two GPUs with the lowest PCI bus IDs of each node;
 - a training namespace (no label: the default class), an inference namespace, and a training namespace
   that allows ``adminAccess`` claims.
 
-Left out of the manifests: the MutatingWebhookConfiguration (the webhook is not running: what is proven
-here holds with it down) and the placement MutatingAdmissionPolicy. The latter places every inference
-GPU pod it recognises (``amd.com/gpu``, ``deviceclass.resource.kubernetes.io/<GPU class>``) on nodes
-labelled ``rocm-isolation.io/pool`` (``inference``, or the split nodes' value once ``pool apply
---devices-per-node`` labels them); the DRA nodes here are not labelled (the classes are written by
-``write_reservation``, not by ``pool``), so the policy keeps every device-level inference pod off them
-(tried: a ``deviceclass.resource.kubernetes.io/rocm-isolation-reserved`` pod got ``rocm-isolation.io/pool
-In [...]`` and "didn't match Pod's node affinity/selector" on both DRA nodes). Placement is not what this
-module proves: the allocator and the backstop are.
+Pod authors change nothing while the webhook runs: ``TestWithTheWebhookUp`` starts it (the webhook's
+ServiceAccount, the manifests' MutatingWebhookConfiguration) for its own tests and stops it after; every
+other test proves what holds with it down.
 
 No kubelet: pods are bound and stay ``Pending``; a device is held by a claim's allocation.
 """
@@ -33,6 +30,8 @@ from __future__ import annotations
 
 import calendar
 import os
+import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,13 +41,25 @@ from typing import Any
 
 import pytest
 
+from webhook.core.engine import CLASS_ANNOTATION
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes
-from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation, pci_sort_key, reservation_for
+from webhook.deploy.device_classes import pci_sort_key
 from webhook.deploy.reserved_devices import CLAIMS_POLICY, PODS_POLICY, TEMPLATES_POLICY
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
-from .harness import DRIVER, MI210_LABELS, install, make_node, render_manifests
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
+from .harness import (
+    DRIVER,
+    MI210_LABELS,
+    WEBHOOK_CONFIGURATION,
+    Webhook,
+    cli,
+    install,
+    make_node,
+    render_manifests,
+    service_account_kubeconfig,
+    start_webhook,
+)
 from .kube import ApiError, Kube, Obj, wait_until
 
 POLICY = default_policy()
@@ -122,18 +133,13 @@ def amd_resource_slice(node: str) -> Obj:
     }
 
 
-def reservation(devices_per_node: int) -> DeviceReservation:
-    """The N lowest PCI bus IDs of every node reserved (0: released)."""
-    if devices_per_node == 0:
-        return RELEASED_RESERVATION
-    return reservation_for(PCI_ORDER[:devices_per_node], devices_per_node)
-
-
-def write_reservation(kube: Kube, wanted: DeviceReservation) -> None:
-    """The one place that writes the split: the product's two DeviceClasses (a later change swaps this for
-    ``pool apply --devices-per-node N`` / ``pool release``)."""
-    for document in device_classes.classes(POLICY, wanted):
-        kube.apply(document)
+def pool(plane: ControlPlane, *args: str, exit_code: int = 0) -> subprocess.CompletedProcess[str]:
+    """``rocm-isolation-webhook pool ARGS`` as an operator runs it (the admin's kubeconfig)."""
+    result = cli("pool", *args, kubeconfig=plane.admin_kubeconfig)
+    assert result.returncode == exit_code, (
+        f"pool {' '.join(args)} exited {result.returncode}, not {exit_code}:\n{result.stdout}\n{result.stderr}"
+    )
+    return result
 
 
 @dataclass
@@ -165,12 +171,6 @@ def _created_second(obj: Obj) -> int:
     return calendar.timegm(time.strptime(obj["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
 
 
-def _after_second_of(obj: Obj) -> None:
-    """Wait until the clock (the apiserver's: same machine) is past the second ``obj`` was created in."""
-    while time.time() < _created_second(obj) + 1.05:
-        time.sleep(0.1)
-
-
 def _backstop_answer(kube: Kube, namespace: str) -> str:
     try:
         kube.create(claim(namespace, "backstop-probe", exactly(DRIVER)), dry_run=True)
@@ -190,6 +190,35 @@ def wait_backstop(split: Split, *, active: bool) -> None:
     )
 
 
+def split_label(kube: Kube, node: str) -> str | None:
+    """The node's value of the reserved-nodes label key (``inference-devices`` on a split node)."""
+    labels: dict[str, str] = kube.get("Node", node)["metadata"].get("labels") or {}
+    return labels.get(RESERVED_NODES.label[0])
+
+
+def reserve_devices(split: Split, per_node: int) -> str:
+    """``pool apply --devices-per-node N``: the N lowest PCI bus IDs of the live slices (not their name
+    order) reserved, every DRA node labelled, and the backstop acting on it before the test goes on. Its
+    output."""
+    out = pool(split.plane, "apply", "--devices-per-node", str(per_node)).stdout
+    ids = ", ".join(PCI_ORDER[:per_node])
+    devices = "device" if per_node == 1 else "devices"
+    assert f"After apply: {per_node} {devices} per node, PCI bus IDs {ids} (" in out, out
+    assert all(split_label(split.kube, node) == DEVICES.node_label_value for node in DRA_NODES), out
+    wait_backstop(split, active=True)
+    return out
+
+
+def release_devices(split: Split) -> str:
+    """``pool release --devices --all``: both classes select every device, the split label is removed, and
+    the backstop stops denying. Its output."""
+    out = pool(split.plane, "release", "--devices", "--all").stdout
+    assert "After release: released (both classes select every device)." in out, out
+    assert all(split_label(split.kube, node) is None for node in DRA_NODES), out
+    wait_backstop(split, active=False)
+    return out
+
+
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     loopback_only()
@@ -203,20 +232,12 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
             gone = {"amd.com/gpu": None}
             kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
             kube.apply(amd_resource_slice(node))
-        assert RESERVED_NODES.taint is not None
-        make_node(kube, DEVICE_PLUGIN_NODE, {**MI210_LABELS, **dict([RESERVED_NODES.label])}, gpus=4)
-        kube.patch("Node", DEVICE_PLUGIN_NODE, {"spec": {"taints": [RESERVED_NODES.taint.model_dump()]}})
+        make_node(kube, DEVICE_PLUGIN_NODE, MI210_LABELS, gpus=4)
         chart_class = kube.create(AMD_CHART_CLASS)
 
-        left_out = ("MutatingWebhookConfiguration", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
-        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] not in left_out]
+        # The webhook is not running: its configuration is installed by TestWithTheWebhookUp only.
+        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
         install(plane, manifests)
-        # Two classes naming amd.com/gpu: the newer one wins, and within one second the name that sorts
-        # first (gpu.amd.com). Ours must be created in a later second than the chart's.
-        _after_second_of(chart_class)
-        write_reservation(kube, reservation(2))
-        shared = kube.get("DeviceClass", SHARED_CLASS)
-        assert _created_second(shared) > _created_second(chart_class), (shared["metadata"], chart_class["metadata"])
 
         training, inference, admin_access = "reservation-training", "reservation-inference", "reservation-admin"
         namespaces: dict[str, dict[str, str]] = {
@@ -235,7 +256,22 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
             for d in s["spec"]["devices"]
         }
         made = Split(plane, kube, training, inference, admin_access, pci)
-        wait_backstop(made, active=True)
+
+        # What the operator runs: the device-plugin node reserved whole, the DRA nodes split.
+        whole = pool(plane, "apply", "--nodes", DEVICE_PLUGIN_NODE).stdout
+        assert f"node/{DEVICE_PLUGIN_NODE} labeled and tainted" in whole, whole
+        applied = reserve_devices(made, 2)
+        for name in (RESERVED_CLASS, SHARED_CLASS):
+            assert f"deviceclass/{name} created" in applied, applied
+        # Two classes naming amd.com/gpu: the newer one wins, and within one second the name that sorts
+        # first (gpu.amd.com). pool makes ours the newer (re-creating it once that second has passed).
+        shared = kube.get("DeviceClass", SHARED_CLASS)
+        assert _created_second(shared) > _created_second(chart_class), (shared["metadata"], chart_class["metadata"])
+        status = pool(plane, "status").stdout
+        owner = (
+            f"{DEVICES.extended_resource_name} maps to deviceclass/{SHARED_CLASS} (the newest DeviceClass naming it)"
+        )
+        assert owner in status, status
         yield made
         plane.check_alive()
     finally:
@@ -352,6 +388,30 @@ def reserved_ids(devices_per_node: int) -> set[str]:
     return set(PCI_ORDER[:devices_per_node])
 
 
+def shared_ids(devices_per_node: int) -> set[str]:
+    return set(PCI_ORDER[devices_per_node:])
+
+
+def assert_placed_for_inference(split: Split, pod_obj: Obj) -> None:
+    """Every required node-affinity term of the pod asks for ``rocm-isolation.io/pool In [inference,
+    inference-devices]`` (the placement of the inference class), and a bound pod is on a node that says so."""
+    key, whole = RESERVED_NODES.label
+    affinity = (pod_obj["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    wanted = {whole, DEVICES.node_label_value}
+
+    def places(term: Obj) -> bool:
+        return any(
+            e["key"] == key and e["operator"] == "In" and set(e["values"]) == wanted
+            for e in term.get("matchExpressions") or []
+        )
+
+    assert terms and all(places(t) for t in terms), pod_obj["spec"].get("affinity")
+    node = pod_obj["spec"].get("nodeName")
+    if node:
+        assert split_label(split.kube, node) in wanted, f"{pod_obj['metadata']['name']} is on {node}"
+
+
 def _claim_names(pod_obj: Obj) -> list[str]:
     """The pod's claims: named in its spec, made from a template (status), made by the scheduler (status)."""
     status = pod_obj.get("status") or {}
@@ -424,6 +484,10 @@ def extended_claim(alloc: Allocation) -> Obj:
 def requested_class(claim_obj: Obj) -> str:
     (request,) = claim_obj["spec"]["devices"]["requests"]
     return str(request["exactly"]["deviceClassName"])
+
+
+def template_class(template: Obj) -> str:
+    return requested_class(template["spec"])
 
 
 def never_scheduled(split: Split, ns: str, *names: str) -> dict[str, str]:
@@ -509,11 +573,8 @@ DENIED_ROUTES: dict[str, Route] = {
 }
 
 
-@pytest.mark.parametrize("route", DENIED_ROUTES)
-def test_a_training_route_to_the_reserved_devices_is_denied_at_admission(split: Split, route: str) -> None:
-    """(a) templates, (b) claims, (d) pods' DRA extended resources, (e) firstAvailable, (g) adminAccess
-    (the namespace allows it, so the apiserver's own check passes and only the backstop stands): denied
-    by the product's policy, in enforce mode, and nothing is created."""
+def assert_denied_by_the_backstop(split: Split, route: str) -> None:
+    """``route`` denied by the product's policy named for it, in enforce mode, and nothing created."""
     obj, policy = DENIED_ROUTES[route](split)
     meta = obj["metadata"]
     with pytest.raises(ApiError) as denied:
@@ -524,6 +585,14 @@ def test_a_training_route_to_the_reserved_devices_is_denied_at_admission(split: 
     assert split.kube.get_or_none(obj["kind"], meta["name"], meta["namespace"]) is None
 
 
+@pytest.mark.parametrize("route", DENIED_ROUTES)
+def test_a_training_route_to_the_reserved_devices_is_denied_at_admission(split: Split, route: str) -> None:
+    """(a) templates, (b) claims, (d) pods' DRA extended resources, (e) firstAvailable, (g) adminAccess
+    (the namespace allows it, so the apiserver's own check passes and only the backstop stands): denied
+    by the product's policy, in enforce mode, and nothing is created."""
+    assert_denied_by_the_backstop(split, route)
+
+
 def test_training_pods_get_shared_devices_only_and_wait_once_those_are_taken(split: Split) -> None:
     """(c) ``amd.com/gpu`` and (d) ``deviceclass.resource.kubernetes.io/rocm-isolation-shared`` pods: admitted,
     bound to the DRA nodes, their scheduler-made claims of the shared class allocated shared devices only.
@@ -531,7 +600,6 @@ def test_training_pods_get_shared_devices_only_and_wait_once_those_are_taken(spl
     is handed out, four are free)."""
     ns = split.training
     kube = split.kube
-    shared_ids = set(PCI_ORDER) - reserved_ids(2)
     kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "2"}))
     kube.create(pod(ns, "implicit-shared", {DEVICE_CLASS_RESOURCE + SHARED_CLASS: "2"}))
     nodes = set()
@@ -540,7 +608,7 @@ def test_training_pods_get_shared_devices_only_and_wait_once_those_are_taken(spl
         nodes.add(alloc.node)
         made = extended_claim(alloc)
         assert requested_class(made) == SHARED_CLASS, made["spec"]
-        assert len(alloc.devices) == 2 and alloc.pcis <= shared_ids, f"{name} was allocated {shown(alloc.devices)}"
+        assert len(alloc.devices) == 2 and alloc.pcis <= shared_ids(2), f"{name} was allocated {shown(alloc.devices)}"
     assert nodes == set(DRA_NODES)
 
     kube.create(pod(ns, "amd-gpu-next", {DEVICES.extended_resource_name: "1"}))
@@ -569,8 +637,10 @@ def test_a_shared_claim_whose_own_selector_names_a_reserved_device_is_never_allo
 def test_inference_claims_and_pods_get_reserved_devices_only(split: Split) -> None:
     """A claim template of the reserved class (the resourceclaim controller's claim) and
     ``deviceclass.resource.kubernetes.io/rocm-isolation-reserved`` pods (the scheduler's claims) in the
-    inference namespace get reserved devices; once the four are taken the next inference pod waits with
-    four shared devices free (no spill-over: ``inferenceSpillover`` is off)."""
+    inference namespace get reserved devices; the pods are placed by the placement MutatingAdmissionPolicy
+    (``rocm-isolation.io/pool In [inference, inference-devices]``) and bound to the split nodes, which
+    ``pool`` labelled. Once the four are taken the next inference pod waits with four shared devices free
+    (no spill-over: ``inferenceSpillover`` is off)."""
     ns = split.inference
     kube = split.kube
     kube.create(claim_template(ns, "reserved-pair", exactly(RESERVED_CLASS, count=2)))
@@ -586,53 +656,57 @@ def test_inference_claims_and_pods_get_reserved_devices_only(split: Split) -> No
         alloc = allocated(split, ns, name)
         assert requested_class(extended_claim(alloc)) == RESERVED_CLASS
         assert len(alloc.devices) == 1 and alloc.pcis <= reserved_ids(2), f"{name} was allocated {shown(alloc.devices)}"
+        assert_placed_for_inference(split, kube.get("Pod", name, ns))
     kube.create(pod(ns, "implicit-reserved-3", resource))
     never_scheduled(split, ns, "implicit-reserved-3")
 
 
 def test_the_whole_reserved_device_plugin_node_takes_inference_and_no_training(split: Split) -> None:
-    """A mixed cluster: the device-plugin node reserved whole keeps its label and taint. A training
-    ``amd.com/gpu: 4`` pod fits nowhere else (two shared devices per DRA node) and is not scheduled there
-    (it does not tolerate the taint); an inference pod tolerating it and selecting the pool is bound there,
-    through the device plugin (no claim)."""
+    """A mixed cluster: the device-plugin node was reserved whole by ``pool apply --nodes`` (label and
+    taint), next to the split DRA nodes; ``pool apply --nodes`` refuses a DRA node while the device
+    reservation is active (exit 2, the node unchanged). A training ``amd.com/gpu: 4`` pod fits nowhere
+    else (two shared devices per DRA node) and is not scheduled there (it does not tolerate the taint); an
+    inference ``amd.com/gpu: 4`` pod whose author wrote no toleration or affinity is placed by the placement
+    MutatingAdmissionPolicy and bound there, through the device plugin (no claim)."""
     kube = split.kube
+    assert RESERVED_NODES.taint is not None
+    taint = RESERVED_NODES.taint.model_dump()
+    key, value = RESERVED_NODES.label
+    whole = kube.get("Node", DEVICE_PLUGIN_NODE)
+    assert whole["metadata"]["labels"].get(key) == value and taint in (whole["spec"].get("taints") or []), whole
+
+    dra_node = DRA_NODES[0]
+    refused = pool(split.plane, "apply", "--nodes", dra_node, exit_code=2)
+    assert (
+        f"error: {dra_node} publishes {DRIVER} devices, which the active device reservation splits" in refused.stderr
+        and "a node is reserved whole or split, never both" in refused.stderr
+        and "nothing was changed" in refused.stderr
+    ), refused.stderr
+    untouched = kube.get("Node", dra_node)
+    assert split_label(kube, dra_node) == DEVICES.node_label_value and not untouched["spec"].get("taints"), untouched
+
     kube.create(pod(split.training, "four", {DEVICES.extended_resource_name: "4"}))
     message = never_scheduled(split, split.training, "four")["four"]
     # v1.36 words it without the taint: the DRA nodes lack the devices, the device-plugin node is tainted.
     assert "1 node(s) had untolerated taint" in message and "2 cannot allocate all claims" in message, message
-    assert RESERVED_NODES.taint is not None
-    taint = RESERVED_NODES.taint
-    key, value = RESERVED_NODES.label
-    tolerations = [{"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}]
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}]
-            }
-        }
-    }
-    kube.create(
-        pod(
-            split.inference,
-            "whole-node",
-            {DEVICES.extended_resource_name: "4"},
-            tolerations=tolerations,
-            affinity=affinity,
-        )
-    )
+    kube.create(pod(split.inference, "whole-node", {DEVICES.extended_resource_name: "4"}))
     bound = wait_until(
         lambda: kube.get("Pod", "whole-node", split.inference)["spec"].get("nodeName"),
         timeout=60,
         what="the inference pod bound",
     )
     assert bound == DEVICE_PLUGIN_NODE
-    assert not kube.get("Pod", "whole-node", split.inference)["status"].get("extendedResourceClaimStatus")
+    live = kube.get("Pod", "whole-node", split.inference)
+    assert not live["status"].get("extendedResourceClaimStatus")
+    assert_placed_for_inference(split, live)
+    toleration = {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": taint["effect"]}
+    assert toleration in live["spec"]["tolerations"], live["spec"]["tolerations"]
 
 
 def test_resizing_two_one_released_changes_the_next_allocations_only(split: Split) -> None:
-    """The split edited live (the classes rewritten), 2 → 1 → released, while pods hold devices: no
-    control-plane process restarts, the pods stay bound, existing allocations stay as they were (an
-    inference claim keeps a device that became shared), and each next allocation follows the new split:
+    """The split edited live by ``pool``, 2 → 1 → released, while pods hold devices: no control-plane
+    process restarts, the pods stay bound, existing allocations stay as they were (an inference claim keeps
+    a device that became shared; ``pool apply`` lists it), and each next allocation follows the new split:
     after 2 → 1 a training ``amd.com/gpu: 3`` pod (impossible before) gets the freed PCI slot; the last free
     devices, reserved, are refused to training until the release, which gives them to a waiting
     ``amd.com/gpu`` pod and a waiting shared-class claim; released, the backstop admits a training claim of
@@ -649,15 +723,21 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
         kube.create(claim_pod(split.inference, "i1", claim_name="i1", **on_node(first)))
         t1 = allocated(split, split.training, "t1")
         i1 = allocated(split, split.inference, "i1")
-        assert t1.pcis == set(PCI_ORDER) - reserved_ids(2), f"t1 was allocated {shown(t1.devices)}"
+        assert t1.pcis == shared_ids(2), f"t1 was allocated {shown(t1.devices)}"
         assert [str(d) for d in i1.devices] == [str(Device(first, _name_of(freed), freed))]
         before = {(split.training, "t1"): t1.devices, (split.inference, "i1"): i1.devices}
 
-        write_reservation(kube, reservation(1))
+        out = reserve_devices(split, 1)
+        for name in (RESERVED_CLASS, SHARED_CLASS):
+            assert f"deviceclass/{name} replaced" in out, out
+        assert "No pod of another class holds a device that becomes reserved." in out, out
+        keeping = rf"(?m)^{first}\s+{split.inference}\s+i1\s+{_name_of(freed)}\s*$"
+        assert "Inference pods holding devices that stop being reserved (they keep them):" in out, out
+        assert re.search(keeping, out), out
         # t2 fits only where three devices are shared: the second node, with the PCI slot 2 → 1 freed.
         kube.create(pod(split.training, "t2", {DEVICES.extended_resource_name: "3"}))
         t2 = allocated(split, split.training, "t2", timeout=60)
-        assert t2.node == second and t2.pcis == set(PCI_ORDER) - reserved_ids(1), f"t2: {shown(t2.devices)}"
+        assert t2.node == second and t2.pcis == shared_ids(1), f"t2: {shown(t2.devices)}"
         assert freed in t2.pcis
         _unchanged(split, before)
         before[(split.training, "t2")] = t2.devices
@@ -668,20 +748,18 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
         kube.create(claim_pod(split.training, "c1", claim_name="c1"))
         never_scheduled(split, split.training, "t3", "c1")
 
-        write_reservation(kube, reservation(0))
+        release_devices(split)
         t3 = allocated(split, split.training, "t3", timeout=60)
         c1 = allocated(split, split.training, "c1", timeout=60)
         assert {d.pci for d in t3.devices + c1.devices} == {lowest} and {t3.node, c1.node} == set(DRA_NODES), (
             f"after the release t3 got {shown(t3.devices)}, c1 got {shown(c1.devices)}"
         )
         assert requested_class(extended_claim(t3)) == SHARED_CLASS
-        wait_backstop(split, active=False)
         kube.create(claim(split.training, "whole-driver", exactly(DRIVER)))
         _unchanged(split, before)
         assert split.pids() == pids
     finally:
-        write_reservation(kube, reservation(2))
-        wait_backstop(split, active=True)
+        reserve_devices(split, 2)
 
 
 def _name_of(pci: str) -> str:
@@ -703,13 +781,11 @@ def test_a_claim_made_while_released_gets_no_reserved_device_once_the_reservatio
     before the allocation is written) is an UPDATE the claims policy judges, and denies."""
     kube = split.kube
     ns = split.training
-    write_reservation(kube, RELEASED_RESERVATION)
+    release_devices(split)
     try:
-        wait_backstop(split, active=False)
         kube.create(claim(ns, "from-the-release", exactly(DRIVER, count=4)))
     finally:
-        write_reservation(kube, reservation(2))
-        wait_backstop(split, active=True)
+        reserve_devices(split, 2)
     kube.create(claim_pod(ns, "late", claim_name="from-the-release"))
     message = never_scheduled(split, ns, "late")["late"]
     assert "add finalizer to claim" in message and CLAIMS_POLICY in message, message
@@ -719,21 +795,23 @@ def test_a_claim_made_while_released_gets_no_reserved_device_once_the_reservatio
 def test_a_claim_allocated_while_released_can_still_be_deleted_once_the_reservation_is_back(split: Split) -> None:
     """A training claim of ``gpu.amd.com`` allocated during a release (or before the reservation was first
     applied: a cluster already running DRA training) is deleted after the reservation is back: it must go.
-    The claims policy judges UPDATEs (the scheduler's finalizer on a claim it allocates is one), but not those
-    of a claim being deleted: the resourceclaim controller's removal of its ``resource.kubernetes.io/delete-protection``
+    ``pool apply`` lists its pod among those holding devices that become reserved. The claims policy judges
+    UPDATEs (the scheduler's finalizer on a claim it allocates is one), but not those of a claim being
+    deleted: the resourceclaim controller's removal of its ``resource.kubernetes.io/delete-protection``
     finalizer must pass, or the claim stays Terminating and its namespace cannot be deleted (seen before
     the policy's ``not-being-deleted`` match condition)."""
     kube = split.kube
     ns = split.training
-    write_reservation(kube, RELEASED_RESERVATION)
+    restored = False
+    release_devices(split)
     try:
-        wait_backstop(split, active=False)
         kube.create(claim(ns, "held-over", exactly(DRIVER, count=4)))
         kube.create(claim_pod(ns, "held-over", claim_name="held-over"))
         alloc = allocated(split, ns, "held-over")
         assert reserved_ids(2) <= alloc.pcis, f"released, the claim got {shown(alloc.devices)}"
-        write_reservation(kube, reservation(2))
-        wait_backstop(split, active=True)
+        out = reserve_devices(split, 2)
+        assert "Running pods of other classes that hold devices that become reserved" in out, out
+        assert re.search(rf"(?m)^{alloc.node}\s+{ns}\s+held-over\s", out), out
         kube.delete("Pod", "held-over", ns, force=True)
         kube.delete("ResourceClaim", "held-over", ns)
         wait_until(
@@ -741,12 +819,158 @@ def test_a_claim_allocated_while_released_can_still_be_deleted_once_the_reservat
             timeout=30,
             what=f"the deleted claim to go ({CLAIMS_POLICY} must admit the finalizer's removal)",
         )
+        restored = True
     finally:
-        # Released, the controller's update is admitted and the claim goes: the next test starts clean.
-        write_reservation(kube, RELEASED_RESERVATION)
-        wait_until(lambda: kube.get_or_none("ResourceClaim", "held-over", ns) is None, timeout=60, what="cleanup")
-        write_reservation(kube, reservation(2))
-        wait_backstop(split, active=True)
+        if not restored:
+            # Released, the controller's update is admitted and the claim goes: the next test starts clean.
+            release_devices(split)
+            wait_until(lambda: kube.get_or_none("ResourceClaim", "held-over", ns) is None, timeout=60, what="cleanup")
+            reserve_devices(split, 2)
+
+
+# --- the webhook up: pod authors change nothing --------------------------------------------------------
+
+
+def _steered_class(split: Split) -> str:
+    """The class a training claim template of ``gpu.amd.com`` is stored with (server dry run)."""
+    try:
+        made = split.kube.create(claim_template(split.training, "webhook-probe", exactly(DRIVER)), dry_run=True)
+    except ApiError as err:
+        return f"denied: {err.message}"
+    return template_class(made)
+
+
+@pytest.fixture(scope="class")
+def webhook(split: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """The webhook as the session's cluster runs it (conftest.py): ``serve`` with the project's certificates,
+    authenticated as its ServiceAccount (the manifests' RBAC), then the manifests' MutatingWebhookConfiguration.
+    For one class of tests: stopped and its configuration deleted after them, so that every other test of
+    the module proves the apiserver alone."""
+    plane = split.plane
+    directory = tmp_path_factory.mktemp("webhook-devices")
+    cert_dir = directory / "certs"
+    cli("certs", "--out-dir", str(cert_dir), check=True)
+    port = free_port()
+    configuration = [
+        d for d in render_manifests(cert_dir / "ca.crt", port) if d["kind"] == "MutatingWebhookConfiguration"
+    ]
+    running = start_webhook(plane, directory, service_account_kubeconfig(plane), cert_dir=cert_dir, port=port)
+    try:
+        install(plane, configuration)
+        last: list[str] = []
+
+        def steering() -> bool:
+            last[:] = [_steered_class(split)]
+            return last[0] == SHARED_CLASS
+
+        try:
+            wait_until(steering, timeout=60, what="the webhook to steer claims (configured, the reservation cached)")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; last answer: {last}\n{running.component.tail()}") from None
+        yield running
+    finally:
+        plane.processes.stop_one(running.component)
+        split.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+
+
+class TestWithTheWebhookUp:
+    """The webhook running next to the backstop: claims and pods written as for a cluster without any
+    reservation (``gpu.amd.com``, ``amd.com/gpu``) are pointed at the class of their namespace and get its
+    devices; the objects are read back, nothing of the webhook's own (counters, logs) is needed. Last, the
+    webhook stopped: one attack of each kind is still denied by the apiserver alone."""
+
+    def test_a_training_template_of_the_chart_class_is_steered_to_the_shared_devices(
+        self, split: Split, webhook: Webhook
+    ) -> None:
+        """A training ResourceClaimTemplate of ``gpu.amd.com`` (the backstop alone denies it) is admitted as a
+        template of the shared class; its pod's claim is allocated shared devices only."""
+        ns = split.training
+        kube = split.kube
+        kube.create(claim_template(ns, "chart", exactly(DRIVER, count=2)))
+        stored = kube.get("ResourceClaimTemplate", "chart", ns)
+        assert template_class(stored) == SHARED_CLASS, stored["spec"]
+        assert stored["metadata"]["annotations"][CLASS_ANNOTATION] == "training", stored["metadata"]
+        kube.create(claim_pod(ns, "chart", template="chart"))
+        alloc = allocated(split, ns, "chart")
+        (made,) = alloc.claims
+        assert requested_class(made) == SHARED_CLASS, made["spec"]
+        assert len(alloc.devices) == 2 and alloc.pcis <= shared_ids(2), f"allocated {shown(alloc.devices)}"
+
+    def test_an_inference_template_of_the_chart_class_gets_reserved_devices_on_a_split_node(
+        self, split: Split, webhook: Webhook
+    ) -> None:
+        """An inference ResourceClaimTemplate of ``gpu.amd.com`` is stored as a template of the reserved
+        class; its pod (no affinity written) is placed by the webhook on ``rocm-isolation.io/pool In
+        [inference, inference-devices]`` and bound to a split node, its claim allocated reserved devices only."""
+        ns = split.inference
+        kube = split.kube
+        kube.create(claim_template(ns, "chart", exactly(DRIVER, count=2)))
+        stored = kube.get("ResourceClaimTemplate", "chart", ns)
+        assert template_class(stored) == RESERVED_CLASS, stored["spec"]
+        assert stored["metadata"]["annotations"][CLASS_ANNOTATION] == "inference", stored["metadata"]
+        kube.create(claim_pod(ns, "chart", template="chart"))
+        alloc = allocated(split, ns, "chart")
+        (made,) = alloc.claims
+        assert requested_class(made) == RESERVED_CLASS, made["spec"]
+        assert len(alloc.devices) == 2 and alloc.pcis <= reserved_ids(2), f"allocated {shown(alloc.devices)}"
+        assert_placed_for_inference(split, kube.get("Pod", "chart", ns))
+
+    def test_an_inference_amd_gpu_pod_is_steered_to_a_reserved_device(self, split: Split, webhook: Webhook) -> None:
+        """An inference pod asking for ``amd.com/gpu: 1`` (the shared class's name) is stored asking for
+        ``deviceclass.resource.kubernetes.io/rocm-isolation-reserved: 1``; the scheduler's claim for it is of
+        the reserved class and gets a reserved device."""
+        ns = split.inference
+        kube = split.kube
+        kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+        stored = kube.get("Pod", "amd-gpu", ns)
+        resources = stored["spec"]["containers"][0]["resources"]
+        wanted = {DEVICE_CLASS_RESOURCE + RESERVED_CLASS: "1"}
+        assert resources["limits"] == wanted and resources["requests"] == wanted, resources
+        alloc = allocated(split, ns, "amd-gpu")
+        assert requested_class(extended_claim(alloc)) == RESERVED_CLASS
+        assert len(alloc.devices) == 1 and alloc.pcis <= reserved_ids(2), f"allocated {shown(alloc.devices)}"
+        assert_placed_for_inference(split, kube.get("Pod", "amd-gpu", ns))
+
+    def test_a_training_claim_of_the_reserved_class_is_denied_by_the_webhook(
+        self, split: Split, webhook: Webhook
+    ) -> None:
+        """A training ResourceClaim naming the reserved class is denied by the webhook (before the backstop
+        sees it), with its reason; nothing is created."""
+        with pytest.raises(ApiError) as denied:
+            split.kube.create(claim(split.training, "sneaky", exactly(RESERVED_CLASS)))
+        message = denied.value.message
+        assert denied.value.status == 403, message
+        assert 'admission webhook "claims.rocm-isolation.io" denied the request' in message, message
+        assert (
+            f"DeviceClass {RESERVED_CLASS} hands out the GPUs reserved for inference, and namespace {split.training}"
+            in message
+        ), message
+        assert split.kube.get_or_none("ResourceClaim", "sneaky", split.training) is None
+
+    def test_the_scheduler_claim_of_a_training_amd_gpu_pod_is_left_alone(self, split: Split, webhook: Webhook) -> None:
+        """A training ``amd.com/gpu`` pod keeps its resource name (the shared class owns it); the claim the
+        scheduler makes for it (``resource.kubernetes.io/extended-resource-claim``) is not the webhook's: no
+        ``rocm-isolation.io/class`` annotation, of the shared class, allocated shared devices only."""
+        ns = split.training
+        kube = split.kube
+        kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+        stored = kube.get("Pod", "amd-gpu", ns)
+        assert stored["spec"]["containers"][0]["resources"]["limits"] == {DEVICES.extended_resource_name: "1"}
+        alloc = allocated(split, ns, "amd-gpu")
+        made = extended_claim(alloc)
+        assert CLASS_ANNOTATION not in made["metadata"]["annotations"], made["metadata"]
+        assert requested_class(made) == SHARED_CLASS, made["spec"]
+        assert len(alloc.devices) == 1 and alloc.pcis <= shared_ids(2), f"allocated {shown(alloc.devices)}"
+
+    def test_with_the_webhook_stopped_each_kind_of_attack_still_fails(self, split: Split, webhook: Webhook) -> None:
+        """The webhook's process stopped, its configuration still installed (an outage: failurePolicy
+        Ignore): a training template of ``gpu.amd.com`` (steered a moment ago), a claim of the reserved class
+        and a pod asking for the reserved class's implicit name are each denied by the backstop."""
+        split.plane.processes.stop_one(webhook.component)
+        assert webhook.component.process.poll() is not None and not webhook.ready()
+        assert split.kube.get_or_none("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION) is not None
+        for route in ("template-gpu.amd.com", "claim-reserved-class", "pod-deviceclass-reserved"):
+            assert_denied_by_the_backstop(split, route)
 
 
 def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split: Split) -> None:
@@ -756,8 +980,10 @@ def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split
     claim exists, the pod waits. The chart's ``deviceClass.extendedResourceName: ""`` (the field dropped)
     does not give the name back on v1.36.2: the scheduler's cache forgets the name instead of falling back
     to the shared class (kubernetes/kubernetes#141103, fixed on master by #141110), and pods are refused as
-    "Insufficient amd.com/gpu" until the shared class is next updated (any change); then the next training
-    pod gets shared devices only. Last in the module: it leaves the chart class without the field."""
+    "Insufficient amd.com/gpu" until the shared class is next updated: ``pool apply --devices-per-node 2``
+    again, as docs/operations.md says (the list of other classes naming the name changed, so it rewrites the
+    shared class); then the next training pod gets shared devices only. Last in the module: it leaves the
+    chart class without the field."""
     kube = split.kube
     ns = split.training
     resource = {DEVICES.extended_resource_name: "1"}
@@ -776,10 +1002,11 @@ def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split
     message = never_scheduled(split, ns, "after-the-chart-fix")["after-the-chart-fix"]
     assert f"Insufficient {DEVICES.extended_resource_name}" in message, message
 
-    kube.patch("DeviceClass", SHARED_CLASS, {"metadata": {"annotations": {"e2e.rocm-isolation.io/touched": "1"}}})
+    out = reserve_devices(split, 2)
+    assert f"deviceclass/{SHARED_CLASS} replaced" in out, out
     # The pods refused meanwhile are not requeued by the class events (their refusal was the resource fit's):
     # they wait for the scheduler's periodic retry of unschedulable pods (5 minutes). A new pod is placed.
-    kube.create(pod(ns, "after-the-touch", resource))
-    alloc = allocated(split, ns, "after-the-touch", timeout=60)
+    kube.create(pod(ns, "after-the-apply", resource))
+    alloc = allocated(split, ns, "after-the-apply", timeout=60)
     assert requested_class(extended_claim(alloc)) == SHARED_CLASS
     assert not alloc.pcis & reserved_ids(2), f"allocated {shown(alloc.devices)}"
