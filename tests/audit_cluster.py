@@ -1,12 +1,22 @@
 """One fake cluster with every ``audit`` finding once and compliant objects around them: the audit's
-tests (tests/ops/test_audit.py) and the kubectl plugin's (tests/test_plugin.py) read it."""
+tests (tests/ops/test_audit.py) and the kubectl plugin's (tests/test_plugin.py) read it.
+
+A second one (``populate_devices``) holds an active device-level reservation (``pool apply
+--devices-per-node 2``) with every device-level finding once: apart, because while GPUs are reserved the
+policy steers an inference pod's ``amd.com/gpu`` to the reserved DeviceClass, which the first cluster's
+inference pods do not ask for."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from cluster_objects import device_class, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
+
+from webhook.core.policy import default_policy
+from webhook.deploy import device_classes
+from webhook.deploy.device_classes import DeviceReservation
 
 UNHEALTHY = {"key": "amd-gpu-unhealthy", "value": "gpu-3", "effect": "NoSchedule"}
 TOLERATE_ALL = {"operator": "Exists"}
@@ -85,5 +95,176 @@ def running() -> Iterator[FakeCluster]:
     """The fake cluster started and populated, stopped afterwards (the body of a pytest fixture)."""
     cluster = FakeCluster().start()
     populate(cluster)
+    yield cluster
+    cluster.stop()
+
+
+# -- device-level reservation ---------------------------------------------------------------------
+
+DRIVER = "gpu.amd.com"
+SPLIT_LABELS = {"rocm-isolation.io/pool": "inference-devices"}
+# What pool apply --devices-per-node 2 recorded: every node's two lowest PCI bus IDs (the same slots).
+RESERVATION = DeviceReservation(2, ("0000:03:00.0", "0000:23:00.0"))
+SLOTS = ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0", "0000:63:00.0")
+# The inference placement since device-level reservation: whole reserved nodes or split ones.
+SPLIT_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "rocm-isolation.io/pool",
+                            "operator": "In",
+                            "values": ["inference", "inference-devices"],
+                        }
+                    ]
+                }
+            ]
+        }
+    }
+}
+
+
+def gpu_device(name: str, pci_bus_id: str, *taints: dict[str, Any]) -> dict[str, Any]:
+    """A full GPU as AMD's DRA driver publishes it (resource.k8s.io/v1), with the taints given."""
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": {
+            "type": {"string": "amdgpu"},
+            "deviceID": {"string": "0x74a1"},
+            "resource.kubernetes.io/pciBusID": {"string": pci_bus_id},
+        },
+        "capacity": {"memory": {"value": "192Gi"}},
+    }
+    if taints:
+        device["taints"] = list(taints)
+    return device
+
+
+def split_node_slice(node_name: str, *devices: dict[str, Any]) -> dict[str, Any]:
+    """The node's ResourceSlice of AMD's DRA driver (its pool is named after the node)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-{DRIVER}-x7k2p"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": list(devices),
+        },
+    }
+
+
+def four_gpus(*taints_of_first: dict[str, Any]) -> list[dict[str, Any]]:
+    """Four GPUs in the usual slots, named by DRM minors (card, renderD): names out of PCI order."""
+    return [
+        gpu_device(f"gpu-{9 - i}-{137 - i}", pci, *(taints_of_first if i == 0 else ())) for i, pci in enumerate(SLOTS)
+    ]
+
+
+def held_claim(
+    name: str, namespace_name: str, node_name: str, device: str, holder: str, claim_class: str
+) -> dict[str, Any]:
+    """A ResourceClaim allocated one device of ``node_name``'s pool and reserved for the pod ``holder``."""
+    claim = resource_claim(name, namespace_name, claim_class)
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node_name, "device": device}]}
+        },
+        "reservedFor": [{"resource": "pods", "name": holder, "uid": f"uid-pod-{namespace_name}-{holder}"}],
+    }
+    return claim
+
+
+def reservation_classes(reservation: DeviceReservation, created: str = "2026-11-01T09:00:00Z") -> list[dict[str, Any]]:
+    """The two DeviceClasses pool apply writes (webhook.deploy.device_classes), as read back."""
+    found = device_classes.classes(default_policy(), reservation)
+    for obj in found:
+        obj["metadata"]["creationTimestamp"] = created
+        obj["metadata"]["uid"] = f"uid-class-{obj['metadata']['name']}"
+    return found
+
+
+def populate_devices(fake: FakeCluster) -> None:
+    """An active device reservation (2 per node) with every device-level finding once, compliant objects
+    around them:
+
+    - d1 (split, labelled): an inference pod on a reserved GPU, a training pod on a shared one, and a training
+      pod on a reserved one through AMD's chart class (``reserved-device-held-by-other-class``); a reserved GPU
+      with a taint of effect None and a shared GPU tainted NoSchedule (neither is a finding);
+    - d2 publishes the driver's devices without the split label (``split-node-label-out-of-date``);
+    - d3 lost the GPU in slot 0000:03:00.0 (``reserved-device-missing``);
+    - d4's reserved GPU is tainted NoExecute by the driver (``reserved-device-unhealthy``); a pod of an excluded
+      namespace holds a shared GPU there (capacity, class unclassified);
+    - AMD's chart class names amd.com/gpu and is newer than the shared class
+      (``extended-resource-not-on-shared-class``)."""
+    informational = {"key": "gpu.amd.com/ecc-corrected", "value": "12", "effect": "None"}
+    conflict = {"key": "gpu.amd.com/memory-partition-conflict", "effect": "NoExecute"}
+    d1 = four_gpus()
+    d1[1]["taints"] = [informational]  # reserved, effect None: allocatable as before
+    d1[2]["taints"] = [{**conflict, "effect": "NoSchedule"}]  # shared: not the reservation's concern
+    fake.add(
+        node("d1", labels=SPLIT_LABELS, allocatable={}),
+        node("d2", allocatable={}),
+        node("d3", labels=SPLIT_LABELS, allocatable={}),
+        node("d4", labels=SPLIT_LABELS, allocatable={}),
+        split_node_slice("d1", *d1),
+        split_node_slice("d2", *four_gpus()),
+        split_node_slice("d3", *four_gpus()[1:]),
+        split_node_slice("d4", *four_gpus(conflict)),
+    )
+    fake.add(
+        namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
+        namespace("kube-system"),
+    )
+    chart = device_class("gpu.amd.com", 'device.driver == "gpu.amd.com"', extended_resource_name="amd.com/gpu")
+    chart["metadata"]["creationTimestamp"] = "2026-11-20T10:00:00Z"  # reinstalled after pool apply: newer
+    fake.add(*reservation_classes(RESERVATION), chart)
+    fake.add(
+        held_claim("llm-a-gpu", "serve", "d1", "gpu-9-137", "llm-a", "rocm-isolation-reserved"),
+        held_claim("trainer-ok-gpu", "ml", "d1", "gpu-7-135", "trainer-ok", "rocm-isolation-shared"),
+        held_claim("trainer-stray-gpu", "ml", "d1", "gpu-8-136", "trainer-stray", "gpu.amd.com"),
+        held_claim("gpu-check", "kube-system", "d4", "gpu-6-134", "gpu-check", "gpu.amd.com"),
+    )
+    fake.add(
+        inference_pod(
+            "llm-a",
+            "serve",
+            node="d1",
+            gpus={},
+            affinity=SPLIT_AFFINITY,
+            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-a-gpu"}],
+        ),
+        pod(
+            "trainer-ok",
+            "ml",
+            node="d1",
+            gpus={},
+            resource_claims=[{"name": "gpu", "resourceClaimName": "trainer-ok-gpu"}],
+        ),
+        pod(
+            "trainer-stray",
+            "ml",
+            node="d1",
+            gpus={},
+            resource_claims=[{"name": "gpu", "resourceClaimName": "trainer-stray-gpu"}],
+        ),
+        pod(
+            "gpu-check",
+            "kube-system",
+            node="d4",
+            gpus={},
+            resource_claims=[{"name": "gpu", "resourceClaimName": "gpu-check"}],
+        ),
+    )
+
+
+def running_devices() -> Iterator[FakeCluster]:
+    """The device-level reservation's cluster started and populated, stopped afterwards."""
+    cluster = FakeCluster().start()
+    populate_devices(cluster)
     yield cluster
     cluster.stop()

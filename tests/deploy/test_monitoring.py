@@ -51,6 +51,9 @@ AUDIT_METRICS = {
     "rocm_isolation_pool_gpus_requested": {"pool", "class"},
     "rocm_isolation_pool_pending_pods": {"pool", "class"},
     "rocm_isolation_pool_oldest_pending_seconds": {"pool", "class"},
+    # Device-level reservation: the split nodes' GPUs (pool: reserved or shared side of the split).
+    "rocm_isolation_pool_split_devices": {"pool"},
+    "rocm_isolation_pool_split_devices_allocated": {"pool", "class"},
 }
 # Not ours: Prometheus's own per-target series, and the kube-apiserver's fail-open counter.
 EXTERNAL_METRICS = {"up": {"job"}, "apiserver_admission_webhook_fail_open_count": {"name", "type"}}
@@ -366,6 +369,8 @@ def test_every_metric_an_alert_or_panel_reads_exists() -> None:
         "rocm_isolation_pool_gpus_requested",
         "rocm_isolation_pool_pending_pods",
         "rocm_isolation_pool_oldest_pending_seconds",
+        "rocm_isolation_pool_split_devices",
+        "rocm_isolation_pool_split_devices_allocated",
         "up",
     } <= used
 

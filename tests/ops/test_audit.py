@@ -12,7 +12,18 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from audit_cluster import TOLERATE_ALL, running
+from audit_cluster import (
+    RESERVATION,
+    SPLIT_AFFINITY,
+    SPLIT_LABELS,
+    TOLERATE_ALL,
+    four_gpus,
+    held_claim,
+    reservation_classes,
+    running,
+    running_devices,
+    split_node_slice,
+)
 from cluster_objects import (
     INFERENCE_TOLERATION,
     allocated,
@@ -28,6 +39,7 @@ from fake_cluster import FakeCluster
 from webhook import cli
 from webhook.cluster.kubeapi import KubeApi
 from webhook.core.policy import default_policy, parse_policy
+from webhook.deploy.device_classes import RELEASED_RESERVATION
 from webhook.ops import audit
 
 POLICY = default_policy()
@@ -38,6 +50,7 @@ SCHEMA = yaml.safe_load(
 
 
 fake = pytest.fixture(running, name="fake")
+devices_fake = pytest.fixture(running_devices, name="devices_fake")
 
 
 def run(fake: FakeCluster, **kwargs: Any) -> audit.Report:
@@ -66,12 +79,26 @@ EXPECTED = {
     ("deviceclass-not-in-policy", "big-gpus"),
     ("pod-gpu-allocation-not-recognised", "ml/via-vendor-x"),
 }
+# The device-level reservation's cluster (tests/audit_cluster.py, populate_devices).
+DEVICE_EXPECTED = {
+    ("reserved-device-held-by-other-class", "ml/trainer-stray"),
+    ("reserved-device-missing", "d3"),
+    ("reserved-device-unhealthy", "d4"),
+    ("split-node-label-out-of-date", "d2"),
+    ("extended-resource-not-on-shared-class", "rocm-isolation-shared"),
+}
 
 
-def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster) -> None:
+def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster, devices_fake: FakeCluster) -> None:
     report = run(fake)
     assert keyed(report) == EXPECTED
-    assert {rule for rule, _ in EXPECTED} == set(audit.RULES)  # every documented rule is exercised
+    # An active device reservation: its rules fire once each; the inference pod on a split node's reserved GPU,
+    # the training pod on a shared one, a reserved GPU tainted with effect None, a shared GPU tainted NoSchedule
+    # and the excluded namespace's pod on a shared GPU are quiet.
+    device_report = run(devices_fake)
+    assert keyed(device_report) == DEVICE_EXPECTED
+    assert {rule for rule, _ in EXPECTED | DEVICE_EXPECTED} == set(audit.RULES)  # every documented rule is exercised
+    assert not {rule for rule, _ in EXPECTED} & {rule for rule, _ in DEVICE_EXPECTED}
     by_key = {(f.rule, f.name): f for f in report.findings}
     on_reserved = by_key[("pod-on-reserved-node", "trainer-on-reserved")]
     assert on_reserved.kind == "Pod" and on_reserved.uid == "uid-pod-ml-trainer-on-reserved"
@@ -379,3 +406,238 @@ def test_a_namespace_being_deleted_gets_no_namespace_findings_but_its_pods_are_j
     assert not [finding for finding in found if finding[1] == "going"]
     pod_rules = {rule for rule, name in found if name == "staying/trainer"}
     assert pod_rules and {rule for rule, name in found if name == "going/trainer"} == pod_rules
+
+
+# -- device-level reservation -----------------------------------------------------------------------
+
+
+def test_device_findings_name_what_to_fix(devices_fake: FakeCluster) -> None:
+    by_rule = {f.rule: f for f in run(devices_fake).findings}
+    held = by_rule["reserved-device-held-by-other-class"]
+    assert (held.kind, held.namespace, held.uid) == ("Pod", "ml", "uid-pod-ml-trainer-stray")
+    for text in (
+        "class training",
+        "ResourceClaim trainer-stray-gpu",
+        "gpu-8-136 (PCI bus ID 0000:23:00.0, node d1, pool d1)",
+        "pool apply --devices-per-node 2 --evict",
+    ):
+        assert text in held.message
+    missing = by_rule["reserved-device-missing"].message
+    assert "has 1 reserved GPU, not 2" in missing and "0000:03:00.0" in missing
+    unhealthy = by_rule["reserved-device-unhealthy"].message
+    assert "gpu-9-137 (PCI bus ID 0000:03:00.0, node d4, pool d4)" in unhealthy
+    assert "gpu.amd.com/memory-partition-conflict:NoExecute" in unhealthy
+    assert "ecc-corrected" not in unhealthy  # d1's taint of effect None is not one
+    label = by_rule["split-node-label-out-of-date"].message
+    assert "lacks the label rocm-isolation.io/pool=inference-devices" in label and "pool apply" in label
+    owner = by_rule["extended-resource-not-on-shared-class"]
+    assert owner.kind == "DeviceClass"
+    assert "amd.com/gpu maps to deviceclass/gpu.amd.com" in owner.message
+
+
+def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
+    capacity = run(devices_fake).to_json()["capacity"]
+    # The whole-node pools say what they said before (the split nodes are no reserved nodes).
+    assert set(capacity) == {"reserved", "shared", "devices"}
+    assert capacity["shared"]["nodes"] == 4 and capacity["shared"]["gpusAllocatable"] == 15
+    no_gpus: dict[str, dict[str, int]] = {"reserved": {}, "shared": {}}
+    assert capacity["devices"] == {
+        "driver": "gpu.amd.com",
+        "devicesPerNode": 2,
+        "pciBusIds": ["0000:03:00.0", "0000:23:00.0"],
+        "reservedDevices": 7,
+        "sharedDevices": 8,
+        "devicesAllocated": {
+            "reserved": {"inference": 1, "training": 1},
+            "shared": {"training": 1, "unclassified": 1},  # unclassified: the excluded namespace's pod
+        },
+        "nodes": [
+            {
+                "name": "d1",
+                "reservedDevices": 2,
+                "sharedDevices": 2,
+                "devicesAllocated": {"reserved": {"inference": 1, "training": 1}, "shared": {"training": 1}},
+            },
+            {"name": "d2", "reservedDevices": 2, "sharedDevices": 2, "devicesAllocated": no_gpus},
+            {"name": "d3", "reservedDevices": 1, "sharedDevices": 2, "devicesAllocated": no_gpus},
+            {
+                "name": "d4",
+                "reservedDevices": 2,
+                "sharedDevices": 2,
+                "devicesAllocated": {"reserved": {}, "shared": {"unclassified": 1}},
+            },
+        ],
+    }
+
+
+def test_no_device_capacity_without_an_active_reservation(fake: FakeCluster) -> None:
+    assert set(run(fake).to_json()["capacity"]) == {"reserved", "shared"}
+
+
+def test_an_expired_pod_list_counts_the_devices_once(devices_fake: FakeCluster) -> None:
+    expected = run(devices_fake, page_size=2).to_json()
+    # Pages of 2: nodes, namespaces, claims (2 each), claim templates (1), device classes, slices (2 each);
+    # the pod list's first page is the 12th, and its continue token expires before the second page.
+    devices_fake.expire_after(2 + 2 + 2 + 1 + 2 + 2 + 1)
+    restarted = run(devices_fake, page_size=2)
+    assert restarted.to_json() == expected
+    queries = [r.query for r in devices_fake.requests_to("/api/v1/pods")][2:]  # the second run's
+    assert ["continue" in q for q in queries] == [False, True, False, True]  # 410, then from the top
+
+
+def test_device_table_lists_the_split_nodes(
+    devices_fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli_run(devices_fake, tmp_path, capsys)
+    assert code == audit.EXIT_FINDINGS
+    lines = out.splitlines()
+    start = lines.index(
+        "Split nodes (device-level reservation, driver gpu.amd.com): 2 devices per node, PCI bus IDs 0000:03:00.0, "
+        "0000:23:00.0"
+    )
+    rows = [line.split("   ") for line in lines[start + 1 :]]
+    assert [cell.strip() for cell in rows[0] if cell.strip()] == [
+        "NODE",
+        "RESERVED",
+        "SHARED",
+        "ALLOCATED ON RESERVED",
+        "ALLOCATED ON SHARED",
+    ]
+    assert [cell.strip() for cell in rows[1] if cell.strip()] == [
+        "d1",
+        "2",
+        "2",
+        "inference=1, training=1",
+        "training=1",
+    ]
+    assert [cell.strip() for cell in rows[-1] if cell.strip()] == [
+        "(all)",
+        "7",
+        "8",
+        "inference=1, training=1",
+        "training=1, unclassified=1",
+    ]
+
+
+def test_device_cli_json_and_policyreport(
+    devices_fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli_run(devices_fake, tmp_path, capsys, "-o", "json")
+    assert code == 1
+    document = json.loads(out)
+    assert {
+        (f["rule"], f"{f['namespace']}/{f['name']}" if "namespace" in f else f["name"]) for f in document["findings"]
+    } == DEVICE_EXPECTED
+    assert document["capacity"]["devices"]["reservedDevices"] == 7
+    code, out, _ = cli_run(devices_fake, tmp_path, capsys, "-o", "policyreport")
+    assert code == 1
+    documents = list(yaml.safe_load_all(out))
+    assert [(d["kind"], d["metadata"].get("namespace")) for d in documents] == [
+        ("ClusterPolicyReport", None),
+        ("PolicyReport", "ml"),
+    ]
+    for document in documents:
+        jsonschema.validate(document, {**SCHEMA, "$ref": f"#/$defs/{document['kind']}"})
+    cluster, ml = documents
+    assert {(r["rule"], r["resources"][0]["kind"], r["resources"][0]["name"]) for r in cluster["results"]} == {
+        ("reserved-device-missing", "Node", "d3"),
+        ("reserved-device-unhealthy", "Node", "d4"),
+        ("split-node-label-out-of-date", "Node", "d2"),
+        ("extended-resource-not-on-shared-class", "DeviceClass", "rocm-isolation-shared"),
+    }
+    assert (
+        next(r for r in cluster["results"] if r["rule"] == "extended-resource-not-on-shared-class")["resources"][0][
+            "apiVersion"
+        ]
+        == "resource.k8s.io/v1"
+    )
+    [held] = ml["results"]
+    assert held["rule"] == "reserved-device-held-by-other-class"
+    assert held["result"] == "fail" and held["severity"] == "high"
+    assert held["resources"][0]["uid"] == "uid-pod-ml-trainer-stray"
+
+
+def test_a_released_reservation_judges_only_the_split_label() -> None:
+    """Released (both classes select every device): no GPU is reserved, so a training pod on any device, a
+    lost GPU or a tainted one is no finding; a node still labelled split is (inference is placed there)."""
+    cluster = FakeCluster().start()
+    try:
+        cluster.add(
+            node("d1", labels=SPLIT_LABELS, allocatable={}),
+            node("d2", allocatable={}),
+            split_node_slice("d1", *four_gpus({"key": "gpu.amd.com/x", "effect": "NoExecute"})[1:]),
+            split_node_slice("d2", *four_gpus()),
+            namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
+            *reservation_classes(RELEASED_RESERVATION),
+            held_claim("old-gpu", "ml", "d2", "gpu-9-137", "trainer", "rocm-isolation-shared"),
+            pod("trainer", "ml", node="d2", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "old-gpu"}]),
+        )
+        report = run(cluster)
+    finally:
+        cluster.stop()
+    assert keyed(report) == {("split-node-label-out-of-date", "d1")}
+    [finding] = report.findings
+    assert "device reservation is released" in finding.message and "pool release --devices --all" in finding.message
+    assert report.devices is None and "devices" not in report.to_json()["capacity"]
+
+
+def test_device_holders_are_matched_by_uid_and_inference_on_split_nodes_is_placed() -> None:
+    """A claim still reserved for an earlier pod of the same name (another uid) is not the running pod's; an
+    inference pod on a split node is where its placement puts it (not inference-pod-outside-reserved-pool)."""
+    cluster = FakeCluster().start()
+    try:
+        stale = held_claim("old-gpu", "ml", "d1", "gpu-9-137", "trainer", "gpu.amd.com")
+        stale["status"]["reservedFor"][0]["uid"] = "uid-of-an-earlier-trainer"
+        cluster.add(
+            node("d1", labels=SPLIT_LABELS, allocatable={}),
+            split_node_slice("d1", *four_gpus()),
+            namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
+            namespace("serve", {"rocm-isolation.io/class": "inference"}),
+            *reservation_classes(RESERVATION),
+            stale,
+            pod("trainer", "ml", node="d1", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "old-gpu"}]),
+            held_claim("llm-gpu", "serve", "d1", "gpu-8-136", "llm", "rocm-isolation-reserved"),
+            inference_pod(
+                "llm",
+                "serve",
+                node="d1",
+                gpus={},
+                affinity=SPLIT_AFFINITY,
+                resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}],
+            ),
+        )
+        report = run(cluster)
+    finally:
+        cluster.stop()
+    assert keyed(report) == set()
+    assert report.pods_checked == 2
+    assert report.to_json()["capacity"]["devices"]["devicesAllocated"] == {"reserved": {"inference": 1}, "shared": {}}
+
+
+def test_a_class_not_ours_in_the_reserved_name_is_not_audited(devices_fake: FakeCluster) -> None:
+    foreign = reservation_classes(RESERVATION)[0]
+    del foreign["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    devices_fake.add(foreign)
+    report = run(devices_fake)
+    assert not {f.rule for f in report.findings} & {rule for rule, _ in DEVICE_EXPECTED}
+    assert report.devices is None
+    assert any(
+        "deviceclass/rocm-isolation-reserved is not managed by rocm-isolation-webhook" in w for w in report.warnings
+    )
+
+
+def test_slices_not_readable_leave_an_active_reservation_unjudged(devices_fake: FakeCluster) -> None:
+    devices_fake.forbid("resourceslices")
+    report = run(devices_fake)
+    assert not {f.rule for f in report.findings} & {rule for rule, _ in DEVICE_EXPECTED}
+    assert any("device-level reservation not audited" in w for w in report.warnings)
+
+
+def test_every_rule_is_in_the_rule_table_of_operations_md() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    table = docs[docs.index("### Rules") : docs.index("### Capacity")]
+    documented = {line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")}
+    assert documented == set(audit.RULES)
+    for rule in audit.RULES.values():
+        kind = next(line.split("|")[2].strip() for line in table.splitlines() if line.startswith(f"| `{rule.id}`"))
+        assert kind == rule.kind, rule.id

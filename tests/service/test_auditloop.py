@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from audit_cluster import running_devices
 from cluster_objects import inference_pod, namespace, node, pod
 from conftest import ServerFactory, make_pki, wait_for
 from fake_cluster import FakeCluster
@@ -66,6 +67,30 @@ def test_publish_exports_the_fixed_metric_names(fake: FakeCluster) -> None:
     fake.delete_object("pods", "waiting", "serve")
     publish(run_audit(KubeApi(fake.api_client()), POLICY).to_json(), metrics)
     assert sample(metrics, "rocm_isolation_pool_pending_pods", pool="reserved", **{"class": "inference"}) is None
+
+
+def test_publish_exports_the_split_devices_while_a_reservation_is_active() -> None:
+    """Device-level reservation: the split nodes' reserved and shared GPUs, and the GPUs allocated per side
+    and class; absent once no reservation is active (the next publication clears them)."""
+    devices = running_devices()
+    cluster = next(devices)
+    try:
+        document = run_audit(KubeApi(cluster.api_client()), POLICY).to_json()
+    finally:
+        next(devices, None)
+    metrics = Metrics()
+    publish(document, metrics)
+    assert sample(metrics, "rocm_isolation_pool_split_devices", pool="reserved") == 7
+    assert sample(metrics, "rocm_isolation_pool_split_devices", pool="shared") == 8
+    allocated = "rocm_isolation_pool_split_devices_allocated"
+    assert sample(metrics, allocated, pool="reserved", **{"class": "inference"}) == 1
+    assert sample(metrics, allocated, pool="reserved", **{"class": "training"}) == 1
+    assert sample(metrics, allocated, pool="shared", **{"class": "training"}) == 1
+    assert sample(metrics, allocated, pool="shared", **{"class": "unclassified"}) == 1
+    assert sample(metrics, "rocm_isolation_audit_findings", rule="reserved-device-held-by-other-class") == 1
+    publish({**document, "capacity": {k: v for k, v in document["capacity"].items() if k != "devices"}}, metrics)
+    assert sample(metrics, "rocm_isolation_pool_split_devices", pool="reserved") is None
+    assert sample(metrics, allocated, pool="reserved", **{"class": "inference"}) is None
 
 
 class Clock:

@@ -11,13 +11,19 @@ partitionable devices: AMD's driver in AutoPartition mode publishes each partiti
 device, made mutually exclusive by a counter set) are one slot, the GPU they share. A claim's allocated
 devices (``status.allocation.devices.results``) are counted in the same slots, each slot once however
 many claims share it (consumable capacity), so what is requested never exceeds what is published.
+
+``DeviceTaints`` reads the taints a driver publishes on its devices (``spec.devices[].taints``), for the
+audit of device-level reservation: AMD's DRA driver publishes no health attribute, a taint is what keeps
+a device from the claims that do not tolerate it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,21 @@ def _slot(driver: str, pool: str, name: str, device: Mapping[str, Any]) -> Slot:
     return Slot(driver, pool, name)
 
 
+def _generation(pool: Mapping[str, Any]) -> int:
+    generation = pool.get("generation")
+    return generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+
+
+def _keep_newest(pools: dict[Any, tuple[int, list[_T]]], key: Any, generation: int, items: list[_T]) -> None:
+    """A pool's devices from one slice: a newer generation replaces what was read of the pool (its older
+    slices are being replaced), the same generation adds to it, an older one is left out."""
+    known = pools.get(key)
+    if known is None or generation > known[0]:
+        pools[key] = (generation, items)
+    elif generation == known[0]:
+        known[1].extend(items)
+
+
 @dataclass
 class PublishedGpus:
     """The ResourceSlices of the GPU drivers, added one by one (a list may start over: ``clear``)."""
@@ -73,8 +94,6 @@ class PublishedGpus:
         if driver not in self.drivers or not isinstance(pool, Mapping):
             return
         pool_name = _text(pool.get("name"))
-        generation = pool.get("generation")
-        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
         node = _text(spec.get("nodeName"))
         devices = []
         for device in _items(spec.get("devices")):
@@ -84,12 +103,7 @@ class PublishedGpus:
             on, name = node or _text(_device_fields(device).get("nodeName")), _text(device.get("name"))
             if on and name:
                 devices.append((on, name, _slot(driver, pool_name, name, device)))
-        key = (driver, pool_name)
-        known = self._pools.get(key)
-        if known is None or generation > known[0]:
-            self._pools[key] = (generation, devices)
-        elif generation == known[0]:
-            known[1].extend(devices)
+        _keep_newest(self._pools, (driver, pool_name), _generation(pool), devices)
 
     def per_node(self) -> dict[str, int]:
         """Slots per node."""
@@ -109,3 +123,45 @@ class PublishedGpus:
 def allocated(results: Iterable[tuple[str, str, str]], slots: Mapping[tuple[str, str, str], Slot]) -> set[Slot]:
     """The slots of a claim's allocated devices; a device no slice publishes (any more) is its own slot."""
     return {slots.get(result) or Slot(*result) for result in results}
+
+
+Taint = tuple[str, str, str]  # (key, value, effect) of a device taint; value "" when it has none
+
+
+@dataclass
+class DeviceTaints:
+    """The taints one driver publishes on its devices (``spec.devices[].taints``), newest generation of each
+    pool, added slice by slice (a list may start over: ``clear``). Taints that a DeviceTaintRule adds are not
+    in the slices: the scheduler applies them to its own view."""
+
+    driver: str
+    # pool -> (generation, [(device, its taints)])
+    _pools: dict[str, tuple[int, list[tuple[str, tuple[Taint, ...]]]]] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self._pools.clear()
+
+    def add(self, resource_slice: Mapping[str, Any]) -> None:
+        spec = resource_slice.get("spec")
+        if not isinstance(spec, Mapping) or _text(spec.get("driver")) != self.driver:
+            return
+        pool = spec.get("pool")
+        if not isinstance(pool, Mapping):
+            return
+        devices = []
+        for device in _items(spec.get("devices")):
+            if not isinstance(device, Mapping):
+                continue
+            taints = tuple(
+                (_text(t.get("key")), _text(t.get("value")), _text(t.get("effect")))
+                for t in _items(_device_fields(device).get("taints"))
+                if isinstance(t, Mapping)
+            )
+            devices.append((_text(device.get("name")), taints))
+        _keep_newest(self._pools, _text(pool.get("name")), _generation(pool), devices)
+
+    def tainted(self) -> dict[tuple[str, str], tuple[Taint, ...]]:
+        """(pool, device) -> its taints, for the devices that have any."""
+        return {
+            (pool, name): taints for pool, (_, devices) in self._pools.items() for name, taints in devices if taints
+        }

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from webhook.cluster import dra_capacity
 from webhook.cluster.kubeapi import Forbidden, KubeApi, NotFound, api_path
@@ -186,6 +186,21 @@ def claim_names(pod: Mapping[str, Any], *, extended: bool = True) -> list[str]:
     return names
 
 
+def reserved_for(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pods a ResourceClaim is reserved for (``status.reservedFor[]`` entries of core ``pods``), as
+    (name, uid): the pods holding its devices."""
+    status = claim.get("status")
+    entries = status.get("reservedFor") if isinstance(status, Mapping) else None
+    found = []
+    for ref in entries if isinstance(entries, list) else []:
+        if not isinstance(ref, Mapping) or ref.get("resource") != "pods" or ref.get("apiGroup"):
+            continue
+        name, uid = ref.get("name"), ref.get("uid")
+        if isinstance(name, str) and name:
+            found.append((name, uid if isinstance(uid, str) else ""))
+    return tuple(found)
+
+
 def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -245,6 +260,15 @@ def pod_info(pod: Mapping[str, Any], policy: Policy) -> PodInfo:
 # -- reading the cluster --------------------------------------------------------------------------
 
 
+class SliceReader(Protocol):
+    """Something more to read from each ResourceSlice (``Snapshot.read(slice_readers=...)``): e.g. the
+    device reservation's devices and their taints, for ``audit``."""
+
+    def add(self, resource_slice: Mapping[str, Any]) -> None: ...
+
+    def clear(self) -> None: ...
+
+
 @dataclass
 class Snapshot:
     """Nodes (with the GPUs DRA drivers publish for them), namespace labels and DRA claims, read once;
@@ -265,12 +289,25 @@ class Snapshot:
     # Per namespace and ResourceClaim, the GPU slots allocated to it (dra_capacity: published in the
     # nodes' ResourceSlices, counted in the nodes' gpus).
     claim_slots: dict[str, dict[str, frozenset[dra_capacity.Slot]]] = field(default_factory=dict)
+    # Per namespace and allocated ResourceClaim, the pods it is reserved for (``status.reservedFor``), as
+    # (name, uid): the pods that hold its devices.
+    claim_holders: dict[str, dict[str, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
+    # The DeviceClasses as read (a few small objects: the device reservation is read back from its class).
+    device_class_objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Whether the ResourceSlices were read (False: DRA not served, or the list was refused), and what else
+    # reads each of them (``SliceReader``).
+    slices_read: bool = False
+    slice_readers: tuple[SliceReader, ...] = ()
     warnings: list[str] = field(default_factory=list)
     _devices: DeviceFacts | None = field(default=None, repr=False)
 
     @classmethod
-    def read(cls, api: KubeApi, policy: Policy, *, claims: bool = True) -> Snapshot:
-        snapshot = cls(policy)
+    def read(
+        cls, api: KubeApi, policy: Policy, *, claims: bool = True, slice_readers: tuple[SliceReader, ...] = ()
+    ) -> Snapshot:
+        """``slice_readers`` are given every ResourceSlice read (of any driver), and cleared when the list
+        starts over."""
+        snapshot = cls(policy, slice_readers=slice_readers)
         snapshot.read_nodes(api)
         snapshot.read_namespaces(api)
         if claims:
@@ -309,7 +346,10 @@ class Snapshot:
             group_version = f"{dra.GROUP}/{version}"
             try:
                 found_claims = self._device_classes(
-                    api, api_path(group_version, "resourceclaims"), allocations=self.allocations
+                    api,
+                    api_path(group_version, "resourceclaims"),
+                    allocations=self.allocations,
+                    holders=self.claim_holders,
                 )
                 found_templates = self._device_classes(api, api_path(group_version, "resourceclaimtemplates"))
             except NotFound:
@@ -325,7 +365,9 @@ class Snapshot:
                     claims=found_claims.get(namespace, {}), templates=found_templates.get(namespace, {})
                 )
             try:
-                self.device_classes = self._read_device_classes(api, api_path(group_version, "deviceclasses"))
+                self.device_classes, self.device_class_objects = self._read_device_classes(
+                    api, api_path(group_version, "deviceclasses")
+                )
             except (NotFound, Forbidden) as err:
                 self.warnings.append(
                     f"DeviceClasses not read ({err}): only the policy's gpuDeviceClasses and extendedResourceNames "
@@ -337,14 +379,24 @@ class Snapshot:
     def _read_slices(self, api: KubeApi, path: str) -> None:
         """The GPU slots of each node's ResourceSlices, added to its gpus, and the slots of each claim."""
         published = dra_capacity.PublishedGpus(frozenset(self.policy.spec.scope.gpu_drivers))
+        readers = (published, *self.slice_readers)
+
+        def restart() -> None:
+            for reader in readers:
+                reader.clear()
+
         try:
-            for resource_slice in api.list(path, on_restart=published.clear):
-                published.add(resource_slice)
+            for resource_slice in api.list(path, on_restart=restart):
+                for reader in readers:
+                    reader.add(resource_slice)
         except (NotFound, Forbidden) as err:
+            for reader in self.slice_readers:
+                reader.clear()
             self.warnings.append(
                 f"ResourceSlices not read ({err}): GPUs published by DRA drivers are not counted as allocatable"
             )
             return
+        self.slices_read = True
         for name, slots in published.per_node().items():
             node = self.nodes.get(name)
             if node is not None:
@@ -379,6 +431,7 @@ class Snapshot:
         api: KubeApi,
         path: str,
         allocations: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] | None = None,
+        holders: dict[str, dict[str, tuple[tuple[str, str], ...]]] | None = None,
     ) -> dict[str, dict[str, frozenset[str]]]:
         found: dict[str, dict[str, frozenset[str]]] = {}
         # List items carry no kind (the list does): it comes from the path.
@@ -388,6 +441,8 @@ class Snapshot:
             found.clear()
             if allocations is not None:
                 allocations.clear()
+            if holders is not None:
+                holders.clear()
 
         for obj in api.list(path, on_restart=restart):
             metadata = obj.get("metadata") or {}
@@ -400,17 +455,30 @@ class Snapshot:
             found.setdefault(namespace, {})[name] = classes
             if allocated and allocations is not None:
                 allocations.setdefault(namespace, {})[name] = allocated
+                pods = reserved_for(obj)
+                if pods and holders is not None:
+                    holders.setdefault(namespace, {})[name] = pods
         return found
 
     @staticmethod
-    def _read_device_classes(api: KubeApi, path: str) -> dict[str, dra.DeviceClassInfo]:
+    def _read_device_classes(
+        api: KubeApi, path: str
+    ) -> tuple[dict[str, dra.DeviceClassInfo], dict[str, Mapping[str, Any]]]:
         found: dict[str, dra.DeviceClassInfo] = {}
-        for obj in api.list(path, on_restart=found.clear):
+        objects: dict[str, Mapping[str, Any]] = {}
+
+        def restart() -> None:
+            found.clear()
+            objects.clear()
+
+        for obj in api.list(path, on_restart=restart):
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            objects[name] = obj
             try:
-                found[str((obj.get("metadata") or {}).get("name", ""))] = dra.device_class_info(obj)
+                found[name] = dra.device_class_info(obj)
             except dra.MalformedClaim:
                 continue  # validated by the apiserver: not expected; the policy's own names still apply
-        return found
+        return found, objects
 
     # -- facts for the engine -------------------------------------------------------------------
 

@@ -181,6 +181,20 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             _timeseries(
+                "Split nodes' GPUs: reserved and shared, allocated by class",
+                "Device-level reservation (pool apply --devices-per-node N): the split nodes' GPUs reserved for "
+                "inference and shared, and those allocated to the claims of each class's pods (background audit). "
+                "A class other than inference on the reserved side: rocm-isolation-webhook audit names the pods.",
+                "none",
+                _query("max by (pool) (rocm_isolation_pool_split_devices)", "{{pool}} GPUs"),
+                _query(
+                    "max by (pool, class) (rocm_isolation_pool_split_devices_allocated)",
+                    "{{pool}} allocated to {{class}}",
+                ),
+            )
+        )
+        .with_panel(
+            _timeseries(
                 "Pending GPU pods",
                 "Pending GPU pods by pool and class (background audit).",
                 "none",

@@ -37,6 +37,9 @@ from webhook.core import engine, patch
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 from webhook.deploy import reserved_names
+from webhook.deploy.device_classes import DeviceReservation
+from webhook.ops import device_reservation
+from webhook.ops.device_reservation import RESERVED, SHARED, Device, device_state, split_label
 
 EXIT_CLEAN: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -117,6 +120,40 @@ RULES: Final[dict[str, Rule]] = {
             "high",
             "a pod holds devices of a GPU driver through a claim that the policy does not count as a GPU request",
         ),
+        # Device-level reservation (pool apply --devices-per-node N), judged while the reserved DeviceClass
+        # records one (the split label also once it is released).
+        Rule(
+            "reserved-device-held-by-other-class",
+            "Pod",
+            "high",
+            "a pod of a class other than inference holds a GPU reserved for inference (device-level reservation)",
+        ),
+        Rule(
+            "reserved-device-missing",
+            "Node",
+            "high",
+            "a split node has fewer reserved GPUs than the device reservation's devices per node",
+        ),
+        Rule(
+            "reserved-device-unhealthy",
+            "Node",
+            "high",
+            "a GPU reserved for inference is tainted NoSchedule or NoExecute in its driver's ResourceSlice",
+        ),
+        Rule(
+            "split-node-label-out-of-date",
+            "Node",
+            "medium",
+            "a node's split label (the reserved-nodes key = reservedDevices.nodeLabelValue) disagrees with the "
+            "device reservation",
+        ),
+        Rule(
+            "extended-resource-not-on-shared-class",
+            "DeviceClass",
+            "high",
+            "while GPUs are reserved, the shared class's extendedResourceName (amd.com/gpu) maps to another "
+            "DeviceClass",
+        ),
     )
 }
 PSS_ENFORCE_LABEL: Final = "pod-security.kubernetes.io/enforce"
@@ -180,6 +217,72 @@ class PoolCapacity:
         }
 
 
+_STATES: Final = (RESERVED, SHARED)
+
+
+@dataclass
+class SplitNodeCapacity:
+    """A split node's GPUs under device-level reservation (one per PCI bus ID, partitions counting as their
+    GPU; a device without one counts alone and is always shared), and the GPUs the claims of its pods were
+    allocated, per side and class of the pods holding them."""
+
+    reserved: int = 0
+    shared: int = 0
+    # reserved / shared -> class -> the GPUs (PCI bus IDs, or pool/device) allocated to claims its pods hold
+    allocated: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+
+    def allocated_counts(self) -> dict[str, dict[str, int]]:
+        return {
+            state: {cls: len(gpus) for cls, gpus in sorted(self.allocated.get(state, {}).items())} for state in _STATES
+        }
+
+
+@dataclass
+class DeviceCapacity:
+    """The split nodes of an active device reservation (the nodes publishing the driver's devices, and the
+    nodes labelled split), for the capacity section."""
+
+    driver: str
+    reservation: DeviceReservation
+    nodes: dict[str, SplitNodeCapacity] = field(default_factory=dict)
+
+    def clear_allocated(self) -> None:
+        for node in self.nodes.values():
+            node.allocated.clear()
+
+    def totals(self) -> tuple[int, int, dict[str, dict[str, int]]]:
+        allocated: dict[str, dict[str, int]] = {state: {} for state in _STATES}
+        for node in self.nodes.values():
+            for state, per_class in node.allocated_counts().items():
+                for cls, count in per_class.items():
+                    allocated[state][cls] = allocated[state].get(cls, 0) + count
+        return (
+            sum(n.reserved for n in self.nodes.values()),
+            sum(n.shared for n in self.nodes.values()),
+            {state: dict(sorted(per_class.items())) for state, per_class in allocated.items()},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        reserved, shared, allocated = self.totals()
+        return {
+            "driver": self.driver,
+            "devicesPerNode": self.reservation.devices_per_node,
+            "pciBusIds": list(self.reservation.pci_bus_ids),
+            "reservedDevices": reserved,
+            "sharedDevices": shared,
+            "devicesAllocated": allocated,
+            "nodes": [
+                {
+                    "name": name,
+                    "reservedDevices": node.reserved,
+                    "sharedDevices": node.shared,
+                    "devicesAllocated": node.allocated_counts(),
+                }
+                for name, node in sorted(self.nodes.items())
+            ],
+        }
+
+
 @dataclass
 class Report:
     now: datetime
@@ -187,12 +290,14 @@ class Report:
     capacity: dict[Pool, PoolCapacity] = field(default_factory=lambda: {pool: PoolCapacity() for pool in POOLS})
     pods_checked: int = 0
     warnings: list[str] = field(default_factory=list)
+    # The split nodes while a device-level reservation is active; None otherwise.
+    devices: DeviceCapacity | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "findings": [f.to_json() for f in self.findings],
-            "capacity": {pool: self.capacity[pool].to_json(self.now) for pool in POOLS},
-        }
+        capacity: dict[str, Any] = {pool: self.capacity[pool].to_json(self.now) for pool in POOLS}
+        if self.devices is not None:
+            capacity["devices"] = self.devices.to_json()
+        return {"findings": [f.to_json() for f in self.findings], "capacity": capacity}
 
     def counts(self) -> dict[str, int]:
         """Findings per rule, every rule present (0 when none)."""
@@ -334,6 +439,316 @@ def judge_device_classes(snapshot: Snapshot, policy: Policy) -> list[Finding]:
     return found
 
 
+# -- device-level reservation ----------------------------------------------------------------------
+
+# Device taint effects that keep a device from the claims that do not tolerate them (None does not).
+_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass
+class DeviceReading:
+    """What the audit reads of the ResourceSlices for device-level reservation, besides the GPU slots: the
+    reservation driver's devices (PCI bus IDs) and their taints (``Snapshot.read(slice_readers=...)``)."""
+
+    published: device_reservation.PublishedDevices
+    taints: dra_capacity.DeviceTaints
+
+    @classmethod
+    def of(cls, policy: Policy) -> DeviceReading:
+        driver = policy.spec.reserved_devices.driver
+        return cls(device_reservation.PublishedDevices(driver), dra_capacity.DeviceTaints(driver))
+
+    @property
+    def readers(self) -> tuple[device_reservation.PublishedDevices, dra_capacity.DeviceTaints]:
+        return (self.published, self.taints)
+
+
+def _gpu(device: Device) -> str:
+    """What one GPU is for counting: its PCI bus ID (partitions share their GPU's), else the device itself."""
+    return device.pci_bus_id or f"{device.pool}/{device.name}"
+
+
+def _device_text(device: Device) -> str:
+    pci = f"PCI bus ID {device.pci_bus_id}" if device.pci_bus_id else "no PCI bus ID"
+    return f"{device.name} ({pci}, node {device.node}, pool {device.pool})"
+
+
+def _taint_text(taint: dra_capacity.Taint) -> str:
+    key, value, effect = taint
+    return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
+
+
+@dataclass
+class DeviceAudit:
+    """Device-level reservation against the cluster: the reservation the reserved DeviceClass records, the
+    driver's devices (PCI bus IDs, taints) in the ResourceSlices, the split nodes' label, who ``amd.com/gpu``
+    maps to, and who holds which device (the claims' allocations and ``reservedFor``)."""
+
+    policy: Policy
+    # None: no reserved class of ours, or an active one whose devices could not be read (not judged)
+    reservation: DeviceReservation | None
+    published: dict[str, tuple[Device, ...]]
+    tainted: dict[tuple[str, str], tuple[dra_capacity.Taint, ...]]
+    nodes: Mapping[str, NodeInfo]
+    classes: dict[str, device_reservation.ClassInfo]
+    capacity: DeviceCapacity | None = None
+    # (namespace, pod) -> [(claim, the pod's uid in reservedFor, the driver's devices allocated to it)]
+    held: dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, reading: DeviceReading) -> DeviceAudit:
+        policy = snapshot.policy
+        devices = policy.spec.reserved_devices
+        classes = device_reservation.class_infos(snapshot.device_class_objects.values())
+        info = classes.get(devices.reserved_class_name)
+        reservation = device_reservation.current_reservation(policy, classes)
+        audit = cls(policy, reservation, {}, {}, snapshot.nodes, classes)
+        if info is not None and not info.ours:
+            audit.warnings.append(
+                f"deviceclass/{info.name} is not managed by rocm-isolation-webhook: device-level reservation not "
+                "audited (reservedDevices.reservedClassName names a class pool does not write)"
+            )
+            audit.reservation = None
+            return audit
+        if reservation is None or not reservation.active:
+            return audit  # released: only the split label is judged
+        if not snapshot.slices_read:
+            audit.warnings.append(
+                f"device-level reservation not audited: deviceclass/{devices.reserved_class_name} records one, but "
+                "the ResourceSlices were not read"
+            )
+            audit.reservation = None
+            return audit
+        audit.published = reading.published.per_node()
+        audit.tainted = reading.taints.tainted()
+        audit.capacity = audit._capacity(reservation)
+        audit.held = audit._held(snapshot)
+        return audit
+
+    def split_nodes(self) -> list[str]:
+        """The nodes publishing the driver's devices, and the nodes labelled split."""
+        key, value = split_label(self.policy)
+        labelled = {name for name, node in self.nodes.items() if node.labels.get(key) == value}
+        return sorted(set(self.published) | labelled)
+
+    def _capacity(self, reservation: DeviceReservation) -> DeviceCapacity:
+        capacity = DeviceCapacity(self.policy.spec.reserved_devices.driver, reservation)
+        for name in self.split_nodes():
+            devices = self.published.get(name, ())
+            split = device_reservation.NodeSplit(name, devices, (), reservation, reservation)
+            capacity.nodes[name] = SplitNodeCapacity(
+                split.count(RESERVED, reservation), split.count(SHARED, reservation)
+            )
+        return capacity
+
+    def _held(self, snapshot: Snapshot) -> dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]]:
+        driver = self.policy.spec.reserved_devices.driver
+        by_key = {d.key: d for devices in self.published.values() for d in devices}
+        held: dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]] = {}
+        for namespace, claims in snapshot.claim_holders.items():
+            allocated = snapshot.allocations.get(namespace, {})
+            for claim, pods in claims.items():
+                devices = tuple(
+                    by_key[(pool, name)]
+                    for result_driver, pool, name in allocated.get(claim, ())
+                    if result_driver == driver and (pool, name) in by_key
+                )
+                if devices:
+                    for pod, uid in pods:
+                        held.setdefault((namespace, pod), []).append((claim, uid, devices))
+        return held
+
+    # -- nodes and classes ----------------------------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        if self.reservation is None:
+            return []
+        found = self._label_findings(self.reservation)
+        if self.reservation.active:
+            found += self._missing(self.reservation)
+            found += self._unhealthy(self.reservation)
+            found += self._ownership(self.reservation)
+        return found
+
+    def _again(self, reservation: DeviceReservation) -> str:
+        return f"rocm-isolation-webhook pool apply --devices-per-node {reservation.devices_per_node}"
+
+    def _label_findings(self, reservation: DeviceReservation) -> list[Finding]:
+        key, value = split_label(self.policy)
+        whole = self.policy.spec.reserved_nodes.label[1]
+        driver = self.policy.spec.reserved_devices.driver
+        found = []
+        if reservation.active:
+            for name in sorted(self.published):
+                node = self.nodes.get(name)
+                current = node.labels.get(key) if node is not None else value
+                if current == value:
+                    continue
+                if current is None:
+                    why = f"lacks the label {key}={value}: inference pods are not placed there, so its reserved GPUs sit idle"
+                elif current == whole:
+                    why = (
+                        f"is labelled {key}={whole} (reserved whole): a node is reserved whole or split, never both; "
+                        f"release it first (rocm-isolation-webhook pool release --nodes {name})"
+                    )
+                else:
+                    why = f"is labelled {key}={current}, not {value}: inference pods are not placed there"
+                found.append(
+                    Finding(
+                        "split-node-label-out-of-date",
+                        "Node",
+                        name,
+                        f"node {name} publishes {driver} devices, which the active device reservation splits, but "
+                        f"{why}; {self._again(reservation)} labels it",
+                    )
+                )
+            return found
+        for name, node in sorted(self.nodes.items()):
+            if node.labels.get(key) == value:
+                found.append(
+                    Finding(
+                        "split-node-label-out-of-date",
+                        "Node",
+                        name,
+                        f"node {name} carries the split label {key}={value}, but the device reservation is released "
+                        f"(deviceclass/{self.policy.spec.reserved_devices.reserved_class_name}): inference pods are "
+                        "still placed there; rocm-isolation-webhook pool release --devices --all removes the label",
+                    )
+                )
+        return found
+
+    def _missing(self, reservation: DeviceReservation) -> list[Finding]:
+        key, value = split_label(self.policy)
+        n = reservation.devices_per_node
+        found = []
+        for name in self.split_nodes():
+            devices = self.published.get(name, ())
+            reserved = [d for d in devices if device_state(d, reservation) == RESERVED]
+            ids = device_reservation.gpu_ids(reserved)
+            if len(ids) >= n:
+                continue
+            published_ids = {d.pci_bus_id for d in devices}
+            absent = [i for i in reservation.pci_bus_ids if i not in published_ids]
+            node = self.nodes.get(name)
+            why = (
+                f"labelled {key}={value}"
+                if node is not None and node.labels.get(key) == value
+                else f"publishes {self.policy.spec.reserved_devices.driver} devices"
+            )
+            have = (
+                ", ".join(f"{i} ({', '.join(d.name for d in reserved if d.pci_bus_id == i)})" for i in ids)
+                if ids
+                else "none"
+            )
+            found.append(
+                Finding(
+                    "reserved-device-missing",
+                    "Node",
+                    name,
+                    f"node {name} is split ({why}) but has {len(ids)} reserved GPU{'' if len(ids) == 1 else 's'}, "
+                    f"not {n}: reserved there: {have}; the driver publishes no device there with the reserved PCI bus "
+                    f"ID{'' if len(absent) == 1 else 's'} {', '.join(absent) or '-'} (a GPU that fell off the bus or "
+                    "was unbound, a driver that stopped publishing, or a node whose GPUs sit in other PCI slots). "
+                    "Check the node's GPUs and the DRA driver; rocm-isolation-webhook pool plan --devices-per-node "
+                    f"{n} shows the split of the devices published now",
+                )
+            )
+        return found
+
+    def _unhealthy(self, reservation: DeviceReservation) -> list[Finding]:
+        found = []
+        for name in sorted(self.published):
+            bad = []
+            for device in self.published[name]:
+                taints = [t for t in self.tainted.get(device.key, ()) if t[2] in _BLOCKING_EFFECTS]
+                if taints and device_state(device, reservation) == RESERVED:
+                    bad.append(f"{_device_text(device)} tainted {', '.join(_taint_text(t) for t in taints)}")
+            if bad:
+                found.append(
+                    Finding(
+                        "reserved-device-unhealthy",
+                        "Node",
+                        name,
+                        f"node {name}: GPU{'' if len(bad) == 1 else 's'} reserved for inference "
+                        f"{'is' if len(bad) == 1 else 'are'} tainted in the driver's ResourceSlice: {'; '.join(bad)}. "
+                        "The scheduler gives a tainted device only to claims that tolerate the taint: reserved "
+                        "capacity lost until the driver clears it (check the GPU and the driver's log)",
+                    )
+                )
+        return found
+
+    def _ownership(self, reservation: DeviceReservation) -> list[Finding]:
+        owner = device_reservation.ownership(self.policy, self.classes)
+        if not owner.name or (owner.owner_now is not None and owner.owner_now.name == owner.shared_class):
+            return []
+        if owner.owner_now is None:
+            now = f"no DeviceClass names {owner.name}: pods asking for it on DRA nodes get no device"
+        else:
+            now = (
+                f"{owner.name} maps to deviceclass/{owner.owner_now.name} (the newest DeviceClass naming it, created "
+                f"{owner.owner_now.created or 'at an unknown time'}), not to deviceclass/{owner.shared_class}: pods "
+                f"asking for {owner.name} on DRA nodes can get GPUs reserved for inference"
+            )
+        return [
+            Finding(
+                "extended-resource-not-on-shared-class",
+                "DeviceClass",
+                owner.shared_class,
+                f"{now}; {self._again(reservation)} makes deviceclass/{owner.shared_class} the newest class naming "
+                f'it (AMD\'s chart stops its class naming it with deviceClass.extendedResourceName: "")',
+            )
+        ]
+
+    # -- pods ---------------------------------------------------------------------------------------------
+
+    def pod(self, pod: Mapping[str, Any], namespace: str, decision: Decision) -> Finding | None:
+        """Counts the devices the pod holds in the capacity; a finding when it is of a class other than
+        inference and holds reserved ones."""
+        if self.capacity is None or self.reservation is None:
+            return None
+        metadata = pod.get("metadata") or {}
+        name, uid = str(metadata.get("name", "")), str(metadata.get("uid", ""))
+        entries = [
+            (claim, devices)
+            for claim, holder, devices in self.held.get((namespace, name), ())
+            if not holder or not uid or holder == uid
+        ]
+        if not entries:
+            return None
+        class_name = decision.workload_class or UNCLASSIFIED
+        reserved: list[tuple[str, list[Device]]] = []
+        for claim, devices in entries:
+            on_reserved = []
+            for device in devices:
+                state = device_state(device, self.reservation)
+                node = self.capacity.nodes.get(device.node)
+                if node is not None:
+                    node.allocated.setdefault(state, {}).setdefault(class_name, set()).add(_gpu(device))
+                if state == RESERVED:
+                    on_reserved.append(device)
+            if on_reserved:
+                reserved.append((claim, on_reserved))
+        cls = self.policy.spec.classes.get(decision.workload_class or "")
+        if not reserved or cls is None or cls.placement == "reserved" or metadata.get("deletionTimestamp"):
+            return None
+        claims = "; ".join(
+            f"ResourceClaim {claim} was allocated {', '.join(_device_text(d) for d in devices)}"
+            for claim, devices in reserved
+        )
+        return Finding(
+            "reserved-device-held-by-other-class",
+            "Pod",
+            name,
+            f"pod {namespace}/{name} (class {decision.workload_class}) holds GPUs reserved for inference: {claims} "
+            "(allocated before the reservation, or through a DeviceClass that selects every device of "
+            f"{self.policy.spec.reserved_devices.driver}); {self._again(self.reservation)} --evict evicts it (its "
+            "controller recreates it through the webhook, onto shared GPUs)",
+            namespace,
+            uid,
+        )
+
+
 def _running(info: PodInfo) -> bool:
     """Bound to a node and not finished: its GPUs are taken."""
     return info.bound and info.phase not in ("Succeeded", "Failed")
@@ -359,9 +774,13 @@ class PodAudit:
 
     snapshot: Snapshot
     report: Report
+    devices: DeviceAudit | None = None
     policy: Policy = field(init=False)
     nodes: NodeFacts = field(init=False)
     reserved: frozenset[str] = field(init=False)
+    # Where a placement: reserved class (inference) belongs: the reserved nodes, and the nodes labelled split
+    # (its placement requires either value of the reserved-nodes label).
+    inference_nodes: frozenset[str] = field(init=False)
     # Namespaces with GPU pods: their Pod Security level is judged (docs/operations.md, "Pod Security").
     gpu_namespaces: set[str] = field(default_factory=set)
     # The DRA GPU slots already counted as requested (a claim several pods share counts once).
@@ -372,6 +791,9 @@ class PodAudit:
         self.policy = enforcing(self.snapshot.policy)
         self.reserved = self.snapshot.reserved_node_names
         self.nodes = NodeFacts(reserved_node_names=self.reserved)
+        key, value = split_label(self.policy)
+        split = {name for name, node in self.snapshot.nodes.items() if node.labels.get(key) == value}
+        self.inference_nodes = self.reserved | split
         self._start = (list(self.report.findings), 0)
 
     def restart(self) -> None:
@@ -382,6 +804,8 @@ class PodAudit:
             self.report.capacity[pool].pending.clear()
         self.report.pods_checked = 0
         self.dra_counted.clear()
+        if self.report.devices is not None:
+            self.report.devices.clear_allocated()
 
     def namespace(self, name: str) -> NamespaceFacts:
         labels = self.snapshot.namespaces.get(name)
@@ -401,6 +825,10 @@ class PodAudit:
             claims=self.snapshot.claim_facts(namespace),
             devices=self.snapshot.devices,
         )
+        if self.devices is not None:
+            held = self.devices.pod(pod, namespace, decision)
+            if held is not None:
+                self.report.findings.append(held)
         if decision.rule == engine.RULE_NOT_GPU:
             if self.snapshot.allocations.get(namespace):
                 self.judge_allocations(pod, namespace)
@@ -484,7 +912,7 @@ class PodAudit:
             found.setdefault(rule, []).append(text)
         cls = self.policy.spec.classes.get(decision.workload_class or "")
         missing = missing_mutations(decision)
-        if cls is not None and cls.placement == "reserved" and node and node not in self.reserved:
+        if cls is not None and cls.placement == "reserved" and node and node not in self.inference_nodes:
             found.setdefault("inference-pod-outside-reserved-pool", []).append(
                 f"class {decision.workload_class} pods belong on the reserved nodes, but it runs on {node}: it was "
                 "admitted without the reserved placement (webhook down or namespace relabelled); delete it so that "
@@ -533,7 +961,8 @@ def _judge_reserved_node_names(api: KubeApi, labelled: list[str], report: Report
 
 def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
     """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
-    snapshot = Snapshot.read(api, policy)
+    reading = DeviceReading.of(policy)
+    snapshot = Snapshot.read(api, policy, slice_readers=reading.readers)
     report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
     for node in snapshot.nodes.values():
         report.findings.extend(judge_node(node, policy))
@@ -547,7 +976,11 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     for name, labels in namespaces.items():
         report.findings.extend(judge_namespace(name, labels, policy))
     report.findings.extend(judge_device_classes(snapshot, policy))
-    pods = PodAudit(snapshot, report)
+    devices = DeviceAudit.of(snapshot, reading)
+    report.warnings.extend(devices.warnings)
+    report.findings.extend(devices.findings())
+    report.devices = devices.capacity
+    pods = PodAudit(snapshot, report, devices if devices.capacity is not None else None)
     with _collector_paused():
         for pod in Snapshot.pods(api, on_restart=pods.restart):
             pods.add(pod)
@@ -609,6 +1042,26 @@ def write_table(report: Report, out: TextIO) -> None:
                 _per_class(pending),
             ]
         )
+    _table(rows, out)
+    if report.devices is not None:
+        write_device_table(report.devices, out)
+
+
+def write_device_table(devices: DeviceCapacity, out: TextIO) -> None:
+    """The split nodes of the active device reservation: their reserved and shared GPUs, and the GPUs
+    allocated on each side per class."""
+    out.write(
+        f"\nSplit nodes (device-level reservation, driver {devices.driver}): "
+        f"{device_reservation.reservation_text(devices.reservation)}\n"
+    )
+    rows = [["NODE", "RESERVED", "SHARED", "ALLOCATED ON RESERVED", "ALLOCATED ON SHARED"]]
+    for name, node in sorted(devices.nodes.items()):
+        counts = node.allocated_counts()
+        rows.append(
+            [name, str(node.reserved), str(node.shared), _per_class(counts[RESERVED]), _per_class(counts[SHARED])]
+        )
+    reserved, shared, allocated = devices.totals()
+    rows.append(["(all)", str(reserved), str(shared), _per_class(allocated[RESERVED]), _per_class(allocated[SHARED])])
     _table(rows, out)
 
 

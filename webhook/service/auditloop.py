@@ -57,14 +57,21 @@ def audit_command(kubeconfig: str | None, policy: str | None) -> list[str]:
 
 
 def publish(document: Mapping[str, Any], metrics: Metrics) -> None:
-    """An ``audit -o json`` report as gauges (the per-class gauges replaced: classes come and go)."""
+    """An ``audit -o json`` report as gauges (the per-class gauges replaced: classes come and go; the split
+    devices' gauges absent while no device-level reservation is active)."""
     counts = dict.fromkeys(RULES, 0)
     for finding in document.get("findings") or []:
         rule = str(finding.get("rule", ""))
         counts[rule] = counts.get(rule, 0) + 1
     for rule, count in counts.items():
         metrics.audit_findings.labels(rule).set(count)
-    for gauge in (metrics.pool_gpus_requested, metrics.pool_pending_pods, metrics.pool_oldest_pending_seconds):
+    for gauge in (
+        metrics.pool_gpus_requested,
+        metrics.pool_pending_pods,
+        metrics.pool_oldest_pending_seconds,
+        metrics.pool_split_devices,
+        metrics.pool_split_devices_allocated,
+    ):
         gauge.clear()
     capacity = document.get("capacity") or {}
     for pool in POOLS:
@@ -76,6 +83,13 @@ def publish(document: Mapping[str, Any], metrics: Metrics) -> None:
         for cls, pending in (figures.get("pendingPods") or {}).items():
             metrics.pool_pending_pods.labels(pool, cls).set(pending.get("pods", 0))
             metrics.pool_oldest_pending_seconds.labels(pool, cls).set(pending.get("oldestWaitSeconds", 0))
+    devices = capacity.get("devices")
+    if devices:  # a device-level reservation is active
+        metrics.pool_split_devices.labels("reserved").set(devices.get("reservedDevices", 0))
+        metrics.pool_split_devices.labels("shared").set(devices.get("sharedDevices", 0))
+        for side, per_class in (devices.get("devicesAllocated") or {}).items():
+            for cls, count in (per_class or {}).items():
+                metrics.pool_split_devices_allocated.labels(side, cls).set(count)
 
 
 def withdraw(metrics: Metrics) -> None:
@@ -87,6 +101,8 @@ def withdraw(metrics: Metrics) -> None:
         metrics.pool_gpus_requested,
         metrics.pool_pending_pods,
         metrics.pool_oldest_pending_seconds,
+        metrics.pool_split_devices,
+        metrics.pool_split_devices_allocated,
     ):
         gauge.clear()
 
