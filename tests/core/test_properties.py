@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
 
-from webhook.core.decision import ClaimFacts, Decision, NamespaceFacts, NodeFacts
-from webhook.core.engine import DENY_CLASS, DENY_RULES, DENY_TOLERATION, decide
+from webhook.core.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
+from webhook.core.device_claims import DENY_RESERVED_CLASS, decide_claim
+from webhook.core.engine import DENY_CLASS, DENY_RESERVED_DEVICES, DENY_RULES, DENY_TOLERATION, decide
 from webhook.core.policy import Policy, WorkloadClass
 
 K8S_VERSION = "1.37.0"
@@ -202,18 +203,27 @@ def reachable(pod: Mapping[str, Any], nodes: Sequence[Node]) -> list[str]:
 
 
 @functools.cache
-def _pod_validator() -> Any:
-    """kubernetes_validate's strict Pod schema for K8S_VERSION, built once (it re-reads 1.8 MB per call)."""
+def _validator(filename: str) -> Any:
+    """kubernetes_validate's strict schema of one kind for K8S_VERSION, built once (it re-reads 1.8 MB per call)."""
     base = f"kubernetes-json-schema/v{K8S_VERSION}-local-strict/"
-    schema = schema_contents(base + "pod-v1.json", K8S_VERSION)
+    schema = schema_contents(base + filename, K8S_VERSION)
     definitions = schema_contents(base + "_definitions.json", K8S_VERSION)
     registry: Registry[Any] = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
+def _pod_validator() -> Any:
+    return _validator("pod-v1.json")
+
+
 def validate(pod: Mapping[str, Any]) -> None:
     """Strict Kubernetes 1.37 schema validation (same schema files as kubernetes_validate.validate)."""
     _pod_validator().validate(dict(pod))
+
+
+def validate_claim(claim: Mapping[str, Any]) -> None:
+    """The same, for a resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate."""
+    _validator(f"{claim['kind'].lower()}-resource-v1.json").validate(dict(claim))
 
 
 def apply(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
@@ -395,6 +405,24 @@ def check_kfd(
 # ---------------------------------------------------------------------------------------------
 # Sanity of the scheduler model itself (a wrong model would make the properties vacuous)
 # ---------------------------------------------------------------------------------------------
+
+
+def test_cached_claim_validator_agrees_with_kubernetes_validate() -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpu"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "r", "firstAvailable": [
+            {"name": "s", "deviceClassName": "gpu.amd.com", "count": 1}]}]}}},
+    }  # fmt: skip
+    validate_claim(claim)
+    kubernetes_validate.validate(claim, K8S_VERSION, strict=True)
+    bad = copy.deepcopy(claim)
+    bad["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["adminAccess"] = False
+    with pytest.raises(jsonschema.ValidationError):
+        validate_claim(bad)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 
 
 def test_cached_validator_agrees_with_kubernetes_validate() -> None:
@@ -702,3 +730,190 @@ def test_training_pod_with_a_gpu_claim_never_reaches_a_reserved_node(
         if decision.mode != "audit":
             assert {"name": "HSA_QUEUE_PRIORITY", "value": "low"} in patched["spec"]["containers"][0]["env"]
     assert run_with_claims(patched).patch == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Device-level reservation: claims steered at CREATE, pods' DRA extended resources
+# ---------------------------------------------------------------------------------------------
+
+RESERVED_RESOURCE = S.DEVICE_CLASS_PREFIX + S.RESERVED_CLASS
+SHARED_RESOURCE = S.DEVICE_CLASS_PREFIX + S.SHARED_CLASS
+
+
+def is_gpu_class(policy_name: str, name: str) -> bool:
+    """Which DeviceClasses hand out GPUs, written independently: AMD's, the reservation's two, and the glob's
+    class where the policy lists the glob (prop-devices)."""
+    return name in S.GPU_DEVICE_CLASSES or (policy_name == "prop-devices" and name == S.GLOB_DEVICE_CLASS)
+
+
+def request_classes(claim: Mapping[str, Any]) -> list[list[str]]:
+    """Per request, the DeviceClasses it names (``exactly``, then each ``firstAvailable`` entry)."""
+    spec = claim["spec"]["spec"] if claim["kind"] == "ResourceClaimTemplate" else claim["spec"]
+    out = []
+    for request in ((spec or {}).get("devices") or {}).get("requests") or []:
+        names = [request["exactly"]["deviceClassName"]] if request.get("exactly") else []
+        names += [entry["deviceClassName"] for entry in request.get("firstAvailable") or []]
+        out.append(names)
+    return out
+
+
+def run_claim(claim: Any, namespace: NamespaceFacts, policy: Policy, reserved: bool) -> Decision:
+    before = copy.deepcopy(claim)
+    decision = decide_claim(
+        operation="CREATE",
+        claim=claim,
+        kind=claim["kind"],
+        namespace=namespace,
+        policy=policy,
+        devices=DeviceFacts(devices_reserved=reserved),
+    )
+    assert claim == before, "decide_claim must not modify the claim it is given"
+    return decision
+
+
+@given(
+    claim=S.resource_claims(),
+    namespace=S.device_namespaces(),
+    policy_name=S.device_policy_names,
+    reserved=st.booleans(),
+)
+def test_claims_under_device_reservation(
+    claim: dict[str, Any], namespace: NamespaceFacts, policy_name: str, reserved: bool
+) -> None:
+    """Any claim or template, namespace and policy: ``decide_claim`` never raises, a denial carries no patch,
+    the patch applies and the result is valid Kubernetes 1.37, a second run changes nothing; nothing at
+    all without a reservation. With one (enforce, admitted): a claim of a namespace whose class is not
+    inference names no GPU class but the shared one (the reserved one only where the namespace also
+    allows inference and the author named it); an inference claim names only the reserved class, and the
+    shared one where the author named it or the policy spills over."""
+    validate_claim(claim)
+    policy = S.device_policy_named(policy_name)
+    decision = run_claim(claim, namespace, policy, reserved)
+    event(f"{decision.mode} {decision.outcome} {decision.rule}")
+    if not decision.allowed:
+        assert decision.patch == () and decision.rule == DENY_RESERVED_CLASS and decision.mode == "enforce"
+        assert decision.code == 403 and decision.violations
+    if decision.mode == "audit" or not reserved:
+        assert decision.allowed and decision.patch == ()
+    patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(claim), list(decision.patch))
+    validate_claim(patched)
+    again = run_claim(patched, namespace, policy, reserved)
+    assert again.patch == (), f"second run is not idempotent: {list(again.patch)}"
+    assert again.allowed == decision.allowed
+
+    scheduler = (claim["metadata"].get("annotations") or {}).get(S.EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true"
+    excluded = namespace.name in policy.spec.excluded_namespaces
+    if not reserved or excluded or (scheduler and claim["kind"] == "ResourceClaim"):
+        assert decision.patch == () and decision.allowed
+        return
+    if not decision.allowed or decision.mode != "enforce":
+        return
+    classes = policy.namespace_classes(namespace.name, namespace.labels)
+    inference = policy.spec.classes[classes.default].placement == "reserved"
+    may_use_reserved = any(policy.spec.classes[name].placement == "reserved" for name in classes.allowed)
+    spillover = policy.spec.reserved_devices.inference_spillover
+    for before, after in zip(request_classes(claim), request_classes(patched), strict=True):
+        gpu = [name for name in after if is_gpu_class(policy_name, name)]
+        # Requests of classes that hand out no GPU are never touched.
+        assert [n for n in after if not is_gpu_class(policy_name, n)] == [
+            n for n in before if not is_gpu_class(policy_name, n)
+        ]
+        if not inference:
+            assert set(gpu) <= {S.SHARED_CLASS, S.RESERVED_CLASS}, (before, after)
+            if S.RESERVED_CLASS in gpu:
+                assert may_use_reserved and S.RESERVED_CLASS in before, (before, after)
+        else:
+            assert set(gpu) <= {S.RESERVED_CLASS, S.SHARED_CLASS}, (before, after)
+            if S.SHARED_CLASS in gpu:
+                assert S.SHARED_CLASS in before or (spillover and after[:2] == [S.RESERVED_CLASS, S.SHARED_CLASS])
+    if decision.patch:
+        assert (patched["metadata"].get("annotations") or {}).get(S.CLASS_LABEL) == classes.default
+
+
+def resource_names(pod: Mapping[str, Any]) -> list[tuple[str, int, str, str]]:
+    """(container list, index, requests|limits, name) of every resource the pod's containers ask for."""
+    out = []
+    for list_name in ("initContainers", "containers"):
+        for index, body in enumerate(pod["spec"].get(list_name) or []):
+            for kind in ("requests", "limits"):
+                for name in (body.get("resources") or {}).get(kind) or {}:
+                    out.append((list_name, index, kind, name))
+    return out
+
+
+def own_placement_reaches(pod: Mapping[str, Any], node: Node) -> bool:
+    """Whether the pod's own nodeName, nodeSelector and required node affinity allow the node (taints aside)."""
+    spec = pod["spec"]
+    if spec.get("nodeName") and spec["nodeName"] != node.name:
+        return False
+    if any(node.labels.get(key) != value for key, value in (spec.get("nodeSelector") or {}).items()):
+        return False
+    return required_affinity_matches(spec, node)
+
+
+def is_gpu_resource_of_a_class(policy_name: str, name: str) -> bool:
+    """A DRA extended resource of a GPU DeviceClass, written independently: an implicit name of one, or the
+    policy's extendedResourceName of another GPU class (prop-devices)."""
+    if name.startswith(S.DEVICE_CLASS_PREFIX):
+        return is_gpu_class(policy_name, name.removeprefix(S.DEVICE_CLASS_PREFIX))
+    return policy_name == "prop-devices" and name == S.OTHER_EXTENDED_RESOURCE
+
+
+@given(pod=S.device_pods(), namespace=S.device_namespaces(), policy_name=S.device_policy_names)
+def test_pods_under_device_reservation(pod: dict[str, Any], namespace: NamespaceFacts, policy_name: str) -> None:
+    """A reservation is active: the pod contract holds (patch applies, valid, idempotent), an admitted pod of
+    a class other than inference never asks for the reserved class (enforce: nor for any GPU class but the
+    shared one; warn: only with the violation said), an admitted inference pod keeps no amd.com/gpu (unless
+    its own placement keeps it off the nodes whose devices are split) and asks for no GPU class but the
+    reserved one (and the shared one where it asked for it itself), and a steered name is the same in
+    requests and limits."""
+    validate(pod)
+    policy = S.device_policy_named(policy_name)
+
+    def judge(body: dict[str, Any]) -> Decision:
+        return decide(
+            operation="CREATE",
+            pod=body,
+            namespace=namespace,
+            nodes=NodeFacts(None),
+            policy=policy,
+            devices=DeviceFacts(devices_reserved=True),
+        )
+
+    before = copy.deepcopy(pod)
+    decision = judge(pod)
+    assert pod == before
+    event(f"{decision.mode} {decision.outcome} {decision.rule}")
+    if not decision.allowed:
+        assert decision.patch == () and decision.rule in DENY_RULES and decision.mode == "enforce"
+    patched = apply(pod, decision)
+    validate(patched)
+    assert judge(patched).patch == (), "second run is not idempotent"
+    cls = workload_class(policy, decision)
+    if cls is None or not decision.allowed or decision.mode == "audit" or is_mirror(pod):
+        return
+    names = resource_names(patched)
+    asked = {name for *_, name in names}
+    for list_name, index, _, name in names:
+        resources = patched["spec"][list_name][index]["resources"]
+        if name in (RESERVED_RESOURCE, SHARED_RESOURCE) and name in (resources.get("limits") or {}):
+            assert resources["requests"][name] == resources["limits"][name], resources
+    if cls.placement != "reserved":
+        if RESERVED_RESOURCE in asked:
+            assert decision.mode == "warn" and DENY_RESERVED_DEVICES in {v.rule for v in decision.violations}
+        if decision.mode == "enforce":
+            assert RESERVED_RESOURCE not in asked
+            assert {n for n in asked if is_gpu_resource_of_a_class(policy_name, n)} <= {SHARED_RESOURCE}, asked
+        return
+    if decision.mode == "enforce":
+        original = {name for *_, name in resource_names(pod)}
+        if "amd.com/gpu" in asked:
+            # Kept only by a pod whose own placement keeps it off the nodes whose devices are split: it pins
+            # itself to the whole reserved nodes (device-plugin nodes in a mixed cluster serve amd.com/gpu).
+            split = policy.spec.reserved_devices.node_label_value
+            split_node = Node("gpu-split-0", {**RESERVED_NODES[0].labels, S.RESERVED_KEY: split})
+            assert not own_placement_reaches(pod, split_node), asked
+        gpu = {n for n in asked if is_gpu_resource_of_a_class(policy_name, n)}
+        assert gpu <= {RESERVED_RESOURCE, SHARED_RESOURCE}, asked
+        if SHARED_RESOURCE in gpu:
+            assert SHARED_RESOURCE in original

@@ -931,6 +931,30 @@ class TestWithTheWebhookUp:
         assert len(alloc.devices) == 1 and alloc.pcis <= reserved_ids(2), f"allocated {shown(alloc.devices)}"
         assert_placed_for_inference(split, kube.get("Pod", "amd-gpu", ns))
 
+    def test_an_inference_amd_gpu_pod_pinned_to_the_whole_reserved_nodes_keeps_the_device_plugin(
+        self, split: Split, webhook: Webhook
+    ) -> None:
+        """A mixed cluster: an inference pod that pins itself to the whole reserved nodes (nodeSelector of the
+        reserved label) keeps ``amd.com/gpu`` (the reserved class's DRA-only name could never be served on a
+        device-plugin node) and is bound to the whole-reserved device-plugin node, with no claim."""
+        ns = split.inference
+        kube = split.kube
+        kube.create(
+            pod(
+                ns,
+                "pinned",
+                {DEVICES.extended_resource_name: "2"},
+                nodeSelector={"rocm-isolation.io/pool": "inference"},
+            )
+        )
+        stored = kube.get("Pod", "pinned", ns)
+        assert stored["spec"]["containers"][0]["resources"]["limits"] == {DEVICES.extended_resource_name: "2"}
+        bound = wait_until(
+            lambda: kube.get("Pod", "pinned", ns)["spec"].get("nodeName"), timeout=60, what="the pinned pod bound"
+        )
+        assert bound == DEVICE_PLUGIN_NODE
+        assert not kube.get("Pod", "pinned", ns)["status"].get("extendedResourceClaimStatus")
+
     def test_a_training_claim_of_the_reserved_class_is_denied_by_the_webhook(
         self, split: Split, webhook: Webhook
     ) -> None:

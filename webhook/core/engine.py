@@ -643,6 +643,14 @@ def _whole_quantity(value: Any) -> int | None:
     return int(number) * factor
 
 
+def _pinned_to_whole_reserved_nodes(review: _Review) -> bool:
+    key, value = review.reserved.key, review.reserved.value
+    selector = review.spec.get("nodeSelector")
+    if type(selector) is dict and selector.get(key) == value:
+        return True
+    return scheduling.affinity_only_reserved(review.terms, review.reserved)
+
+
 def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceFacts) -> None:
     """DRA extended resources steered to the class's DeviceClass: an inference pod's ``amd.com/gpu`` (the
     shared class's extendedResourceName), any class's ``deviceclass.resource.kubernetes.io/<GPU class>``
@@ -650,7 +658,8 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
     GPU DeviceClasses') become the reserved class's implicit name for inference, the shared class's for
     every other class. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
     first" cannot be said for it, so inference gets reserved devices only
-    (``reservedDevices.inferenceSpillover`` is for claims). Several such names in one map (or one next
+    (``reservedDevices.inferenceSpillover`` is for claims), unless the pod pins itself to the whole
+    reserved nodes (device-plugin nodes in a mixed cluster). Several such names in one map (or one next
     to the target name) are summed into the target name; quantities that are not whole numbers (which
     the apiserver refuses for extended resources) are then left as they are."""
     policy = review.policy
@@ -662,6 +671,10 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
     other_names = (frozenset(policy.spec.scope.extended_resource_names) | devices.extended_resources) - {
         settings.extended_resource_name
     }
+    # An inference pod that pins itself to the whole reserved nodes (nodeSelector, or required affinity
+    # whose every term selects only them) keeps amd.com/gpu: in a mixed cluster those are device-plugin
+    # nodes, where the reserved class's DRA-only name could never be served.
+    keep_extended = inference and _pinned_to_whole_reserved_nodes(review)
 
     def steered(key: str) -> bool:
         if key in own:
@@ -669,7 +682,7 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
         if key.startswith(prefix):
             name = key[len(prefix) :]
             return bool(policy.gpu_device_classes(name)) or name in devices.gpu_classes
-        return (inference and key == settings.extended_resource_name) or key in other_names
+        return (inference and not keep_extended and key == settings.extended_resource_name) or key in other_names
 
     changed = False
     for container in pods.containers(review.spec):
