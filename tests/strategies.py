@@ -581,3 +581,152 @@ def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, 
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from json_paths(item, (*prefix, index))
+
+
+# ---------------------------------------------------------------------------------------------
+# Device-level reservation: ResourceClaims, ResourceClaimTemplates, pods' DRA extended resources
+# ---------------------------------------------------------------------------------------------
+
+RESERVED_CLASS = "rocm-isolation-reserved"
+SHARED_CLASS = "rocm-isolation-shared"
+DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+# GPU DeviceClasses: AMD's, the two of the reservation, one of the glob of prop-devices (GPU there only).
+GPU_DEVICE_CLASSES = ("gpu.amd.com", RESERVED_CLASS, SHARED_CLASS)
+GLOB_DEVICE_CLASS = "mi300x.gpu.example.com"
+# Not GPU classes: a NIC, and a name the glob does not match.
+OTHER_DEVICE_CLASSES = ("nic.example.com", "gpu.example.com")
+DEVICE_CLASSES = (*GPU_DEVICE_CLASSES, GLOB_DEVICE_CLASS, *OTHER_DEVICE_CLASSES)
+# The GPU DeviceClass's extendedResourceName of prop-devices (steered like its implicit name there).
+OTHER_EXTENDED_RESOURCE = "example.com/amd-gpu"
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+
+# Policies for the claims: the shipped one, inference spill-over, and prop-devices (a glob of GPU classes,
+# namespaces allowing both classes, a debug-only one). Kept apart from POLICY_NAMES (whose pod properties
+# assume the reserved taint).
+DEVICE_POLICY_FILES = ("device-spillover.yaml", "prop-devices.yaml")
+_DEVICE_POLICIES = {
+    "default": default_policy(),
+    **{name.removesuffix(".yaml"): load_policy(POLICY_DIR / name) for name in DEVICE_POLICY_FILES},
+}
+device_policy_names: st.SearchStrategy[str] = st.sampled_from(tuple(_DEVICE_POLICIES))
+
+
+def device_policy_named(name: str) -> Policy:
+    return _DEVICE_POLICIES[name]
+
+
+@st.composite
+def device_namespaces(draw: st.DrawFn) -> NamespaceFacts:
+    """The namespaces of the claim properties: prop-devices' rules by name (mixed, mixed-serving, lab), an
+    excluded one, any other; labels as for pods (class, mode), or unknown."""
+    names = ["research", "serving", "mixed", "mixed-serving", "lab", "default", "kube-system"]
+    name = draw(st.one_of(st.sampled_from(names), dns_labels))
+    if draw(st.integers(0, 4)) == 0:
+        return NamespaceFacts(name=name, labels=None)
+    labels = dict(draw(st.dictionaries(label_keys, label_values, max_size=1)))
+    for key, values in (
+        (CLASS_LABEL, ["inference", "inference", "training", "bogus", None]),
+        (MODE_LABEL, ["enforce", "warn", "audit", "bogus", None, None, None]),
+    ):
+        value = draw(st.sampled_from(values))
+        if value is not None:
+            labels[key] = value
+    return NamespaceFacts(name=name, labels=labels)
+
+
+_CEL_SELECTORS = (
+    "device.driver == 'gpu.amd.com'",
+    "device.capacity['gpu.amd.com'].memory.compareTo(quantity('64Gi')) >= 0",
+)
+
+
+def _device_amount(draw: st.DrawFn, body: dict[str, Any]) -> None:
+    mode = draw(st.sampled_from(["none", "none", "ExactCount", "All"]))
+    if mode == "All":
+        body["allocationMode"] = "All"
+    else:
+        if mode == "ExactCount":
+            body["allocationMode"] = "ExactCount"
+        if draw(st.booleans()):
+            body["count"] = draw(st.integers(1, 8))
+    if draw(st.integers(0, 3)) == 0:
+        body["selectors"] = [{"cel": {"expression": draw(st.sampled_from(_CEL_SELECTORS))}}]
+
+
+@st.composite
+def device_requests(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    """One request: ``exactly`` (sometimes adminAccess, true or false) or ``firstAvailable`` (1-3 entries)."""
+    if draw(st.integers(0, 2)) < 2:
+        exactly: dict[str, Any] = {"deviceClassName": draw(st.sampled_from(DEVICE_CLASSES))}
+        _device_amount(draw, exactly)
+        admin = draw(st.sampled_from(["absent", "absent", "true", "false"]))
+        if admin != "absent":
+            exactly["adminAccess"] = admin == "true"
+        return {"name": name, "exactly": exactly}
+    entries = []
+    for index in range(draw(st.integers(1, 3))):
+        entry: dict[str, Any] = {"name": f"s{index}", "deviceClassName": draw(st.sampled_from(DEVICE_CLASSES))}
+        _device_amount(draw, entry)
+        entries.append(entry)
+    return {"name": name, "firstAvailable": entries}
+
+
+@st.composite
+def resource_claims(draw: st.DrawFn) -> dict[str, Any]:
+    """A schema-valid resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate as the apiserver sends it
+    on CREATE (1-3 requests; sometimes none: their parents absent or null)."""
+    kind = draw(st.sampled_from(["ResourceClaim", "ResourceClaimTemplate"]))
+    requests = [draw(device_requests(f"r{index}")) for index in range(draw(st.integers(1, 3)))]
+    shape = draw(st.integers(0, 9))
+    spec: dict[str, Any] = {"devices": {"requests": requests}}
+    if shape < 3:
+        spec = [{}, {"devices": None}, {"devices": {"requests": None}}][shape]
+    metadata: dict[str, Any] = (
+        {"name": draw(dns_labels)} if draw(st.booleans()) else {"generateName": draw(dns_labels) + "-"}
+    )
+    annotations = dict(draw(st.dictionaries(label_keys, annotation_values, max_size=2)))
+    extra = draw(st.sampled_from(["none", "none", "none", "class-stale", "class-training", "scheduler"]))
+    if extra == "class-stale":
+        annotations[CLASS_LABEL] = "stale"
+    elif extra == "class-training":
+        annotations[CLASS_LABEL] = "training"
+    elif extra == "scheduler":
+        annotations[EXTENDED_RESOURCE_CLAIM_ANNOTATION] = "true"
+    if annotations:
+        metadata["annotations"] = annotations
+    body = {"spec": spec} if kind == "ResourceClaimTemplate" else spec
+    return copy.deepcopy({"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": metadata, "spec": body})
+
+
+# The resource names of the device properties' pods: the implicit names of every device class above,
+# amd.com/gpu (the shared class's extendedResourceName) and another GPU class's extendedResourceName.
+DEVICE_RESOURCES = (
+    *(DEVICE_CLASS_PREFIX + name for name in DEVICE_CLASSES),
+    "amd.com/gpu",
+    OTHER_EXTENDED_RESOURCE,
+)
+
+
+@st.composite
+def device_pods(draw: st.DrawFn) -> dict[str, Any]:
+    """A pod whose containers and init containers ask for DRA extended resources (one to three names per
+    container, several GPU names together too), with the requests the apiserver's defaulting gives a Pod
+    before any webhook sees it (each limit copied to requests when absent there)."""
+    pod = copy.deepcopy(draw(pods(gpu=False)))
+    spec = pod["spec"]
+    for body in [*spec["containers"], *(spec.get("initContainers") or [])]:
+        if draw(st.integers(0, 3)) == 0:
+            continue
+        names = draw(st.lists(st.sampled_from(DEVICE_RESOURCES), min_size=1, max_size=3, unique=True))
+        if not isinstance(body.get("resources"), dict):
+            body["resources"] = {}
+        resources = body["resources"]
+        if not isinstance(resources.get("limits"), dict):
+            resources["limits"] = {}
+        for name in names:
+            resources["limits"][name] = draw(st.sampled_from(["1", "2", "8"]))
+        requests = resources.get("requests")
+        requests = resources["requests"] = dict(requests) if isinstance(requests, dict) else {}
+        for name, value in resources["limits"].items():
+            requests.setdefault(name, value)
+    return pod

@@ -196,8 +196,9 @@ def _spill_over(
     request: dict[str, Any], exactly: dict[str, Any], pointer: str, reserved: str, shared: str
 ) -> list[dict[str, Any]]:
     """The request with ``exactly`` as ``firstAvailable: [reserved, shared]`` (a subrequest has every
-    field of an exact request but ``adminAccess``, which is never spilled)."""
-    fields = {key: value for key, value in exactly.items() if key != "deviceClassName"}
+    field of an exact request but ``adminAccess``: a request asking for it is never spilled, and an
+    ``adminAccess: false`` is left out)."""
+    fields = {key: value for key, value in exactly.items() if key not in ("deviceClassName", "adminAccess")}
     body = {key: value for key, value in request.items() if key != "exactly"}
     body["firstAvailable"] = [
         {"name": "reserved", **fields, "deviceClassName": reserved},
