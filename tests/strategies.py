@@ -634,6 +634,9 @@ def device_namespaces(draw: st.DrawFn) -> NamespaceFacts:
     return NamespaceFacts(name=name, labels=labels)
 
 
+# AMD's class most often: what the webhook steers.
+requested_device_classes: st.SearchStrategy[str] = st.sampled_from(("gpu.amd.com", "gpu.amd.com", *DEVICE_CLASSES))
+
 _CEL_SELECTORS = (
     "device.driver == 'gpu.amd.com'",
     "device.capacity['gpu.amd.com'].memory.compareTo(quantity('64Gi')) >= 0",
@@ -657,7 +660,7 @@ def _device_amount(draw: st.DrawFn, body: dict[str, Any]) -> None:
 def device_requests(draw: st.DrawFn, name: str) -> dict[str, Any]:
     """One request: ``exactly`` (sometimes adminAccess, true or false) or ``firstAvailable`` (1-3 entries)."""
     if draw(st.integers(0, 2)) < 2:
-        exactly: dict[str, Any] = {"deviceClassName": draw(st.sampled_from(DEVICE_CLASSES))}
+        exactly: dict[str, Any] = {"deviceClassName": draw(requested_device_classes)}
         _device_amount(draw, exactly)
         admin = draw(st.sampled_from(["absent", "absent", "true", "false"]))
         if admin != "absent":
@@ -665,7 +668,7 @@ def device_requests(draw: st.DrawFn, name: str) -> dict[str, Any]:
         return {"name": name, "exactly": exactly}
     entries = []
     for index in range(draw(st.integers(1, 3))):
-        entry: dict[str, Any] = {"name": f"s{index}", "deviceClassName": draw(st.sampled_from(DEVICE_CLASSES))}
+        entry: dict[str, Any] = {"name": f"s{index}", "deviceClassName": draw(requested_device_classes)}
         _device_amount(draw, entry)
         entries.append(entry)
     return {"name": name, "firstAvailable": entries}
@@ -685,7 +688,7 @@ def resource_claims(draw: st.DrawFn) -> dict[str, Any]:
         {"name": draw(dns_labels)} if draw(st.booleans()) else {"generateName": draw(dns_labels) + "-"}
     )
     annotations = dict(draw(st.dictionaries(label_keys, annotation_values, max_size=2)))
-    extra = draw(st.sampled_from(["none", "none", "none", "class-stale", "class-training", "scheduler"]))
+    extra = draw(st.sampled_from(["none", "none", "none", "none", "class-stale", "class-training", "scheduler"]))
     if extra == "class-stale":
         annotations[CLASS_LABEL] = "stale"
     elif extra == "class-training":

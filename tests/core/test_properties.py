@@ -775,7 +775,7 @@ def run_claim(claim: Any, namespace: NamespaceFacts, policy: Policy, reserved: b
     claim=S.resource_claims(),
     namespace=S.device_namespaces(),
     policy_name=S.device_policy_names,
-    reserved=st.booleans(),
+    reserved=st.sampled_from([True, True, True, False]),
 )
 def test_claims_under_device_reservation(
     claim: dict[str, Any], namespace: NamespaceFacts, policy_name: str, reserved: bool
@@ -917,3 +917,43 @@ def test_pods_under_device_reservation(pod: dict[str, Any], namespace: Namespace
         assert gpu <= {RESERVED_RESOURCE, SHARED_RESOURCE}, asked
         if SHARED_RESOURCE in gpu:
             assert SHARED_RESOURCE in original
+
+
+@given(claim=S.resource_claims(), name=st.sampled_from(["serving", "llm", "mixed-serving"]))
+def test_inference_claims_spill_over_to_valid_subrequests(claim: dict[str, Any], name: str) -> None:
+    """Inference spill-over (device-spillover): each exact request of a GPU class other than the reservation's
+    two becomes ``firstAvailable: [reserved, shared]`` (admin access: pointed at the reserved class, never
+    spilled), each subrequest keeping the request's fields a subrequest has; valid, and decided once."""
+    policy = S.device_policy_named("device-spillover")
+    namespace = NamespaceFacts(name, {S.CLASS_LABEL: "inference"})
+    decision = run_claim(claim, namespace, policy, True)
+    event(f"{decision.outcome} {decision.rule}")
+    patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(claim), list(decision.patch))
+    validate_claim(patched)
+    assert run_claim(patched, namespace, policy, True).patch == ()
+    scheduler = (claim["metadata"].get("annotations") or {}).get(S.EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true"
+    if scheduler and claim["kind"] == "ResourceClaim":
+        return
+    spec = claim["spec"]["spec"] if claim["kind"] == "ResourceClaimTemplate" else claim["spec"]
+    after = patched["spec"]["spec"] if claim["kind"] == "ResourceClaimTemplate" else patched["spec"]
+    for request, result in zip(
+        ((spec or {}).get("devices") or {}).get("requests") or [],
+        ((after or {}).get("devices") or {}).get("requests") or [],
+        strict=True,
+    ):
+        exactly = request.get("exactly")
+        if not exactly or not is_gpu_class("device-spillover", exactly["deviceClassName"]):
+            continue
+        if exactly["deviceClassName"] in (S.RESERVED_CLASS, S.SHARED_CLASS):
+            assert result == request
+        elif exactly.get("adminAccess"):
+            assert result["exactly"] == {**exactly, "deviceClassName": S.RESERVED_CLASS}
+        else:
+            fields = {k: v for k, v in exactly.items() if k not in ("deviceClassName", "adminAccess")}
+            assert result == {
+                "name": request["name"],
+                "firstAvailable": [
+                    {"name": "reserved", **fields, "deviceClassName": S.RESERVED_CLASS},
+                    {"name": "shared", **fields, "deviceClassName": S.SHARED_CLASS},
+                ],
+            }
