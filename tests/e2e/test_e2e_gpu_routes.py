@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.core.policy import default_policy
+
 from .controlplane import LOOPBACK
 from .harness import DRIVER, RESERVED_POLICY, WEBHOOK_CONFIGURATION, WEBHOOK_DENIAL, Cluster, cli, metric_value
 from .kube import ApiError, Obj, wait_until
@@ -546,7 +548,9 @@ def test_a_dra_extended_resource_is_placed_and_allocated_from_the_pods_node(
     ]
     tolerations = created["spec"].get("tolerations") or []
     if workload_class == "inference":
-        wanted = {"key": POOL_KEY, "operator": "In", "values": [POOL_VALUE]}
+        # Whole reserved nodes or split ones (device-level reservation: reservedDevices.nodeLabelValue).
+        split_value = default_policy().spec.reserved_devices.node_label_value
+        wanted = {"key": POOL_KEY, "operator": "In", "values": [POOL_VALUE, split_value]}
         assert any(t.get("key") == RESERVED_TOLERATION["key"] for t in tolerations), tolerations
     else:
         wanted = {"key": POOL_KEY, "operator": "NotIn", "values": [POOL_VALUE]}
