@@ -56,6 +56,7 @@ from cel_harness import (
 from webhook.core import engine
 from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy
+from webhook.deploy import cel as cel_module
 from webhook.deploy import render
 
 POD_CASES = [case for case in fixture_cases("engine") + fixture_cases("cel/pods") if well_formed(case)]
@@ -337,11 +338,64 @@ def _all_expressions() -> list[str]:
     return out
 
 
+# Standard CEL string functions (both implement them): what the renderer uses instead of a regular
+# expression where a literal prefix, suffix or substring says the same (cel.string_test).
+STRING_FUNCTIONS = frozenset({"startsWith", "endsWith", "contains"})
+
+
 def test_expressions_use_only_functions_kubernetes_and_cel_python_share() -> None:
+    portable = PORTABLE_FUNCTIONS | STRING_FUNCTIONS
     for expression in _all_expressions():
         without_strings = re.sub(r"'(?:[^'\\]|\\.)*'", "''", expression)
         called = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", without_strings))
-        assert called <= PORTABLE_FUNCTIONS, (called - PORTABLE_FUNCTIONS, expression)
+        assert called <= portable, (called - portable, expression)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "cel_text"),
+    [
+        (r"^amd\.com/", "x.startsWith('amd.com/')"),
+        (r"^amd\.com/.*", "x.startsWith('amd.com/')"),
+        (r"^ml\-platform$", "x == 'ml-platform'"),
+        (r"\-serving$", "x.endsWith('-serving')"),
+        (r"^.*\-serving$", "x.endsWith('-serving')"),
+        (r"gpu", "x.contains('gpu')"),
+        (r"^deviceclass\.resource\.kubernetes\.io/.*\.gpu\.example\.com$", None),
+        (r"^amd\.com/[a-z0-9]+_[a-z0-9]+$", "x.matches('^amd\\\\.com/[a-z0-9]+_[a-z0-9]+$')"),
+        (r"^infer-..$", "x.matches('^infer-..$')"),
+        (r"^\d", "x.matches('^\\\\d')"),
+        (r"a|b", "x.matches('a|b')"),
+    ],
+)
+def test_a_regular_expression_becomes_a_string_comparison_where_one_says_the_same(
+    pattern: str, cel_text: str | None
+) -> None:
+    """``cel.string_test``: a literal anchored at the start, the end or both (or around one ``.*``) is
+    compared as a string; anything else stays ``matches()``. Both agree with a regex search on names."""
+    rendered_test = cel_module.string_test("x", pattern)
+    if cel_text is not None:
+        assert rendered_test == cel_text
+    names = [
+        "amd.com/gpu",
+        "amd.com/gpu_x1",
+        "xamd.com/gpu",
+        "ml-platform",
+        "ml-platform2",
+        "team-serving",
+        "serving",
+        "a.gpu.example.com",
+        "deviceclass.resource.kubernetes.io/a.gpu.example.com",
+        "deviceclass.resource.kubernetes.io/.gpu.example.com",
+        "deviceclass.resource.kubernetes.io/gpu.example.com",
+        "gpu",
+        "infer-ab",
+        "infer-a",
+        "7up",
+        "b",
+        "",
+    ]
+    for name in names:
+        assert bool(evaluate(rendered_test, {"x": cel(name)})) == bool(re.search(pattern, name)), (pattern, name)
 
 
 def test_validations_with_line_breaks_have_a_message() -> None:

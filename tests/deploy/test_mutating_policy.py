@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from webhook.core import engine
-from webhook.core.policy import default_policy, load_policy, parse_policy, route_catalogue
+from webhook.core.policy import PolicyError, default_policy, load_policy, parse_policy, route_catalogue
 from webhook.deploy import cel, mutating_policy, render
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -31,10 +31,12 @@ def test_the_manifests_ship_the_policy_and_its_binding_in_v1_by_default() -> Non
     ]
     policy, binding = found
     assert binding["spec"]["policyName"] == policy["metadata"]["name"] == mutating_policy.POLICY_NAME
-    assert policy["spec"]["reinvocationPolicy"] == "IfNeeded"
+    # Never: the apiserver asks for a second pass after any evaluated mutation; the webhook places
+    # whatever a later mutating webhook changes (docs/architecture.md).
+    assert policy["spec"]["reinvocationPolicy"] == "Never"
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
-    assert all(m["patchType"] == "JSONPatch" for m in policy["spec"]["mutations"])
+    assert [m["patchType"] for m in policy["spec"]["mutations"]] == ["JSONPatch"]
 
 
 @pytest.mark.parametrize(
@@ -65,16 +67,22 @@ def test_the_cli_flag_reaches_the_output(capsys: pytest.CaptureFixture[str]) -> 
         parser.parse_args(["--mutating-admission-policy", "v1alpha1"])
 
 
-def test_the_match_conditions_are_the_gpu_route_catalogue_but_claims_and_skip_mirror_pods() -> None:
+def test_one_match_condition_skips_mirror_pods_first_then_the_gpu_route_catalogue_but_claims() -> None:
+    """The apiserver evaluates every match condition of a policy (no short-circuit between them): one
+    condition, the cheapest test first."""
     policy = default_policy()
     conditions = mutating_policy.placement_policy_spec(policy)["matchConditions"]
     catalogue = route_catalogue(policy.spec)
     assert catalogue.resource_claims
-    assert conditions[0] == {"name": "gpu-pods", "expression": cel.gpu_routes(mutating_policy.without_claims(policy))}
+    routes = cel.gpu_routes(mutating_policy.without_claims(policy))
+    assert conditions == [{"name": "gpu-pods", "expression": f"{mutating_policy.not_mirror_pod()} && (\n{routes})"}]
+    assert engine.MIRROR_ANNOTATION in mutating_policy.not_mirror_pod()
     # The same catalogue as the webhook's and the backstop's, the claim route left out.
-    assert cel.gpu_pod(policy).startswith(conditions[0]["expression"])
-    assert "resourceClaims" in cel.gpu_pod(policy) and "resourceClaims" not in conditions[0]["expression"]
-    assert conditions[1]["name"] == "not-mirror-pod" and engine.MIRROR_ANNOTATION in conditions[1]["expression"]
+    assert cel.gpu_pod(policy).startswith(routes)
+    assert "resourceClaims" in cel.gpu_pod(policy) and "resourceClaims" not in routes
+    # No regular expression: the catalogue's prefix pattern is a startsWith, its variable prefix too.
+    assert ".matches(" not in conditions[0]["expression"]
+    assert "r.startsWith('amd.com/')" in routes and "e.name.startsWith('DOCKER_RESOURCE_')" in routes
     all_pods = parse_policy(
         "apiVersion: rocm-isolation.io/v1alpha1\nkind: IsolationPolicy\nspec:\n  scope: {allPods: true}\n"
         "  classes: {training: {placement: unreserved}}\n"
@@ -82,13 +90,60 @@ def test_the_match_conditions_are_the_gpu_route_catalogue_but_claims_and_skip_mi
     assert [c["name"] for c in mutating_policy.placement_policy_spec(all_pods)["matchConditions"]] == ["not-mirror-pod"]
 
 
-def test_the_class_variables_are_the_backstops() -> None:
-    """One class decision for the apiserver's two policies: the MAP places a pod in the class the VAP
-    judges it by."""
+def _accepted_policies() -> list[Any]:
+    out = []
+    for path in sorted((FIXTURES / "policies").glob("*.yaml")):
+        try:
+            out.append(pytest.param(load_policy(path), id=path.stem))
+        except PolicyError:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("policy", _accepted_policies())
+def test_every_policy_renders_one_mutation_one_condition_one_variable_and_no_typed_literal(policy: Any) -> None:
+    """Each mutation evaluation costs a conversion of the pod and a JSON round trip, and each variable a
+    program evaluation: one mutation, the class as the one variable. Patch values are plain maps (the
+    pod's typed ``Object.spec...{}`` literals are converted again at every nesting level). The apiserver
+    compiles them all and places like the engine with each (tests/e2e/test_mutating_policy.py)."""
+    spec = mutating_policy.placement_policy_spec(policy)
+    assert len(spec["matchConditions"]) == 1
+    assert [v["name"] for v in spec["variables"]] == ["podClass"]
+    assert spec["variables"][0]["expression"] == cel.pod_class(policy)
+    [mutation] = spec["mutations"]
+    expression = mutation["jsonPatch"]["expression"]
+    assert "Object." not in expression
+    # Every class has its branch (the last is the fallback).
+    for class_name in list(policy.spec.classes)[:-1]:
+        assert f"variables.podClass == {cel.quote(class_name)}" in expression
+    # No ApplyConfiguration: nodeSelectorTerms, matchExpressions and tolerations are atomic lists.
+    assert mutation["patchType"] == "JSONPatch"
+
+
+def test_the_common_case_is_one_operation_per_part() -> None:
+    """A pod without affinity gets one add of the whole affinity, a pod without annotations one add of
+    the class and the record, a pod without tolerations one add of the list: the first branch of each."""
+    expression = mutating_policy.placement_policy_spec(default_policy())["mutations"][0]["jsonPatch"]["expression"]
+    assert (
+        "!has(object.spec.affinity) ? [JSONPatch{op: 'add', path: '/spec/affinity', value: {'nodeAffinity'"
+        in expression
+    )
+    assert (
+        "!has(object.metadata.annotations) ? [JSONPatch{op: 'add', path: '/metadata/annotations', value: " in expression
+    )
+    assert (
+        "size(object.spec.tolerations) == 0 ? [JSONPatch{op: 'add', path: '/spec/tolerations', value: [" in expression
+    )
+
+
+def test_the_class_is_the_backstops() -> None:
+    """One class decision for the apiserver's policies: the MAP places a pod in the class the VAPs judge
+    it by (the reserved-nodes backstop, and the names and device backstops through ``class_variables``)."""
     for policy in (default_policy(), load_policy(FIXTURES / "policies" / "engine-aliases.yaml")):
-        ours = {v["name"]: v["expression"] for v in mutating_policy.class_variables(policy)}
+        ours = {v["name"]: v["expression"] for v in mutating_policy.placement_policy_spec(policy)["variables"]}
         backstop = {v["name"]: v["expression"] for v in cel.reserved_nodes_policy_spec(policy)["variables"]}
-        assert ours == {name: backstop[name] for name in ours}
+        shared = {v["name"]: v["expression"] for v in mutating_policy.class_variables(policy)}
+        assert ours["podClass"] == backstop["podClass"] == shared["podClass"] == cel.pod_class(policy)
 
 
 @pytest.mark.parametrize(
@@ -144,38 +199,35 @@ def test_a_class_without_requirements_or_tolerations_only_gets_its_annotation() 
         "apiVersion: rocm-isolation.io/v1alpha1\nkind: IsolationPolicy\n"
         "spec:\n  defaultClass: debug\n  classes: {debug: {placement: any}}\n"
     )
-    mutations = mutating_policy.placement_policy_spec(policy)["mutations"]
-    assert len(mutations) == 1
-    assert engine.CLASS_ANNOTATION in mutations[0]["jsonPatch"]["expression"]
+    [mutation] = mutating_policy.placement_policy_spec(policy)["mutations"]
+    expression = mutation["jsonPatch"]["expression"]
+    assert engine.CLASS_ANNOTATION in expression
+    assert "nodeSelectorTerms" not in expression and "tolerations" not in expression
+    assert engine.MUTATIONS_ANNOTATION not in expression
 
 
-def test_the_mutations_record_comes_first_and_only_for_the_classes_that_place() -> None:
-    """The annotations mutation reads what the placement mutations after it will change off the pod as
-    it arrives; a class that never adds affinity or tolerations records neither (``false``)."""
-    spec = mutating_policy.placement_policy_spec(default_policy())
-    first = spec["mutations"][0]["jsonPatch"]["expression"]
-    assert engine.MUTATIONS_ANNOTATION in first and "variables.addedMutations" in first
-    assert all(engine.MUTATIONS_ANNOTATION not in m["jsonPatch"]["expression"] for m in spec["mutations"][1:])
-    variables = {v["name"]: v["expression"] for v in spec["variables"]}
-    assert "'node-affinity'" in variables["addedMutations"] and "'tolerations'" in variables["addedMutations"]
-    # training adds no toleration: only inference is listed, every other class falls to false.
-    assert "'training'" not in variables["addsTolerations"] and variables["addsTolerations"].endswith("false")
-    assert "'training'" in variables["addsNodeAffinity"]
+def test_the_record_reads_what_the_placement_operations_change() -> None:
+    """The annotations are computed on the pod as it arrives, with the placement's operations bound once
+    (``a``: affinity, ``w``: tolerations): an entry is recorded when its list is not empty; a class that
+    never adds tolerations records no ``tolerations``."""
+    expression = mutating_policy.placement_policy_spec(default_policy())["mutations"][0]["jsonPatch"]["expression"]
+    inference, training = expression.split("variables.podClass == 'inference' ? (", 1)[1].split(") :\n[", 1)
+    assert ".map(a, " in inference and ".map(w, " in inference
+    assert "size(a) > 0 && !('node-affinity' in r.split(','))" in inference
+    assert "size(w) > 0 && !('tolerations' in r.split(','))" in inference
+    assert ".map(w, " not in training and "'tolerations'" not in training
+    assert "size(a) > 0 && !('node-affinity' in r.split(','))" in training
 
 
 def test_key_aliases_render_one_variant_per_spelling() -> None:
     policy = load_policy(FIXTURES / "policies" / "engine-aliases.yaml")
-    annotations, affinity, _ = (
-        m["jsonPatch"]["expression"] for m in mutating_policy.placement_policy_spec(policy)["mutations"]
-    )
-    assert engine.CLASS_ANNOTATION in annotations and "nodeSelectorTerms" not in annotations
+    [mutation] = mutating_policy.placement_policy_spec(policy)["mutations"]
+    expression = mutation["jsonPatch"]["expression"]
     for key in ("amd.com/compute-memory-partition", "amd.com/gpu.compute-memory-partition"):
-        assert cel.quote(key) in affinity
-    # No list of typed objects travels as a bare JSONPatch value (it panics kube-apiserver 1.36's cel-go).
-    assert (
-        "path: '/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms'"
-        not in affinity
-    )
+        assert cel.quote(key) in expression
+    # No list of typed objects travels as a JSONPatch value (it panics kube-apiserver 1.36's cel-go):
+    # the terms are plain maps.
+    assert "Object." not in expression
 
 
 def test_the_generated_base_file_is_the_default_policy_rendering() -> None:

@@ -5,6 +5,8 @@ admission, the engine's result on it, and the fields the policy places."""
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import yaml
 
 from webhook.core import engine
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
-from webhook.core.policy import Policy, default_policy_text, parse_policy
+from webhook.core.policy import Policy, PolicyError, default_policy_text, parse_policy
 
 from .harness import OPT_OUT, RESERVED_NODES
 from .kube import Kube, Obj
@@ -96,3 +98,74 @@ def placed(pod: Obj) -> dict[str, Any]:
         "class": annotations.get(engine.CLASS_ANNOTATION),
         "recorded": [entry for entry in recorded if entry in ("node-affinity", "tolerations")],
     }
+
+
+# --- every policy fixture (tests/fixtures/policies) ----------------------------------------------
+
+POLICY_FIXTURES = Path(__file__).parent.parent / "fixtures" / "policies"
+FIXTURE_LABEL = "e2e.rocm-isolation.io/map-fixture"
+
+
+def accepted_policy_fixtures() -> list[tuple[str, str]]:
+    """(name, text) of every policy fixture the renderer accepts (the bad-* ones are refused)."""
+    out = []
+    for path in sorted(POLICY_FIXTURES.glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        try:
+            parse_policy(text, source=str(path))
+        except PolicyError:
+            continue
+        out.append((path.stem, text))
+    return out
+
+
+def claims_off(text: str) -> Policy:
+    """The policy with the DRA claim route switched off: what the MAP places (CEL cannot read a claim)."""
+    document = yaml.safe_load(text)
+    scope = document["spec"].setdefault("scope", {}) or {}
+    document["spec"]["scope"] = scope
+    scope.setdefault("routes", {})["resourceClaims"] = False
+    return parse_policy(yaml.safe_dump(document))
+
+
+def every_fixture_pod() -> list[Obj]:
+    """Every engine fixture pod that a CREATE sends (whatever policy its case uses: a pod is a pod), once."""
+    out: list[Obj] = []
+    seen: set[str] = set()
+    for path in sorted(FIXTURES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not doc or doc.get("raw") or doc.get("operation", "CREATE") != "CREATE":
+                continue
+            body = doc.get("pod")
+            if not isinstance(body, dict) or ((body.get("metadata") or {}).get("labels") or {}).get(OPT_OUT) == "true":
+                continue
+            key = json.dumps(body, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(body)
+    return out
+
+
+def _instance(glob: str, tag: str) -> str:
+    """A namespace name matching a namespace rule's glob (``*`` -> the fixture's tag, ``?`` -> q)."""
+    name = re.sub(r"\[!?([^]])[^]]*\]", r"\1", glob)
+    return name.replace("*", tag).replace("?", "q")
+
+
+def fixture_namespaces(policy: Policy, tag: str) -> dict[str, dict[str, str]]:
+    """The namespaces a policy fixture is compared in (name -> labels): one per class (its class label),
+    one unlabelled (the default class), one per name of each namespace rule (with the rule's labels), one in
+    audit mode and, for a policy whose mode is audit, one in enforce mode."""
+    spec = policy.spec
+    class_key, mode_key = spec.labels.namespace_class, spec.labels.namespace_mode
+    out: dict[str, dict[str, str]] = {f"{tag}-{name}": {class_key: name} for name in spec.classes}
+    out[f"{tag}-unlabelled"] = {}
+    for index, rule in enumerate(spec.namespaces):
+        for name in [_instance(name, tag) for name in rule.match.names] or [f"{tag}-rule{index}"]:
+            out.setdefault(name, dict(rule.match.labels))
+    placed_class = next((n for n, c in spec.classes.items() if c.placement == "reserved"), next(iter(spec.classes)))
+    out[f"{tag}-audit"] = {class_key: placed_class, mode_key: "audit"}
+    if spec.mode == "audit":
+        out[f"{tag}-enforce"] = {class_key: placed_class, mode_key: "enforce"}
+    excluded = set(spec.excluded_namespaces)
+    return {name: {**labels, FIXTURE_LABEL: tag} for name, labels in out.items() if name not in excluded}

@@ -9,32 +9,44 @@
 - with the webhook out of the path, an inference Deployment binds to reserved nodes only and a training
   Job to shared ones; a training pod naming a reserved node (nodeName, matchFields) is denied by the
   backstop after ``pool apply`` and admitted again after ``pool release``;
-- a large pod (30 containers x 20 env variables, 10 ORed terms) is admitted within the CEL cost limits.
+- a large pod (30 containers x 20 env variables, 10 ORed terms) is admitted within the CEL cost limits;
+- the MAP rendered from every policy fixture (tests/fixtures/policies), alone on a control plane of its
+  own, places every engine fixture pod as the engine does with that policy, in a namespace of each
+  class, of each namespace rule, unlabelled and in audit mode.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
 
 from webhook.core import engine
-from webhook.core.policy import default_policy
-from webhook.deploy import mutating_policy, reserved_names
+from webhook.core.policy import default_policy, parse_policy
+from webhook.deploy import mutating_policy, render, reserved_names
 
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
-from .kube import ApiError, Obj, wait_until
+from .kube import ApiError, Kube, Obj, wait_until
 from .placement import (
     CLASS_LABEL,
+    FIXTURE_LABEL,
     PLACED,
     PODS,
+    accepted_policy_fixtures,
     as_pod,
     before_admission,
+    claims_off,
     engine_result,
+    every_fixture_pod,
+    fixture_namespaces,
     placed,
     policy_without_claims,
 )
@@ -317,3 +329,134 @@ def test_a_large_pod_is_placed_within_the_cel_cost_limits(
         requirement = engine._class_plan(default_policy(), class_name).requirements
         for term in placed_terms:
             assert term["matchExpressions"][-1] == requirement[0].alternatives[0], json.dumps(term)
+
+
+# --- every policy fixture, on a control plane of its own ------------------------------------------
+
+FIXTURE_POLICIES = accepted_policy_fixtures()
+FIXTURE_PODS = every_fixture_pod()
+
+
+@dataclass
+class FixtureWorld:
+    kube: Kube
+    # fixture name -> (its namespaces and their labels)
+    namespaces: dict[str, dict[str, dict[str, str]]]
+    warnings: dict[str, list[str]]
+
+
+def _fixture_resources(name: str, tag: str, text: str) -> list[Obj]:
+    """The fixture policy's MAP and binding as ``manifests --policy`` renders them, renamed, and bound
+    only to the namespaces made for it (the label FIXTURE_LABEL)."""
+    policy = parse_policy(text)
+    documents = mutating_policy.resources(
+        policy,
+        excluded=render.excluded_namespaces_selector(policy),
+        metadata=lambda object_name: {"name": f"{object_name}-{name}"},
+    )
+    binding = documents[1]["spec"]
+    binding["policyName"] = documents[0]["metadata"]["name"]
+    binding["matchResources"]["namespaceSelector"]["matchExpressions"].append(
+        {"key": FIXTURE_LABEL, "operator": "In", "values": [tag]}
+    )
+    return documents
+
+
+@pytest.fixture(scope="module")
+def fixture_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureWorld]:
+    """A control plane with only the fixture policies' MAPs (no webhook, no backstop): each bound to its
+    own namespaces, which exist (with their default ServiceAccount) and which the MAP reads (a probe pod
+    there is placed in the namespace's class) before any test runs."""
+    loopback_only()
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-map-fixtures"))
+    try:
+        plane.start()
+        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+        for handler in ("amd", "gvisor"):  # the RuntimeClass admission plugin wants them to exist
+            runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": handler}}
+            kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {**runtime_class, "handler": handler})
+        world = FixtureWorld(kube, {}, {})
+        for index, (name, text) in enumerate(FIXTURE_POLICIES):
+            tag = f"pf{index}"
+            world.warnings[name] = []
+            for document in _fixture_resources(name, tag, text):
+                kube.create(document)
+                world.warnings[name] += kube.last_warnings
+            world.namespaces[name] = fixture_namespaces(parse_policy(text), tag)
+            for namespace, labels in world.namespaces[name].items():
+                kube.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
+                )
+        for name, text in FIXTURE_POLICIES:
+            policy = claims_off(text)
+            for namespace, labels in world.namespaces[name].items():
+                probe = gpu_pod("probe", namespace)
+                wait_until(
+                    lambda namespace=namespace: kube.get_or_none("ServiceAccount", "default", namespace),
+                    what=f"{namespace}/default",
+                )
+                wanted = placed(engine_result(before_admission(kube, probe), labels, policy))["class"]
+                if wanted is not None:
+                    wait_until(
+                        lambda probe=probe, wanted=wanted: (
+                            (kube.create(probe, dry_run=True)["metadata"].get("annotations") or {}).get(
+                                engine.CLASS_ANNOTATION
+                            )
+                            == wanted
+                        ),
+                        timeout=60,
+                        what=f"the MAP of {name} placing pods of {namespace}",
+                    )
+        yield world
+    finally:
+        plane.stop()
+
+
+def test_the_fixture_run_covers_every_kind_of_policy() -> None:
+    names = [name for name, _ in FIXTURE_POLICIES]
+    policies = {name: parse_policy(text) for name, text in FIXTURE_POLICIES}
+    assert "good-full" in names and "good-namespaces" in names and len(names) >= 15
+    spec = [p.spec for p in policies.values()]
+    assert any(s.scope.all_pods for s in spec) and any(s.mode == "audit" for s in spec)
+    assert any(any("*" in n or "?" in n for r in s.namespaces for n in r.match.names) for s in spec), "glob rules"
+    assert any(any(r.match.labels for r in s.namespaces) for s in spec), "label rules"
+    assert any(any(c.node_selector_requirements for c in s.classes.values()) for s in spec), "extra requirements"
+    assert any(any(c.tolerations for c in s.classes.values()) for s in spec), "class tolerations"
+    assert any(any(len(r.allowed_classes) > 1 for r in s.namespaces) for s in spec), "the pod label picks a class"
+    assert len(FIXTURE_PODS) >= 100
+
+
+@pytest.mark.parametrize("name", [name for name, _ in FIXTURE_POLICIES])
+def test_every_policy_fixtures_map_places_like_the_engine(fixture_world: FixtureWorld, name: str) -> None:
+    """The MAP rendered from each policy fixture, alone on a real apiserver, gives every engine fixture
+    pod, in every namespace made for the fixture (each class, the default, each namespace rule, audit
+    mode), the affinity, tolerations, class annotation and record that the engine gives it with that
+    policy (the claim route off, as the MAP matches); and the engine on the MAP's output adds no
+    placement of its own. Created without warnings."""
+    kube = fixture_world.kube
+    assert fixture_world.warnings[name] == []
+    text = dict(FIXTURE_POLICIES)[name]
+    policy = claims_off(text)
+    namespaces = fixture_world.namespaces[name]
+    first = next(iter(namespaces))
+    differences = []
+    placed_somewhere = 0
+    for body in FIXTURE_PODS:
+        try:
+            before = before_admission(kube, as_pod(body, first))
+        except ApiError:
+            continue  # not a valid pod: nothing to place
+        for namespace, labels in namespaces.items():
+            received = copy.deepcopy(before)
+            received["metadata"]["namespace"] = namespace
+            expected = engine_result(received, labels, policy)
+            got = kube.create(as_pod(body, namespace), dry_run=True)
+            if placed(got) != placed(expected):
+                differences.append((namespace, body, jsonpatch.make_patch(placed(expected), placed(got)).patch))
+                continue
+            placed_somewhere += placed(got)["class"] is not None
+            again = engine_result(got, labels, policy)
+            if placed(again) != placed(got):
+                differences.append((namespace, body, "the engine places the MAP's output again"))
+    assert differences == [], differences[:3]
+    assert placed_somewhere > len(FIXTURE_PODS) // 2

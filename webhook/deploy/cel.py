@@ -45,11 +45,97 @@ def _is_glob(name: str) -> bool:
 # --- GPU pods -------------------------------------------------------------------------------------
 
 
+# --- strings without regular expressions -----------------------------------------------------------
+
+_REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
+
+
+def _regex_pieces(pattern: str) -> list[str | None] | None:
+    """An anchored-or-not regular expression as literal runs separated by ``.*`` (None), or None when it
+    uses anything else (classes, ``?``, ``+``, alternation...). ``^`` and ``$`` are kept as pieces."""
+    pieces: list[str | None] = []
+    literal: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            if i + 1 >= n or pattern[i + 1].isalnum():
+                return None  # \d, \w, \b...: a class or an assertion
+            literal.append(pattern[i + 1])
+            i += 2
+            continue
+        if ch in "^$" and (i == 0 if ch == "^" else i == n - 1):
+            pieces.append("".join(literal))
+            literal = []
+            pieces.append(ch)
+            i += 1
+            continue
+        if pattern.startswith(".*", i):
+            pieces.append("".join(literal))
+            literal = []
+            pieces.append(None)
+            i += 2
+            continue
+        if ch in _REGEX_SPECIAL:
+            return None
+        literal.append(ch)
+        i += 1
+    pieces.append("".join(literal))
+    return [piece for piece in pieces if piece != ""]
+
+
+def string_test(var: str, pattern: str) -> str:
+    """CEL for ``var.matches(pattern)`` (RE2, searched), without a regular expression when the pattern is
+    a literal anchored at one or both ends, or two such literals around ``.*``: ``==``, ``startsWith``,
+    ``endsWith`` (the apiserver precompiles constant regexes, but a match still costs more than a
+    string comparison). Anything else stays ``matches()``."""
+    pieces = _regex_pieces(pattern)
+    if pieces is not None:
+        start = bool(pieces) and pieces[0] == "^"
+        end = bool(pieces) and pieces[-1] == "$"
+        body = pieces[int(start) : len(pieces) - int(end)]
+        # A leading or trailing .* changes nothing to a search.
+        if body and body[0] is None and start:
+            body, start = body[1:], False
+        if body and body[-1] is None and end:
+            body, end = body[:-1], False
+        while body and body[0] is None:
+            body = body[1:]
+        while body and body[-1] is None:
+            body = body[:-1]
+        literals = [piece for piece in body if piece is not None]
+        if not body:
+            return "true"
+        if len(body) == 1 and isinstance(body[0], str):
+            text = quote(body[0])
+            if start and end:
+                return f"{var} == {text}"
+            if start:
+                return f"{var}.startsWith({text})"
+            if end:
+                return f"{var}.endsWith({text})"
+            return f"{var}.contains({text})"
+        if start and end and len(body) == 3 and body[1] is None and len(literals) == 2:
+            head, tail = literals
+            return (
+                f"({var}.startsWith({quote(head)}) && {var}.endsWith({quote(tail)}) && "
+                f"size({var}) >= {len(head) + len(tail)})"
+            )
+    return f"{var}.matches({quote(pattern)})"
+
+
+def glob_test(var: str, glob: str) -> str:
+    """CEL for a namespace (or class) name ``var`` matching a shell glob, as ``glob_regex`` means it."""
+    return string_test(var, glob_regex(glob))
+
+
 def _gpu_key(var: str, catalogue: RouteCatalogue) -> str:
-    parts = []
-    if catalogue.resource_names:
-        parts.append(f"{var} in {str_list(catalogue.resource_names)}")
-    parts.extend(f"{var}.matches({quote(pattern)})" for pattern in catalogue.resource_patterns)
+    # Exact names that a regex-free pattern already covers (amd.com/gpu under ^amd\.com/) are not listed again.
+    plain = [pattern for pattern in catalogue.resource_patterns if _regex_pieces(pattern) is not None]
+    names = [name for name in catalogue.resource_names if not any(re.search(p, name) for p in plain)]
+    parts = [string_test(var, pattern) for pattern in catalogue.resource_patterns]
+    if names:
+        parts.append(f"{var} in {str_list(names)}")
     return " || ".join(parts)
 
 
@@ -70,7 +156,7 @@ def _privileged_route(c: str) -> str:
 def _runtime_variable(catalogue: RouteCatalogue) -> str:
     """An env entry ``e`` that the AMD container runtime reads ('' when the route is off)."""
     variables = [f"e.name in {str_list(catalogue.runtime_variables)}"] if catalogue.runtime_variables else []
-    variables += [f"e.name.matches({quote('^' + re.escape(p))})" for p in catalogue.runtime_variable_prefixes]
+    variables += [f"e.name.startsWith({quote(p)})" for p in catalogue.runtime_variable_prefixes]
     return " || ".join(variables)
 
 
@@ -231,7 +317,7 @@ def _rule_matches(policy: Policy, index: int) -> str:
     if match.names:
         exact = [name for name in match.names if not _is_glob(name)]
         names = [f"request.namespace in {str_list(exact)}"] if exact else []
-        names += [f"request.namespace.matches({quote(glob_regex(name))})" for name in match.names if _is_glob(name)]
+        names += [glob_test("request.namespace", name) for name in match.names if _is_glob(name)]
         parts.append("(" + " || ".join(names) + ")")
     parts.extend(_label_equals("namespaceObject", key, value) for key, value in match.labels.items())
     return " && ".join(parts)
@@ -252,6 +338,39 @@ def _namespace_choice(policy: Policy, *, allowed: bool) -> str:
         value = str_list(rule.allowed_classes) if allowed else quote(rule.effective_default)
         fallback = f"{_rule_matches(policy, index)} ? {value} :\n({fallback})"
     return fallback
+
+
+def _label_in(root: str, key: str, values: list[str] | tuple[str, ...]) -> str:
+    labels = f"{root}.metadata.labels"
+    return f"has({labels}) && {quote(key)} in {labels} && {labels}[{quote(key)}] in {str_list(values)}"
+
+
+def _pick(policy: Policy, allowed: list[str] | tuple[str, ...], default: str) -> str:
+    """The class of a pod whose namespace allows ``allowed`` (default ``default``): the pod label when
+    it names an allowed class, else the default (``engine._classify``). A constant when the label can
+    change nothing (a single allowed class that is the default)."""
+    if set(allowed) == {default}:
+        return quote(default)
+    key = policy.spec.labels.pod_class
+    return f"({_label_in('object', key, allowed)} ? object.metadata.labels[{quote(key)}] : {quote(default)})"
+
+
+def pod_class(policy: Policy) -> str:
+    """The pod's class in one expression (one variable evaluation, where the namespace choice, then the
+    pod label, took four): the first namespace rule that matches, else the namespace's class label,
+    else ``defaultClass`` (``Policy.namespace_classes``); then the pod label when it names a class that
+    namespace allows. For the placement MAP and the backstops alike."""
+    spec = policy.spec
+    key = spec.labels.namespace_class
+    classes = list(spec.classes)
+    by_label = f"namespaceObject.metadata.labels[{quote(key)}]"
+    out = f"({_label_in('namespaceObject', key, classes)} ? {by_label} : {quote(spec.default_class)})"
+    for index in reversed(range(len(spec.namespaces))):
+        rule = spec.namespaces[index]
+        out = (
+            f"{_rule_matches(policy, index)} ?\n{_pick(policy, rule.allowed_classes, rule.effective_default)} :\n{out}"
+        )
+    return out
 
 
 # --- reaching reserved nodes ----------------------------------------------------------------------
@@ -392,7 +511,6 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
         if reserved_class
         else ""
     )
-    pod_label = quote(spec.labels.pod_class)
     variables = [
         {
             "name": "namespaceClassLabel",
@@ -400,14 +518,7 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
         },
         {"name": "namespaceAllowedClasses", "expression": _namespace_choice(policy, allowed=True)},
         {"name": "namespaceDefaultClass", "expression": _namespace_choice(policy, allowed=False)},
-        {
-            "name": "podClass",
-            "expression": (
-                f"has(object.metadata.labels) && {pod_label} in object.metadata.labels &&\n"
-                f"object.metadata.labels[{pod_label}] in variables.namespaceAllowedClasses\n"
-                f"? object.metadata.labels[{pod_label}] : variables.namespaceDefaultClass"
-            ),
-        },
+        {"name": "podClass", "expression": pod_class(policy)},
         {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
     ]
     # (variable name, expression on the new pod, the same on the old pod or None, what, how to fix)

@@ -8,32 +8,42 @@ webhook is called:
 
 - the class as the engine decides it (namespace rules by name, glob and ``namespaceObject`` labels,
   the class label, ``defaultClass``; a pod label only picks a class its namespace allows), the
-  same variables as the ValidatingAdmissionPolicy backstop (``cel._namespace_choice``);
+  same expression as the ValidatingAdmissionPolicy backstop's (``cel.pod_class``);
 - the class's node requirements (its placement requirement, then its ``nodeSelectorRequirements``
   with their key aliases) ANDed into **every** required ``nodeSelectorTerms`` entry, an empty term
   left alone, ``matchFields`` kept, a requirement with several spellings splitting a term into one
-  per spelling; a term created when there is none (``scheduling.narrow_terms``);
+  per spelling; a term created when there is none (``scheduling.narrow_terms``); a term that already
+  holds a narrower ``In`` keeps it (``scheduling._implies``);
 - the reserved toleration unless a toleration already tolerates the taint, then the class's own
   tolerations unless the pod has the same one (``engine._plan_tolerations``);
 - the class annotation ``rocm-isolation.io/class``, and ``node-affinity`` / ``tolerations`` in the
   ``rocm-isolation.io/mutations`` record when it changes them (the webhook merges its own entries into
   that value, ``engine._recorded_mutations``; both append only what is missing).
 
+What it costs is the apiserver's, per pod (kube-apiserver 1.36's code, docs/architecture.md, "What the
+apiserver evaluates per pod"): every mutation evaluation converts the pod for CEL and runs a JSON round
+trip of the pod whatever the patch, and any evaluated mutation asks for a second pass of the mutating
+chain. So the policy is **one** mutation (the three parts' operations concatenated, each computed on
+the pod as it arrives: none reads what another writes), with ``reinvocationPolicy: Never`` (evaluated
+once per pod; its one match condition is evaluated again in the second pass), one variable (the class),
+**one** match condition (the apiserver evaluates all of a policy's conditions: the cheapest test first,
+no regular expression where a string comparison says the same), and plain ``dyn`` maps as patch values
+(the pod's typed ``Object.spec...{}`` literals are converted again at every nesting level). The common
+case is one operation per part: a pod without affinity gets one ``add`` of the whole affinity, one
+without annotations one ``add`` of the class and its record.
+
 Everything is a ``JSONPatch`` mutation: ``nodeSelectorTerms``, ``matchExpressions`` and
 ``tolerations`` are atomic lists, which an ``ApplyConfiguration`` can only replace wholesale. A
 mutation yields no operation when the pod already has what it would add, so the policy and the
-webhook can run after one another in any order, any number of times (``reinvocationPolicy:
-IfNeeded`` on both): neither undoes nor repeats the other.
+webhook can run after one another in any order, any number of times: neither undoes nor repeats the
+other. ``Never`` costs nothing in placement while the webhook is up: it runs after this policy (and is
+reinvoked when a later mutating webhook changes the pod) and places every pod this policy does.
 
 What stays with the webhook (docs/architecture.md, "Who does what"): env variables, topology spread,
 the KFD mount, pods that reach GPUs only through a DRA claim (CEL cannot read the ResourceClaimTemplate
 to tell a GPU claim from another), warnings and audit annotations. The binding leaves out the
 namespaces whose mode is ``audit`` (nothing is changed there), the excluded namespaces and the pods
 opted out of the webhook.
-
-Kubernetes CEL checks aggregate literals for one element type (``HomogeneousAggregateLiterals``) and
-``object`` has no schema type here, so new list items are built with the pod's own types
-(``Object.spec.tolerations{...}``), never map literals mixed with the pod's values.
 """
 
 from __future__ import annotations
@@ -56,20 +66,22 @@ API_GROUP = "admissionregistration.k8s.io"
 VERSIONS = ("v1", "v1beta1", "none")
 DEFAULT_VERSION = "v1"
 
-_REQUIRED = f"object.spec.affinity.nodeAffinity.{scheduling.REQUIRED}"
+_AFFINITY = "object.spec.affinity"
+_NODE_AFFINITY = f"{_AFFINITY}.nodeAffinity"
+_REQUIRED = f"{_NODE_AFFINITY}.{scheduling.REQUIRED}"
 _TERMS = f"{_REQUIRED}.nodeSelectorTerms"
-_TERMS_PATH = patch.pointer(*scheduling.TERMS_PATH)
-# The pod's own types (the schema the apiserver resolves ``Object`` against).
-_T_AFFINITY = "Object.spec.affinity"
-_T_NODE_AFFINITY = f"{_T_AFFINITY}.nodeAffinity"
-_T_REQUIRED = f"{_T_NODE_AFFINITY}.{scheduling.REQUIRED}"
-_T_TERM = f"{_T_REQUIRED}.nodeSelectorTerms"
-_T_REQUIREMENT = f"{_T_TERM}.matchExpressions"
-_T_TOLERATION = "Object.spec.tolerations"
+_REQUIRED_PATH = patch.pointer(*scheduling.TERMS_PATH[:-1])
 _TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
+# The record of what the policy changed, in the webhook's ``rocm-isolation.io/mutations`` annotation.
+_RECORD_AFFINITY = "node-affinity"
+_RECORD_TOLERATIONS = "tolerations"
 
 
 def _literal(value: Any) -> str:
+    """A CEL literal of a JSON value: maps and lists as plain (``dyn``) CEL values, not the pod's typed
+    ``Object.spec...{}`` literals, whose conversion the apiserver repeats for every nested level.
+    Kubernetes CEL checks aggregate literals for one element type (``HomogeneousAggregateLiterals``): a
+    map or list whose items differ in type has each item wrapped in ``dyn()``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -77,17 +89,45 @@ def _literal(value: Any) -> str:
     if isinstance(value, str):
         return quote(value)
     if isinstance(value, list):
-        return str_list([str(item) for item in value])
+        items = [_literal(item) for item in value]
+        if len({_kind(item) for item in value}) > 1 or (len(value) > 1 and isinstance(value[0], (dict, list))):
+            items = [f"dyn({item})" for item in items]
+        return "[" + ", ".join(items) + "]"
+    if isinstance(value, dict):
+        entries = {key: _literal(item) for key, item in value.items()}
+        if len({_kind(item) for item in value.values()}) > 1 or any(
+            isinstance(v, (dict, list)) for v in value.values()
+        ):
+            entries = {key: f"dyn({item})" for key, item in entries.items()} if len(entries) > 1 else entries
+        return "{" + ", ".join(f"{quote(key)}: {item}" for key, item in entries.items()) + "}"
     raise TypeError(f"no CEL literal for {value!r}")
 
 
-def _typed(type_name: str, fields: dict[str, Any]) -> str:
-    return type_name + "{" + ", ".join(f"{key}: {_literal(value)}" for key, value in fields.items()) + "}"
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _bind(value: str, name: str, body: str) -> str:
+    """``body`` with ``name`` bound to ``value``, computed once (Kubernetes CEL has no ``cel.bind``)."""
+    return f"[{value}].map({name}, {body})[0]"
+
+
+def _operation(op: str, path: str, value: str) -> str:
+    return f"JSONPatch{{op: {quote(op)}, path: {quote(path)}, value: {value}}}"
 
 
 # --- node affinity --------------------------------------------------------------------------------
 
-_LIVE = "((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))"
+_LIVE = cel.LIVE_TERM
+
+
+def _values_equal(values: list[str]) -> str:
+    """``e.values`` equals ``values`` as a multiset (absent counts as empty)."""
+    if not values:
+        return "(!has(e.values) || size(e.values) == 0)"
+    if len(values) == 1:
+        return f"(has(e.values) && size(e.values) == 1 && e.values[0] == {quote(values[0])})"
+    return f"(has(e.values) && e.values.sort() == {str_list(sorted(values))})"
 
 
 def _implies(alternative: dict[str, Any]) -> str:
@@ -96,7 +136,7 @@ def _implies(alternative: dict[str, Any]) -> str:
     head = f"e.key == {quote(alternative['key'])} && e.operator == {quote(alternative['operator'])}"
     if alternative["operator"] == "In":
         return f"({head} && has(e.values) && size(e.values) > 0 && e.values.all(v, v in {str_list(values)}))"
-    return f"({head} && (has(e.values) ? e.values : []).sort() == {str_list(values)})"
+    return f"({head} && {_values_equal(values)})"
 
 
 def _excludes_reserved(reserved: scheduling.Reserved) -> str:
@@ -109,19 +149,22 @@ def _excludes_reserved(reserved: scheduling.Reserved) -> str:
     )
 
 
+def _subsumed(alternative: dict[str, Any], reserved: scheduling.Reserved | None) -> bool:
+    """An alternative that ``excludes_reserved`` already accepts (``NotIn [reserved]``): not tested twice."""
+    return (
+        reserved is not None
+        and alternative.get("key") == reserved.key
+        and alternative.get("operator") == "NotIn"
+        and reserved.value in (alternative.get("values") or [])
+    )
+
+
 def _satisfied(requirement: scheduling.Requirement) -> str:
     """``Requirement.satisfied`` of term ``t``."""
-    parts = []
-    if requirement.satisfied_by_exclusion is not None:
-        parts.append(_excludes_reserved(requirement.satisfied_by_exclusion))
-    parts.extend(_implies(alternative) for alternative in requirement.alternatives)
+    exclusion = requirement.satisfied_by_exclusion
+    parts = [_excludes_reserved(exclusion)] if exclusion is not None else []
+    parts.extend(_implies(alt) for alt in requirement.alternatives if not _subsumed(alt, exclusion))
     return f"(has(t.matchExpressions) && t.matchExpressions.exists(e, {' || '.join(parts)}))"
-
-
-def _term(expressions: str, *, fields: str | None) -> str:
-    if fields is None:
-        return f"{_T_TERM}{{matchExpressions: {expressions}}}"
-    return f"{_T_TERM}{{matchFields: {fields}, matchExpressions: {expressions}}}"
 
 
 def _combinations(requirements: tuple[scheduling.Requirement, ...]) -> list[tuple[int, ...]]:
@@ -129,70 +172,52 @@ def _combinations(requirements: tuple[scheduling.Requirement, ...]) -> list[tupl
     return list(itertools.product(*(range(len(r.alternatives)) for r in requirements)))
 
 
-def _new_terms(requirements: tuple[scheduling.Requirement, ...]) -> str:
+def _new_terms(requirements: tuple[scheduling.Requirement, ...]) -> list[dict[str, Any]]:
     """``narrow_terms(None, requirements)``: the terms of a pod that has none."""
-    terms = []
-    for combination in _combinations(requirements):
-        expressions = [
-            _typed(_T_REQUIREMENT, r.alternatives[j]) for r, j in zip(requirements, combination, strict=True)
-        ]
-        terms.append(_term("[" + ", ".join(expressions) + "]", fields=None))
-    return "[" + ", ".join(terms) + "]"
+    return scheduling.narrow_terms(None, requirements)
 
 
 def _narrowed_term(requirements: tuple[scheduling.Requirement, ...]) -> str:
-    """``narrow_terms`` of one existing term ``t``: the list of its variants."""
-    keep = [f"(!{_LIVE} || {_satisfied(r)})" for r in requirements]
+    """``narrow_terms`` of one live term ``t``: the list of its variants (plain maps; the term's own
+    lists travel as they are)."""
+    satisfied = [_satisfied(r) for r in requirements]
     variants = []
     for combination in _combinations(requirements):
         added = [
-            f"({keep[i]} ? [] : [{_typed(_T_REQUIREMENT, r.alternatives[j])}])"
+            f"({satisfied[i]} ? [] : [{_literal(r.alternatives[j])}])"
             for i, (r, j) in enumerate(zip(requirements, combination, strict=True))
         ]
-        expressions = " + ".join(["(has(t.matchExpressions) ? t.matchExpressions : [])", *added])
+        expressions = "dyn(" + " + ".join(["dyn(has(t.matchExpressions) ? t.matchExpressions : [])", *added]) + ")"
         term = (
-            f"(has(t.matchFields) ? {_term(expressions, fields='t.matchFields')} : {_term(expressions, fields=None)})"
+            f"(has(t.matchFields) ? {{'matchFields': dyn(t.matchFields), 'matchExpressions': {expressions}}} : "
+            f"{{'matchExpressions': {expressions}}})"
         )
         # A variant using another spelling than the first only exists for a requirement the term lacks.
-        needed = [f"!{keep[i]}" for i, j in enumerate(combination) if j > 0]
-        variants.append(f"({' && '.join(needed)} ? [{term}] : [])" if needed else f"[{term}]")
+        needed = [f"!{satisfied[i]}" for i, j in enumerate(combination) if j > 0]
+        variants.append(f"({' && '.join(needed)} ? [dyn({term})] : [])" if needed else f"[dyn({term})]")
     return " + ".join(variants)
 
 
-def _affinity_patch(requirements: tuple[scheduling.Requirement, ...]) -> str:
-    """The JSONPatch operations that narrow the pod's required node affinity (an empty list when it
-    already is narrowed).
+def _affinity_operations(requirements: tuple[scheduling.Requirement, ...]) -> str:
+    """The JSONPatch operations that narrow the pod's required node affinity (none when it already is):
+    one ``add`` of the missing level for a pod without terms (the common case), else one ``replace``
+    of the required node selector with every live term narrowed (empty terms kept as they are).
 
-    The terms always travel inside a typed ``NodeSelector`` object, never as a bare list value: a
-    JSONPatch value that is a list of typed objects panics kube-apiserver 1.36's cel-go (0.26,
-    ``baseList.ConvertToNative``: "*structpb.Struct is not assignable to type *structpb.Value"),
-    which fails the request with an HTTP/2 INTERNAL_ERROR."""
+    Values are plain maps: a list of the pod's typed objects as a JSONPatch value panics kube-apiserver
+    1.36's cel-go (0.26, ``baseList.ConvertToNative``), a list of plain maps converts."""
     new_terms = _new_terms(requirements)
-    nodes = f"{_T_REQUIRED}{{nodeSelectorTerms: {new_terms}}}"
-    node_affinity = f"{_T_NODE_AFFINITY}{{{scheduling.REQUIRED}: {nodes}}}"
-    affinity = f"{_T_AFFINITY}{{nodeAffinity: {node_affinity}}}"
-    base = patch.pointer("spec", "affinity")
-    required_path = quote(base + "/nodeAffinity/" + scheduling.REQUIRED)
-    narrowed = f"variables.nodeSelectorTerms.map(t, {_narrowed_term(requirements)}).flatten()"
-    all_satisfied = " && ".join(_satisfied(r) for r in requirements)
-    needs = f"{_LIVE} && !({all_satisfied})"
-    return (
-        f"!has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: {quote(base)}, value: {affinity}}}] :\n"
-        f"!has(object.spec.affinity.nodeAffinity) ? "
-        f"[JSONPatch{{op: 'add', path: {quote(base + '/nodeAffinity')}, value: {node_affinity}}}] :\n"
-        f"size(variables.nodeSelectorTerms) == 0 ? [JSONPatch{{op: 'add', path: {required_path}, value: {nodes}}}] :\n"
-        f"variables.nodeSelectorTerms.exists(t, {needs}) ? [JSONPatch{{op: 'replace', path: {required_path}, "
-        f"value: {_T_REQUIRED}{{nodeSelectorTerms: {narrowed}}}}}] : []"
-    )
-
-
-def _adds_node_affinity(requirements: tuple[scheduling.Requirement, ...]) -> str:
-    """Whether ``_affinity_patch`` yields an operation (a pod without terms gets one; a live term
-    lacking a requirement is narrowed)."""
+    required = {"nodeSelectorTerms": new_terms}
+    node_affinity = {scheduling.REQUIRED: required}
+    affinity = {"nodeAffinity": node_affinity}
+    narrowed = f"{_TERMS}.map(t, !{_LIVE} ? [dyn(t)] : {_narrowed_term(requirements)}).flatten()"
     all_satisfied = " && ".join(_satisfied(r) for r in requirements)
     return (
-        "size(variables.nodeSelectorTerms) == 0 || "
-        f"variables.nodeSelectorTerms.exists(t, {_LIVE} && !({all_satisfied}))"
+        f"!has({_AFFINITY}) ? [{_operation('add', '/spec/affinity', _literal(affinity))}] :\n"
+        f"!has({_NODE_AFFINITY}) ? [{_operation('add', '/spec/affinity/nodeAffinity', _literal(node_affinity))}] :\n"
+        f"!has({_REQUIRED}) || !has({_TERMS}) || size({_TERMS}) == 0 ? "
+        f"[{_operation('add', _REQUIRED_PATH, _literal(required))}] :\n"
+        f"{_TERMS}.exists(t, {_LIVE} && !({all_satisfied})) ? "
+        f"[{_operation('replace', _REQUIRED_PATH, '{' + quote('nodeSelectorTerms') + ': ' + narrowed + '}')}] : []"
     )
 
 
@@ -217,122 +242,128 @@ def _same_toleration(body: dict[str, Any]) -> str:
 
 
 def _existing(condition: str) -> str:
-    return f"(has(object.spec.tolerations) && object.spec.tolerations.exists(t, {condition}))"
+    return f"object.spec.tolerations.exists(t, {condition})"
 
 
-def _tolerations_wanted(policy: Policy, class_name: str) -> list[tuple[str, str]]:
-    """The tolerations the engine appends for the class, in its order, each as (the condition under
-    which it is added, its typed value); an empty list when the class never adds any."""
+def _toleration_operations(policy: Policy, class_name: str) -> str | None:
+    """The engine's tolerations for the class (``engine._plan_tolerations``): on a pod without any, one
+    ``add`` of the whole list; else an ``add /spec/tolerations/-`` per toleration the pod lacks (the
+    reserved one unless a toleration already tolerates the taint, the class's own unless the pod has
+    the same). None when the class adds none."""
     plan = engine._class_plan(policy, class_name)
-    parts = []
     reserved = plan.reserved_toleration
+    wanted: list[tuple[str, dict[str, Any]]] = []
     reserved_wanted = None
     if reserved is not None:
         reserved_wanted = "!" + _existing(_tolerates(reserved["key"], reserved["value"], reserved["effect"]))
-        parts.append((reserved_wanted, _typed(_T_TOLERATION, reserved)))
+        wanted.append((reserved_wanted, reserved))
     seen: list[dict[str, Any]] = []
     for body in plan.tolerations:
         if body in seen:
             continue
         seen.append(body)
-        wanted = "!" + _existing(_same_toleration(body))
+        condition = "!" + _existing(_same_toleration(body))
         if body == reserved and reserved_wanted is not None:
-            wanted += f" && !({reserved_wanted})"
-        parts.append((wanted, _typed(_T_TOLERATION, body)))
-    return parts
-
-
-def _tolerations_list(wanted: list[tuple[str, str]]) -> str:
-    return " + ".join(f"({condition} ? [{value}] : [])" for condition, value in wanted)
-
-
-def _adds_tolerations(wanted: list[tuple[str, str]]) -> str:
-    """Whether ``_tolerations_patch`` adds any toleration (no typed object: usable in a variable)."""
-    return " || ".join(f"({condition})" for condition, _ in wanted)
-
-
-def _tolerations_patch(wanted: str) -> str:
-    # [x].map(ws, ...)[0] binds the list to ws (Kubernetes CEL has no cel.bind): computed once. The
-    # pod's types (Object...) exist in mutations only, so the list is not a policy variable. A missing
-    # list is created empty, then appended to: a list of typed objects as a JSONPatch value panics
-    # the apiserver (see _affinity_patch).
+            condition += f" && !({reserved_wanted})"
+        wanted.append((condition, body))
+    if not wanted:
+        return None
+    # Without tolerations, everything is wanted (the class's copy of the reserved toleration once).
+    everything = [body for index, (_, body) in enumerate(wanted) if index == 0 or body != reserved]
+    some = " + ".join(
+        f"({condition} ? [{_operation('add', '/spec/tolerations/-', _literal(body))}] : [])"
+        for condition, body in wanted
+    )
     return (
-        f"[{wanted}].map(ws, size(ws) == 0 ? [] :\n"
-        "(has(object.spec.tolerations) ? [] : [JSONPatch{op: 'add', path: '/spec/tolerations', value: []}]) +\n"
-        "ws.map(w, JSONPatch{op: 'add', path: '/spec/tolerations/-', value: w}))[0]"
+        f"!has(object.spec.tolerations) || size(object.spec.tolerations) == 0 ? "
+        f"[{_operation('add', '/spec/tolerations', _literal(everything))}] :\n{some}"
     )
 
 
-# --- the class annotation -------------------------------------------------------------------------
+# --- the annotations ------------------------------------------------------------------------------
 
 
-def _annotation_patch() -> str:
-    """The class annotation, and the policy's entries merged into the ``mutations`` annotation (what the
+def _new_annotations(class_name: str, entries: list[tuple[str, str]], done: list[str]) -> str:
+    """The annotations of a pod that has none: the class, and the record of what the placement changes
+    (each entry of ``entries`` chosen by its CEL test)."""
+    if not entries:
+        value = {engine.CLASS_ANNOTATION: class_name}
+        if done:
+            value[engine.MUTATIONS_ANNOTATION] = ",".join(done)
+        return _literal(value)
+    (adds, name), rest = entries[0], entries[1:]
+    return (
+        f"({adds} ? {_new_annotations(class_name, rest, [*done, name])} : {_new_annotations(class_name, rest, done)})"
+    )
+
+
+def _annotation_operations(class_name: str, adds_affinity: str | None, adds_tolerations: str | None) -> str:
+    """The class annotation, and the policy's entries merged into the ``mutations`` record (what the
     webhook's ``engine._recorded_mutations`` does with its own: the existing value kept, the missing
-    entries appended, nothing when every entry is listed). One mutation, evaluated first: on the pod
-    before this policy's own placement, it records what the next two will change."""
+    entries appended, nothing when every entry is listed). ``adds_*``: CEL telling whether the
+    placement operations change the pod (None: never). A pod without annotations gets them in one
+    operation."""
     annotations = "object.metadata.annotations"
-    key = quote(engine.CLASS_ANNOTATION)
-    record = quote(engine.MUTATIONS_ANNOTATION)
-    recorded = "variables.recordedMutations"
-    added = "variables.addedMutations"
-    joined = f"{added}.join(',')"
-    merged = f"{recorded} == '' ? {joined} : {recorded} + ',' + {joined}"
-
-    # string(): a variable is dyn, and map literals must be homogeneous (HomogeneousAggregateLiterals).
-    def path(name: str) -> str:
-        return quote(patch.pointer("metadata", "annotations", name))
-
-    return (
-        f"!has({annotations}) ? [JSONPatch{{op: 'add', path: '/metadata/annotations', value: size({added}) == 0 ? "
-        f"{{{key}: variables.podClass}} : {{{key}: string(variables.podClass), {record}: {joined}}}}}] :\n"
-        f"({key} in {annotations} && {annotations}[{key}] == variables.podClass ? [] :\n"
-        f"  [JSONPatch{{op: 'add', path: {path(engine.CLASS_ANNOTATION)}, value: variables.podClass}}]) +\n"
-        f"(size({added}) == 0 ? [] : [JSONPatch{{op: 'add', path: {path(engine.MUTATIONS_ANNOTATION)}, "
-        f"value: {merged}}}])"
-    )
-
-
-def _record_variables(
-    adds_node_affinity: list[tuple[str, str]], adds_tolerations: list[tuple[str, str]]
-) -> list[dict[str, str]]:
-    """What this policy changes on the pod (per class, ``false`` for a class it never changes), and the
-    entries of the ``mutations`` annotation it adds for it."""
-    annotations = "object.metadata.annotations"
-    record = quote(engine.MUTATIONS_ANNOTATION)
-    listed = "variables.recordedMutations.split(',')"
-    return [
-        {"name": "addsNodeAffinity", "expression": _by_class(adds_node_affinity, otherwise="false")},
-        {"name": "addsTolerations", "expression": _by_class(adds_tolerations, otherwise="false")},
-        {
-            "name": "recordedMutations",
-            "expression": f"has({annotations}) && {record} in {annotations} ? {annotations}[{record}] : ''",
-        },
-        {
-            "name": "addedMutations",
-            "expression": (
-                f"(variables.addsNodeAffinity && !('node-affinity' in {listed}) ? ['node-affinity'] : []) + "
-                f"(variables.addsTolerations && !('tolerations' in {listed}) ? ['tolerations'] : [])"
-            ),
-        },
+    key = engine.CLASS_ANNOTATION
+    record = engine.MUTATIONS_ANNOTATION
+    entries = [
+        (adds, name)
+        for adds, name in ((adds_affinity, _RECORD_AFFINITY), (adds_tolerations, _RECORD_TOLERATIONS))
+        if adds is not None
     ]
+    new = f"[{_operation('add', '/metadata/annotations', _new_annotations(class_name, entries, []))}]"
+    class_op = (
+        f"({quote(key)} in {annotations} && {annotations}[{quote(key)}] == {quote(class_name)} ? [] : "
+        f"[{_operation('add', patch.pointer('metadata', 'annotations', key), quote(class_name))}])"
+    )
+    if not entries:
+        return f"!has({annotations}) ? {new} :\n{class_op}"
+    listed = "r.split(',')"
+    missing = " + ".join(f"({adds} && !({quote(name)} in {listed}) ? [{quote(name)}] : [])" for adds, name in entries)
+    merged = "r == '' ? n.join(',') : r + ',' + n.join(',')"
+    record_op = _bind(
+        f"{quote(record)} in {annotations} ? {annotations}[{quote(record)}] : ''",
+        "r",
+        _bind(
+            missing,
+            "n",
+            f"size(n) == 0 ? [] : [{_operation('add', patch.pointer('metadata', 'annotations', record), merged)}]",
+        ),
+    )
+    return f"!has({annotations}) ? {new} :\n{class_op} +\n{record_op}"
 
 
 # --- the policy -----------------------------------------------------------------------------------
 
 
-def _by_class(branches: list[tuple[str, str]], *, otherwise: str = "[]") -> str:
-    """One expression choosing the class's branch (``otherwise``, no operation, for a class not listed)."""
-    out = otherwise
-    for class_name, operations in reversed(branches):
-        out = f"variables.podClass == {quote(class_name)} ? (\n{operations}) :\n{out}"
-    return out
+def _class_operations(policy: Policy, class_name: str) -> str:
+    """Every operation for a pod of the class, in one list: the annotations (computed on the pod as it
+    arrives, like the placement after them), the affinity, the tolerations. The placement lists are
+    bound once (``a``, ``t``) so that the record reads their sizes without computing them again."""
+    plan = engine._class_plan(policy, class_name)
+    affinity = _affinity_operations(plan.requirements) if plan.requirements else None
+    tolerations = _toleration_operations(policy, class_name)
+    annotations = _annotation_operations(
+        class_name,
+        "size(a) > 0" if affinity is not None else None,
+        "size(w) > 0" if tolerations is not None else None,
+    )
+    body = f"({annotations})"
+    if affinity is not None:
+        body += " + a"
+    if tolerations is not None:
+        body += " + w"
+        body = _bind(tolerations, "w", body)
+    if affinity is not None:
+        body = _bind(affinity, "a", body)
+    return body
 
 
 def class_variables(policy: Policy) -> list[dict[str, str]]:
-    """The class of the pod, exactly as the ValidatingAdmissionPolicy backstop computes it."""
+    """The class of the pod as the backstops compute it. ``podClass`` stands alone (``cel.pod_class``:
+    one evaluation); the namespace's allowed and default classes are there for the policies that need
+    them (device-level reservation), evaluated only when read."""
     spec = policy.spec
-    pod_label = quote(spec.labels.pod_class)
     return [
         {
             "name": "namespaceClassLabel",
@@ -340,14 +371,7 @@ def class_variables(policy: Policy) -> list[dict[str, str]]:
         },
         {"name": "namespaceAllowedClasses", "expression": cel._namespace_choice(policy, allowed=True)},
         {"name": "namespaceDefaultClass", "expression": cel._namespace_choice(policy, allowed=False)},
-        {
-            "name": "podClass",
-            "expression": (
-                f"has(object.metadata.labels) && {pod_label} in object.metadata.labels &&\n"
-                f"object.metadata.labels[{pod_label}] in variables.namespaceAllowedClasses\n"
-                f"? object.metadata.labels[{pod_label}] : variables.namespaceDefaultClass"
-            ),
-        },
+        {"name": "podClass", "expression": cel.pod_class(policy)},
     ]
 
 
@@ -358,71 +382,48 @@ def without_claims(policy: Policy) -> RouteCatalogue:
     return dataclasses.replace(route_catalogue(policy.spec), resource_claims=False)
 
 
-def match_conditions(policy: Policy) -> list[dict[str, str]]:
-    """GPU pods by every route of the catalogue shared with the engine, the webhook and the backstop but
-    the claims (``without_claims``); never mirror pods (the kubelet owns them: the engine checks them
-    and never mutates them)."""
-    conditions = []
-    if not policy.spec.scope.all_pods:
-        conditions.append({"name": "gpu-pods", "expression": cel.gpu_routes(without_claims(policy))})
+def not_mirror_pod() -> str:
     annotations = "object.metadata.annotations"
-    conditions.append(
-        {
-            "name": "not-mirror-pod",
-            "expression": f"!(has({annotations}) && {quote(engine.MIRROR_ANNOTATION)} in {annotations})",
-        }
-    )
-    return conditions
+    return f"!(has({annotations}) && {quote(engine.MIRROR_ANNOTATION)} in {annotations})"
+
+
+def match_conditions(policy: Policy) -> list[dict[str, str]]:
+    """One condition (the apiserver evaluates every condition of a policy, no short-circuit between
+    them): never a mirror pod (the kubelet owns them: the engine checks them and never mutates them),
+    the cheapest test, first; then a GPU pod by every route of the catalogue shared with the engine,
+    the webhook and the backstop but the claims (``without_claims``), without regular expressions."""
+    if policy.spec.scope.all_pods:
+        return [{"name": "not-mirror-pod", "expression": not_mirror_pod()}]
+    routes = cel.gpu_routes(without_claims(policy))
+    return [{"name": "gpu-pods", "expression": f"{not_mirror_pod()} && (\n{routes})"}]
 
 
 def placement_policy_spec(policy: Policy) -> dict[str, Any]:
-    """The MutatingAdmissionPolicy spec: the engine's placement and class annotation, per class."""
-    variables = class_variables(policy)
-    variables.append(
-        {
-            "name": "nodeSelectorTerms",
-            "expression": (
-                f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && has({_REQUIRED}) && "
-                f"has({_TERMS}) ? {_TERMS} : []"
-            ),
-        }
-    )
-    affinity: list[tuple[str, str]] = []
-    adds_node_affinity: list[tuple[str, str]] = []
-    tolerations: list[tuple[str, str]] = []
-    adds_tolerations: list[tuple[str, str]] = []
-    for class_name in policy.spec.classes:
-        plan = engine._class_plan(policy, class_name)
-        if plan.requirements:
-            affinity.append((class_name, _affinity_patch(plan.requirements)))
-            adds_node_affinity.append((class_name, _adds_node_affinity(plan.requirements)))
-        wanted = _tolerations_wanted(policy, class_name)
-        if wanted:
-            tolerations.append((class_name, _tolerations_patch(_tolerations_list(wanted))))
-            adds_tolerations.append((class_name, _adds_tolerations(wanted)))
-    variables.extend(_record_variables(adds_node_affinity, adds_tolerations))
-    # The annotations first: what the placement mutations after it will change is read off the pod
-    # as it arrives (each mutation sees the previous ones' result).
-    mutations = [{"patchType": "JSONPatch", "jsonPatch": {"expression": _annotation_patch()}}]
-    mutations.extend(
-        {"patchType": "JSONPatch", "jsonPatch": {"expression": _by_class(branches)}}
-        for branches in (affinity, tolerations)
-        if branches
-    )
+    """The MutatingAdmissionPolicy spec: the engine's placement and class annotation, per class, in one
+    mutation."""
+    classes = list(policy.spec.classes)
+    operations = _class_operations(policy, classes[-1])
+    for class_name in reversed(classes[:-1]):
+        operations = (
+            f"variables.podClass == {quote(class_name)} ? (\n{_class_operations(policy, class_name)}) :\n{operations}"
+        )
     return {
         # A mutation that cannot be evaluated rejects the pod rather than admitting it unplaced
         # (docs/operations.md, "Failures"); the cost of the largest pods is measured in the e2e suite.
         "failurePolicy": "Fail",
-        # The webhook (and any other mutating webhook) may change the pod after this policy: run again.
-        "reinvocationPolicy": "IfNeeded",
+        # Never: kube-apiserver 1.36 asks for a second pass of the whole mutating chain after any
+        # evaluated mutation, and an IfNeeded policy then runs itself again (docs/architecture.md): the
+        # webhook, called after this policy (and reinvoked when a later webhook changes the pod), places
+        # every pod this policy does.
+        "reinvocationPolicy": "Never",
         "matchConstraints": {
             "resourceRules": [
                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
             ]
         },
         "matchConditions": match_conditions(policy),
-        "variables": variables,
-        "mutations": mutations,
+        "variables": [{"name": "podClass", "expression": cel.pod_class(policy)}],
+        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": operations}}],
     }
 
 
