@@ -1,23 +1,33 @@
-"""Admission latency as the apiserver itself reports it, with and without the placement policy.
+"""What the product's admission policies cost the apiserver per pod, against a floor, in one run.
 
 On a real control plane (the end-to-end suite's: tests/e2e/controlplane.py and harness.py, v1.36 from
-``KUBEBUILDER_ASSETS``) with the product installed from its manifests, N GPU pods are created by
-server-side dry-run in a training and an inference namespace, in three configurations:
+``KUBEBUILDER_ASSETS``) with the product installed from its manifests and the webhook up (``--webhook
+down``: its configuration deleted, what an outage amounts to), pods are created by server-side dry
+run in a training and an inference namespace, in rounds. Each round binds one variant of one group,
+creates the pods, and unbinds it; the variants of a group alternate, their order rotated every round,
+so that whatever else the machine does falls on all of them alike:
 
-- ``map+webhook``: everything installed (the MutatingAdmissionPolicy places, the webhook adds the rest);
-- ``webhook``: the MutatingAdmissionPolicyBinding deleted (placement by the webhook alone);
-- ``map``: the MutatingWebhookConfiguration deleted (what a webhook outage amounts to).
+- **MAP group** (the backstop bound as shipped): ``none`` (no MutatingAdmissionPolicy bound),
+  ``product`` (the placement MAP of the manifests), ``floor`` (``FLOOR_MAP``: one match condition, one
+  mutation that adds one label, its binding skipping the pods that carry it: the least any MAP that
+  changes a GPU pod costs on this machine), ``baseline`` (the MAP as the manifests shipped it before
+  issue 27, ``bench/apiserver_baseline.yaml``);
+- **VAP group** (the placement MAP bound as shipped): ``none`` (no backstop ValidatingAdmissionPolicy
+  bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names, the
+  device-level ones, which the apiserver skips while no device reservation exists),
+  ``floor`` (``FLOOR_VAP``: one condition, one validation that holds), ``baseline`` (the backstop
+  before issue 27).
 
-The figures are the apiserver's own histograms (``/metrics``), scraped before and after each
-configuration's pods and subtracted: the mutating admission step (``type="admit"``, which holds the
-MAP and every mutating webhook), the validating step, each admission plugin
-(``apiserver_admission_controller_admission_duration_seconds``), the webhook's call
-(``apiserver_admission_webhook_admission_duration_seconds``) and the placement policy's own
-evaluation (``apiserver_mutating_admission_policy_check_duration_seconds``). Mean = sum / count; p99
-interpolated in the buckets as Prometheus' ``histogram_quantile`` does (so it is only as fine as the
-bucket bounds: 5 ms, 10 ms, 25 ms... for the step histograms).
+Every round measures GPU pods (one container with ``amd.com/gpu``) and pods that reach no GPU, each
+with the apiserver's own figures from ``/metrics``, subtracted before and after: the time of each
+admission plugin (``apiserver_admission_controller_admission_duration_seconds``, observed once per pass
+of the mutating chain), the MAP's mutation evaluations (``..._mutating_admission_policy_check_...``),
+the admission steps, the webhook's call, and the evaluations of a policy's match conditions that
+excluded a pod (``apiserver_admission_match_condition_evaluation_seconds``, observed when the
+conditions exclude the pod, not when they hold: one per policy for a pod that reaches no GPU). The report gives each variant's median over the rounds (and the range), and the ratios
+that mean something on any machine: product / floor, product / baseline.
 
-    KUBEBUILDER_ASSETS=.cache/envtest/bin python -m bench.apiserver_admission [--pods 200] [--json]
+    KUBEBUILDER_ASSETS=.cache/envtest/bin python -m bench.apiserver_admission [--pods 100] [--rounds 5]
 
 No timing is asserted anywhere: the numbers depend on the machine (docs/benchmarks.md says which).
 """
@@ -25,23 +35,26 @@ No timing is asserted anywhere: the numbers depend on the machine (docs/benchmar
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, LOOPBACK, ControlPlane, free_port, missing_binaries
 from tests.e2e.harness import (
     MI300X_LABELS,
+    OPT_OUT,
     RESERVED_NODES,
     SHARED_NODES,
     WEBHOOK_CONFIGURATION,
@@ -54,29 +67,121 @@ from tests.e2e.harness import (
     start_webhook,
     wait_reserved_nodes_known,
 )
-from tests.e2e.kube import Kube, Obj, wait_until
-from webhook.deploy import mutating_policy
+from tests.e2e.kube import ApiError, Kube, Obj, wait_until
+from webhook.deploy import mutating_policy, render, reserved_devices, reserved_names
 
 CLASS_LABEL = "rocm-isolation.io/class"
 NAMESPACES = {"training": "bench-training", "inference": "bench-inference"}
-CONFIGURATIONS = ("map+webhook", "webhook", "map")
+BASELINE_FILE = Path(__file__).with_name("apiserver_baseline.yaml")
+BASELINE_SUFFIX = "-baseline"
+GROUPS = ("map", "vap")
+PLACEMENT = mutating_policy.POLICY_NAME
+NODES = render.RESERVED_NODES_POLICY
+NAMES = reserved_names.POLICY_NAME
+DEVICES = reserved_devices.POLICY_NAMES
 
 STEP = "apiserver_admission_step_admission_duration_seconds"
 PLUGIN = "apiserver_admission_controller_admission_duration_seconds"
 WEBHOOK = "apiserver_admission_webhook_admission_duration_seconds"
 MAP_CHECK = "apiserver_mutating_admission_policy_check_duration_seconds"
+# Observed when a policy's match conditions exclude a pod (or fail), not when they all hold.
+EXCLUDED = "apiserver_admission_match_condition_evaluation_seconds"
 _CREATED = {"operation": "CREATE", "rejected": "false"}
-# (row name, metric, the labels a sample must carry). None of them has a resource label: they count
-# every CREATE, and nothing else is created while the pods are (no kubelet, no running pods).
+# (row, metric, the labels a sample must carry). None of them has a resource label: they count every
+# CREATE, and nothing else is created while the pods are (no kubelet, no running pods).
 SERIES: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("mutating step (all admit plugins)", STEP, {"type": "admit", **_CREATED}),
-    ("validating step (all validate plugins)", STEP, {"type": "validate", **_CREATED}),
+    ("mutating step", STEP, {"type": "admit", **_CREATED}),
+    ("validating step", STEP, {"type": "validate", **_CREATED}),
     ("plugin MutatingAdmissionPolicy", PLUGIN, {"name": "MutatingAdmissionPolicy", **_CREATED}),
     ("plugin MutatingAdmissionWebhook", PLUGIN, {"name": "MutatingAdmissionWebhook", **_CREATED}),
     ("plugin ValidatingAdmissionPolicy", PLUGIN, {"name": "ValidatingAdmissionPolicy", **_CREATED}),
-    ("webhook call pods.rocm-isolation.io", WEBHOOK, {"name": "pods.rocm-isolation.io", **_CREATED}),
-    ("MAP evaluation rocm-isolation-placement", MAP_CHECK, {"policy": mutating_policy.POLICY_NAME}),
+    ("webhook call", WEBHOOK, {"name": "pods.rocm-isolation.io", **_CREATED}),
+    ("MAP mutation evaluations", MAP_CHECK, {}),
 )
+
+# --- the floors -----------------------------------------------------------------------------------
+
+FLOOR_MAP_NAME = "bench-floor-placement"
+FLOOR_VAP_NAME = "bench-floor-backstop"
+FLOOR_LABEL = "bench.rocm-isolation.io/floor"
+# The floor VAP's validation holds for every measured pod; a probe carrying this label is denied, which
+# is how the bench knows the binding is in effect.
+FLOOR_PROBE_LABEL = "bench.rocm-isolation.io/deny"
+_FLOOR_CONDITION = "object.spec.containers.exists(c, has(c.resources.limits) && 'amd.com/gpu' in c.resources.limits)"
+_POD_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+
+
+def _baseline(names: Iterable[str]) -> list[str]:
+    return [name + BASELINE_SUFFIX for name in names]
+
+
+# group -> variant -> the policies it binds (each round binds one variant of the group: the other group's
+# product stays bound as shipped). The device-level backstop is skipped by the apiserver while no
+# device reservation exists (its parameter, the reserved DeviceClass, is not found: Allow).
+GROUP_VARIANTS: dict[str, dict[str, list[str]]] = {
+    "map": {
+        "none": [],
+        "product": [PLACEMENT],
+        "floor": [FLOOR_MAP_NAME],
+        "baseline": _baseline([PLACEMENT]),
+    },
+    "vap": {
+        "none": [],
+        "product": [NODES, NAMES, *DEVICES],
+        "floor": [FLOOR_VAP_NAME],
+        "baseline": _baseline([NODES, NAMES, *DEVICES]),
+        "reserved-nodes": [NODES],
+        "reserved-nodes baseline": _baseline([NODES]),
+        "reserved-node-names": [NAMES],
+        "reserved-node-names baseline": _baseline([NAMES]),
+    },
+}
+
+
+def floor_map() -> Obj:
+    """One condition (a container limits amd.com/gpu), one mutation adding one label; the binding
+    (``floor_map_binding``) skips a pod that has it, so the reinvocation pass costs no CEL."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": FLOOR_MAP_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": _POD_RULES},
+            "matchConditions": [{"name": "gpu-pods", "expression": _FLOOR_CONDITION}],
+            "mutations": [
+                {
+                    "patchType": "JSONPatch",
+                    "jsonPatch": {
+                        "expression": "[JSONPatch{op: 'add', path: '/metadata/labels/"
+                        + FLOOR_LABEL.replace("/", "~1")
+                        + "', value: 'placed'}]"
+                    },
+                }
+            ],
+        },
+    }
+
+
+def floor_vap() -> Obj:
+    """One condition (as the floor MAP's), one validation that every measured pod passes."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": FLOOR_VAP_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": _POD_RULES},
+            "matchConditions": [{"name": "gpu-pods", "expression": _FLOOR_CONDITION}],
+            "validations": [
+                {
+                    "expression": f"!has(object.metadata.labels) || !({FLOOR_PROBE_LABEL!r} in object.metadata.labels)",
+                    "message": "bench floor probe",
+                }
+            ],
+        },
+    }
 
 
 # --- histograms -----------------------------------------------------------------------------------
@@ -84,69 +189,71 @@ SERIES: tuple[tuple[str, str, dict[str, str]], ...] = (
 
 @dataclass
 class Histogram:
-    """One histogram summed over the label sets that match: cumulative buckets, sum, count."""
+    """One histogram (or counter: ``total`` only) summed over the label sets that match."""
 
-    buckets: dict[float, float]
     total: float
     count: float
 
     def __sub__(self, other: Histogram) -> Histogram:
-        return Histogram(
-            {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()},
-            self.total - other.total,
-            self.count - other.count,
-        )
-
-    def mean(self) -> float:
-        return self.total / self.count if self.count else math.nan
-
-    def quantile(self, q: float) -> float:
-        """Prometheus' histogram_quantile: linear within the bucket the rank falls in."""
-        if self.count <= 0:
-            return math.nan
-        rank = q * self.count
-        lower, below = 0.0, 0.0
-        for le in sorted(self.buckets):
-            cumulative = self.buckets[le]
-            if cumulative >= rank:
-                if math.isinf(le):
-                    return lower  # the highest finite bound, as Prometheus does
-                width = cumulative - below
-                return lower + (le - lower) * ((rank - below) / width if width else 1.0)
-            lower, below = le, cumulative
-        return lower
+        return Histogram(self.total - other.total, self.count - other.count)
 
 
-def histograms(text: str) -> dict[str, list[tuple[dict[str, str], str, float]]]:
-    """Metric family -> its samples (labels, sample name, value) for the histograms of SERIES."""
-    wanted = {metric for _, metric, _ in SERIES}
-    out: dict[str, list[tuple[dict[str, str], str, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in wanted:
-            out[family.name] = [(dict(s.labels), s.name, s.value) for s in family.samples]
+def scrape(kube: Kube) -> dict[str, Any]:
+    """The SERIES rows, the MAP evaluations per policy, and the exclusions per policy name."""
+    text = kube.request("GET", "/metrics", raw=True)
+    wanted = {metric for _, metric, _ in SERIES} | {EXCLUDED}
+    families = {f.name: f for f in text_string_to_metric_families(text) if f.name in wanted}
+    out: dict[str, Any] = {}
+    for row, metric, labels in SERIES:
+        out[row] = _select(families.get(metric), labels)
+    per_policy: dict[str, Histogram] = {}
+    family = families.get(MAP_CHECK)
+    for sample in family.samples if family else []:
+        policy = sample.labels.get("policy", "")
+        current = per_policy.setdefault(policy, Histogram(0.0, 0.0))
+        if sample.name.endswith("_sum"):
+            current.total += sample.value
+        elif sample.name.endswith("_count"):
+            current.count += sample.value
+    out["checks by policy"] = per_policy
+    exclusions: dict[str, Histogram] = {}
+    family = families.get(EXCLUDED)
+    for sample in family.samples if family else []:
+        if sample.labels.get("kind") != "policy":
+            continue
+        current = exclusions.setdefault(sample.labels.get("name", ""), Histogram(0.0, 0.0))
+        if sample.name.endswith("_sum"):
+            current.total += sample.value
+        elif sample.name.endswith("_count"):
+            current.count += sample.value
+    out["exclusions"] = exclusions
     return out
 
 
-def select(samples: Iterable[tuple[dict[str, str], str, float]], labels: dict[str, str]) -> Histogram:
-    buckets: dict[float, float] = {}
+def _select(family: Any, labels: dict[str, str]) -> Histogram:
     total = count = 0.0
-    for sample_labels, name, value in samples:
-        if any(sample_labels.get(key) != want for key, want in labels.items()):
+    for sample in family.samples if family else []:
+        if any(sample.labels.get(key) != want for key, want in labels.items()):
             continue
-        if name.endswith("_bucket"):
-            le = float(sample_labels["le"])
-            buckets[le] = buckets.get(le, 0.0) + value
-        elif name.endswith("_sum"):
-            total += value
-        elif name.endswith("_count"):
-            count += value
-    return Histogram(buckets, total, count)
+        if sample.name.endswith("_sum"):
+            total += sample.value
+        elif sample.name.endswith("_count"):
+            count += sample.value
+    return Histogram(total, count)
 
 
-def scrape(kube: Kube) -> dict[str, Histogram]:
-    text = kube.request("GET", "/metrics", raw=True)
-    families = histograms(text)
-    return {row: select(families.get(metric, []), labels) for row, metric, labels in SERIES}
+def delta(after: dict[str, Any], before: dict[str, Any], pods: int) -> dict[str, Any]:
+    """Per pod: milliseconds and observations of each row; exclusions of each policy."""
+    rows = {}
+    for row, _, _ in SERIES:
+        d = after[row] - before[row]
+        rows[row] = {"ms_per_pod": d.total / pods * 1e3, "per_pod": d.count / pods}
+    exclusions = {}
+    for name, value in after["exclusions"].items():
+        d = value - before["exclusions"].get(name, Histogram(0.0, 0.0))
+        if d.count > 0:
+            exclusions[name] = {"per_pod": d.count / pods, "ms_per_pod": d.total / pods * 1e3}
+    return {"series": rows, "exclusions_per_pod": exclusions}
 
 
 # --- the cluster ----------------------------------------------------------------------------------
@@ -157,52 +264,117 @@ class Bench:
     plane: ControlPlane
     kube: Kube
     manifests: list[Obj]
+    # every binding a variant may create (the shipped ones, the floors', the baseline's)
+    bindings: list[Obj] = field(default_factory=list)
 
-    def document(self, kind: str) -> Obj:
-        return next(d for d in self.manifests if d["kind"] == kind)
+    def checks(self, policy: str) -> float:
+        return float(scrape(self.kube)["checks by policy"].get(policy, Histogram(0.0, 0.0)).count)
 
-    def count(self, row: str) -> float:
-        return scrape(self.kube)[row].count
+    def probe(self, labels: dict[str, str] | None = None) -> None:
+        pod = gpu_pod("probe", NAMESPACES["inference"], labels=labels)
+        self.kube.create(pod, dry_run=True)
 
-    def probe(self) -> None:
-        self.kube.create(gpu_pod("probe", NAMESPACES["inference"]), dry_run=True)
-
-    def stops_counting(self, row: str) -> Callable[[], bool]:
-        """True once a probe pod no longer moves ``row``'s count (the apiserver's informer has caught up)."""
-
-        def check() -> bool:
-            before = self.count(row)
-            self.probe()
-            self.probe()
-            return self.count(row) == before
-
-        return check
-
-    def counts_again(self, row: str) -> Callable[[], bool]:
-        def check() -> bool:
-            before = self.count(row)
-            self.probe()
-            return self.count(row) > before
-
-        return check
-
-    @contextmanager
-    def configuration(self, name: str) -> Iterator[None]:
-        if name == "map+webhook":
-            yield
-            return
-        if name == "webhook":
-            kind, row = "MutatingAdmissionPolicyBinding", "MAP evaluation rocm-isolation-placement"
-            self.kube.delete(kind, mutating_policy.POLICY_NAME)
+    def denied_by(self, policy: str) -> bool:
+        """Whether a probe is denied by ``policy`` (a VAP). The backstops' probes opt out of the webhook
+        and the MAP (nothing placed) in a training namespace, and select the reserved nodes by label
+        (``rocm-isolation-reserved-nodes``) or by name in ``matchFields`` (``rocm-isolation-reserved-node-names``
+        alone: a ``spec.nodeName`` with the opt-out label is the other policy's denial too)."""
+        if policy == FLOOR_VAP_NAME:
+            pod = gpu_pod("probe", NAMESPACES["training"], labels={FLOOR_PROBE_LABEL: "x"})
+        elif policy.removesuffix(BASELINE_SUFFIX) == NAMES:
+            term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [RESERVED_NODES[0]]}]}
+            affinity = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            }
+            pod = gpu_pod("probe", NAMESPACES["training"], labels={OPT_OUT: "true"}, affinity=affinity)
         else:
-            kind, row = "MutatingWebhookConfiguration", "webhook call pods.rocm-isolation.io"
-            self.kube.delete(kind, WEBHOOK_CONFIGURATION)
-        wait_until(self.stops_counting(row), timeout=60, what=f"the apiserver to drop the {kind}")
+            pod = gpu_pod("probe", NAMESPACES["training"], labels={OPT_OUT: "true"})
+            pod["spec"]["nodeSelector"] = {"rocm-isolation.io/pool": "inference"}
         try:
-            yield
-        finally:
-            self.kube.apply(self.document(kind))
-            wait_until(self.counts_again(row), timeout=60, what=f"the apiserver to call the {kind} again")
+            self.kube.create(pod, dry_run=True)
+        except ApiError as err:
+            return f"ValidatingAdmissionPolicy '{policy}'" in err.message
+        return False
+
+    def map_in_effect(self, policy: str, wanted: bool) -> Callable[[], bool]:
+        def check() -> bool:
+            before = self.checks(policy)
+            self.probe()
+            self.probe()
+            return (self.checks(policy) > before) == wanted
+
+        return check
+
+    def _bindings(self, group: str, variant: str) -> list[Obj]:
+        policies = set(GROUP_VARIANTS[group][variant])
+        return [b for b in self.bindings if b["spec"]["policyName"] in policies]
+
+    def _wait(self, group: str, variant: str, wanted: bool) -> None:
+        for policy in GROUP_VARIANTS[group][variant]:
+            if group == "map":
+                wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
+            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, NAMES, FLOOR_VAP_NAME):
+                wait_until(
+                    lambda policy=policy: self.denied_by(policy) == wanted,
+                    timeout=60,
+                    what=f"{policy} in effect: {wanted}",
+                )
+
+    def bind(self, group: str, variant: str) -> None:
+        for binding in self._bindings(group, variant):
+            self.kube.apply(binding)
+        self._wait(group, variant, True)
+
+    def unbind(self, group: str, variant: str) -> None:
+        for binding in self._bindings(group, variant):
+            self.kube.delete(binding["kind"], binding["metadata"]["name"])
+        self._wait(group, variant, False)
+        # The bindings without a probe (the device backstop's) went at the same time: a moment more.
+        time.sleep(0.5)
+
+
+def prepare(bench: Bench) -> None:
+    """The floors and the baseline policies installed unbound; every variant's bindings recorded; the
+    shipped MAP and backstop bindings deleted (each round binds what it measures)."""
+    baseline = [d for d in yaml.safe_load_all(BASELINE_FILE.read_text(encoding="utf-8")) if d]
+    for policy in (floor_map(), floor_vap(), *(d for d in baseline if not d["kind"].endswith("Binding"))):
+        bench.kube.apply(policy)
+    measured = {name for variants in GROUP_VARIANTS.values() for names in variants.values() for name in names}
+    shipped = [
+        d
+        for d in bench.manifests
+        if d["kind"].endswith("AdmissionPolicyBinding") and d["spec"]["policyName"] in measured
+    ]
+    placement = next(d for d in shipped if d["spec"]["policyName"] == PLACEMENT)
+    namespaces = copy.deepcopy(placement["spec"]["matchResources"]["namespaceSelector"])
+    floors = [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": FLOOR_MAP_NAME},
+            "spec": {
+                "policyName": FLOOR_MAP_NAME,
+                "matchResources": {
+                    "namespaceSelector": namespaces,
+                    "objectSelector": {"matchExpressions": [{"key": FLOOR_LABEL, "operator": "DoesNotExist"}]},
+                },
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": FLOOR_VAP_NAME},
+            "spec": {
+                "policyName": FLOOR_VAP_NAME,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": copy.deepcopy(namespaces)},
+            },
+        },
+    ]
+    bench.bindings = shipped + floors + [d for d in baseline if d["kind"].endswith("Binding")]
+    # The shipped state (start() installed it), then every variant unbound.
+    for group in GROUPS:
+        bench.unbind(group, "product")
 
 
 def start(workdir: Path) -> Bench:
@@ -244,69 +416,256 @@ def _default_account(kube: Kube, namespace: str) -> Callable[[], bool]:
     return lambda: any(sa["metadata"]["name"] == "default" for sa in kube.list("ServiceAccount", namespace))
 
 
-def measure(bench: Bench, pods: int) -> dict[str, Any]:
-    """Every configuration's pods, alternating training and inference; the histogram deltas."""
-    results: dict[str, Any] = {}
-    for name in CONFIGURATIONS:
-        with bench.configuration(name):
-            for _ in range(10):  # warm-up, not counted
-                bench.probe()
-            before = scrape(bench.kube)
-            started = time.perf_counter()
-            for i in range(pods):
-                for namespace in NAMESPACES.values():
-                    bench.kube.create(gpu_pod(f"pod-{i}", namespace), dry_run=True)
-            elapsed = time.perf_counter() - started
-            after = scrape(bench.kube)
-        created = len(NAMESPACES) * pods
-        rows = {}
-        for row in after:
-            delta = after[row] - before[row]
-            rows[row] = {
-                # Observations per pod: the mutating plugins run twice (the reinvocation pass), the MAP's
-                # check once per mutation and pass.
-                "per_pod": delta.count / created,
-                "ms_per_pod": delta.total / created * 1e3,
-                "mean_ms": delta.mean() * 1e3,
-                "p99_ms": delta.quantile(0.99) * 1e3,
-            }
-        results[name] = {"pods": created, "client_ms_per_pod": elapsed / created * 1e3, "series": rows}
+def webhook_down(bench: Bench) -> None:
+    """The MutatingWebhookConfiguration deleted (an outage with failurePolicy Ignore), until the
+    apiserver no longer calls it."""
+    bench.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+
+    def gone() -> bool:
+        before = scrape(bench.kube)["webhook call"].count
+        bench.probe()
+        return scrape(bench.kube)["webhook call"].count == before
+
+    wait_until(gone, timeout=60, what="the apiserver to stop calling the webhook")
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def cpu_pod(name: str, namespace: str) -> Obj:
+    pod = gpu_pod(name, namespace)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    return pod
+
+
+def create_all(bench: Bench, make: Callable[[str, str], Obj], pods: int) -> tuple[dict[str, Any], float]:
+    """``pods`` pods per namespace, alternating; the metrics before and after, and the client's time."""
+    before = scrape(bench.kube)
+    started = time.perf_counter()
+    for i in range(pods):
+        for namespace in NAMESPACES.values():
+            bench.kube.create(make(f"pod-{i}", namespace), dry_run=True)
+    elapsed = time.perf_counter() - started
+    after = scrape(bench.kube)
+    created = pods * len(NAMESPACES)
+    figures = delta(after, before, created)
+    figures["client_ms_per_pod"] = elapsed / created * 1e3
+    checks = {
+        policy: (value.count - before["checks by policy"].get(policy, Histogram(0.0, 0.0)).count) / created
+        for policy, value in after["checks by policy"].items()
+    }
+    figures["checks_per_pod"] = {policy: n for policy, n in checks.items() if n > 0}
+    return figures, elapsed
+
+
+def measure(
+    bench: Bench, *, pods: int, other_pods: int, rounds: int, groups: Iterable[str], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every group's variants, ``rounds`` times, the order rotated each round. Returns group -> variant ->
+    the list of per-round figures (``gpu`` and ``other`` pods)."""
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for group in groups:
+        variants = list(GROUP_VARIANTS[group])
+        results[group] = {variant: [] for variant in variants}
+        # The other group's policies as shipped while this one is measured.
+        other = "vap" if group == "map" else "map"
+        bench.bind(other, "product")
+        try:
+            for index in range(rounds):
+                shift = index % len(variants)
+                for variant in variants[shift:] + variants[:shift]:
+                    bench.bind(group, variant)
+                    try:
+                        for _ in range(5):  # warm-up, not counted
+                            bench.probe()
+                        gpu, _ = create_all(bench, gpu_pod, pods)
+                        others, _ = create_all(bench, cpu_pod, other_pods) if other_pods else ({}, 0.0)
+                    finally:
+                        bench.unbind(group, variant)
+                    results[group][variant].append({"gpu": gpu, "other": others, "load": os.getloadavg()[0]})
+                    row = "plugin MutatingAdmissionPolicy" if group == "map" else "plugin ValidatingAdmissionPolicy"
+                    log(
+                        f"{group} round {index + 1}/{rounds} {variant}: {row} "
+                        f"{gpu['series'][row]['ms_per_pod']:.2f} ms, client {gpu['client_ms_per_pod']:.1f} ms "
+                        "per GPU pod"
+                    )
+        finally:
+            bench.unbind(other, "product")
     return results
 
 
-def table(results: dict[str, Any]) -> str:
-    """Per configuration: ms per pod (observations per pod) and the p99 of one observation."""
+# --- the report -----------------------------------------------------------------------------------
+
+PLUGIN_ROW = {"map": "plugin MutatingAdmissionPolicy", "vap": "plugin ValidatingAdmissionPolicy"}
+# (name, numerator, denominator) of the ratios reported per group, on the medians of plugin time per GPU
+# pod with ``none`` (the plugin's own time with nothing bound) subtracted.
+RATIOS = {
+    "map": [
+        ("product / floor", "product", "floor"),
+        ("baseline / floor", "baseline", "floor"),
+        ("product / baseline", "product", "baseline"),
+    ],
+    "vap": [
+        ("product / floor", "product", "floor"),
+        ("baseline / floor", "baseline", "floor"),
+        ("product / baseline", "product", "baseline"),
+        ("reserved-nodes / floor", "reserved-nodes", "floor"),
+        ("reserved-nodes / its baseline", "reserved-nodes", "reserved-nodes baseline"),
+        ("reserved-node-names / floor", "reserved-node-names", "floor"),
+        ("reserved-node-names / its baseline", "reserved-node-names", "reserved-node-names baseline"),
+    ],
+}
+
+
+def _values(rounds: list[dict[str, Any]], kind: str, get: Callable[[dict[str, Any]], float]) -> list[float]:
+    return [get(r[kind]) for r in rounds if r[kind]]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _cell(values: list[float], digits: int = 2) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{_median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def _series(row: str, what: str = "ms_per_pod") -> Callable[[dict[str, Any]], float]:
+    return lambda figures: float(figures["series"][row][what])
+
+
+def _client(figures: dict[str, Any]) -> float:
+    return float(figures["client_ms_per_pod"])
+
+
+def _exclusions(policies: Iterable[str], what: str = "per_pod") -> Callable[[dict[str, Any]], float]:
+    names = set(policies)
+    return lambda figures: sum(v[what] for name, v in figures["exclusions_per_pod"].items() if name in names)
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Each group's medians of plugin time per GPU pod, and the RATIOS on them above ``none``."""
+    out: dict[str, Any] = {}
+    for group, figures in results.items():
+        medians = {v: _median(_values(rounds, "gpu", _series(PLUGIN_ROW[group]))) for v, rounds in figures.items()}
+        none = medians["none"]
+        out[group] = {"ms_per_gpu_pod": medians}
+        for name, numerator, denominator in RATIOS[group]:
+            out[group][name] = (medians[numerator] - none) / (medians[denominator] - none)
+    return out
+
+
+def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
-        "| series | " + " | ".join(f"{name}: ms/pod (obs/pod), p99 ms" for name in results) + " |",
-        "| --- |" + " ---: |" * len(results),
+        f"Machine: {meta['cpus']} CPUs, load average {meta['load_start']:.2f} at the start, "
+        f"{meta['load_end']:.2f} at the end; {meta['rounds']} rounds of {meta['pods']} GPU pods and "
+        f"{meta['other_pods']} pods without GPU per namespace (x{len(NAMESPACES)}), webhook {meta['webhook']}.",
+        "Each cell: the median of the rounds' figures (their range), per pod; (observations per pod).",
     ]
-    for row, _, _ in SERIES:
-        cells = []
-        for name in results:
-            f = results[name]["series"][row]
-            cells.append("—" if not f["per_pod"] else f"{f['ms_per_pod']:.2f} ({f['per_pod']:g}), {f['p99_ms']:.1f}")
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    client = " | ".join(f"{results[name]['client_ms_per_pod']:.1f}" for name in results)
-    lines.append(f"| client round trip per pod (dry-run create) | {client} |")
+    if "map" in results:
+        lines += [
+            "",
+            "MutatingAdmissionPolicy (the backstop bound as shipped), GPU pods:",
+            "",
+            "| variant | plugin MutatingAdmissionPolicy ms | passes | mutation evaluations ms | evaluations | "
+            "mutating step ms | webhook call ms | client ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for variant, rounds in results["map"].items():
+            lines.append(
+                f"| {variant} | {_cell(_values(rounds, 'gpu', _series(PLUGIN_ROW['map'])))} | "
+                f"{_cell(_values(rounds, 'gpu', _series(PLUGIN_ROW['map'], 'per_pod')), 1)} | "
+                f"{_cell(_values(rounds, 'gpu', _series('MAP mutation evaluations')))} | "
+                f"{_cell(_values(rounds, 'gpu', _series('MAP mutation evaluations', 'per_pod')), 1)} | "
+                f"{_cell(_values(rounds, 'gpu', _series('mutating step')))} | "
+                f"{_cell(_values(rounds, 'gpu', _series('webhook call')))} | "
+                f"{_cell(_values(rounds, 'gpu', _client), 1)} |"
+            )
+    if "vap" in results:
+        lines += [
+            "",
+            "ValidatingAdmissionPolicies (the placement MAP bound as shipped), GPU pods:",
+            "",
+            "| variant | plugin ValidatingAdmissionPolicy ms | validating step ms | client ms |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for variant, rounds in results["vap"].items():
+            lines.append(
+                f"| {variant} | {_cell(_values(rounds, 'gpu', _series(PLUGIN_ROW['vap'])))} | "
+                f"{_cell(_values(rounds, 'gpu', _series('validating step')))} | "
+                f"{_cell(_values(rounds, 'gpu', _client), 1)} |"
+            )
+    for group, results_of in results.items():
+        plugin = PLUGIN_ROW[group].removeprefix("plugin ")
+        lines += [
+            "",
+            f"{plugin}, pods that reach no GPU (the match conditions' evaluations are counted when they exclude):",
+            "",
+            f"| variant | plugin {plugin} ms | condition evaluations | their ms |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for variant, rounds in results_of.items():
+            policies = GROUP_VARIANTS[group][variant]
+            lines.append(
+                f"| {variant} | {_cell(_values(rounds, 'other', _series(PLUGIN_ROW[group])))} | "
+                f"{_cell(_values(rounds, 'other', _exclusions(policies)), 1)} | "
+                f"{_cell(_values(rounds, 'other', _exclusions(policies, 'ms_per_pod')))} |"
+            )
+    lines += ["", "Ratios of the medians of plugin time per GPU pod, none's subtracted:", ""]
+    for group, figures in ratios(results).items():
+        parts = ", ".join(f"{name} {value:.2f}" for name, value in figures.items() if name != "ms_per_gpu_pod")
+        lines.append(f"- {group}: {parts}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--pods", type=int, default=200, help="pods per namespace and configuration")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON, not a table")
+    parser.add_argument("--pods", type=int, default=100, help="GPU pods per namespace, variant and round")
+    parser.add_argument("--other-pods", type=int, default=25, help="pods without GPU per namespace, variant and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per group (each variant once per round)")
+    parser.add_argument("--groups", default="map,vap", help="what to measure: map, vap or both (default)")
+    parser.add_argument("--webhook", choices=("up", "down"), default="up", help="the webhook in the path or not")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON, not tables")
     args = parser.parse_args(argv)
+    groups = [g for g in args.groups.split(",") if g]
+    if not set(groups) <= set(GROUPS):
+        parser.error(f"--groups: one or both of {', '.join(GROUPS)}")
     missing = missing_binaries(os.environ.get(ASSETS_ENV))
     if missing:
         print(f"bench.apiserver_admission needs {ASSETS_ENV} ({', '.join(missing)} missing): {HOW_TO_GET_BINARIES}")
         return 2
+    meta: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_start": os.getloadavg()[0],
+        "rounds": args.rounds,
+        "pods": args.pods,
+        "other_pods": args.other_pods,
+        "webhook": args.webhook,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-apiserver-") as directory:
         bench = start(Path(directory))
         try:
-            results = measure(bench, args.pods)
+            prepare(bench)
+            if args.webhook == "down":
+                webhook_down(bench)
+            results = measure(
+                bench,
+                pods=args.pods,
+                other_pods=args.other_pods,
+                rounds=args.rounds,
+                groups=groups,
+                log=lambda line: print(line, file=sys.stderr, flush=True),
+            )
         finally:
             bench.plane.stop()
-    print(json.dumps(results, indent=2) if args.json else table(results))
+    meta["load_end"] = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps({"meta": meta, "results": results, "ratios": ratios(results)}, indent=2))
+    else:
+        print(report(results, meta))
     return 0
 
 
