@@ -45,6 +45,7 @@ from cel_harness import (
     find,
     fixture_cases,
     match_conditions_pass,
+    pod_activation,
     policy_for,
     rendered,
     request,
@@ -52,6 +53,7 @@ from cel_harness import (
     run_policy,
     well_formed,
 )
+from celpy import celtypes
 
 from webhook.core import engine
 from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
@@ -136,6 +138,47 @@ def test_reserved_nodes_policy_denies_what_the_engine_denies(case: dict[str, Any
 
     if "reach" in case.get("cel", {}):
         assert sorted(expected) == sorted(case["cel"]["reach"]), "the fixture's stated expectation"
+
+
+def _backstop_evaluated(case: dict[str, Any], pod: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The reserved-nodes policy's spec and the activation (variables evaluated) of ``pod`` under ``case``."""
+    spec = find(rendered(case.get("policy", "default")), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)[
+        "spec"
+    ]
+    operation = case.get("operation", "CREATE")
+    activation = pod_activation(case, pod, operation)
+    variables: dict[Any, Any] = {}
+    for variable in spec["variables"]:
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    return spec, activation
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_the_backstops_conditions_leave_out_only_pods_no_validation_denies_and_its_messages_only_cost_denials(
+    case: dict[str, Any],
+) -> None:
+    """The apiserver evaluates every messageExpression of a policy for every pod it validates, passing or
+    not: each message is '' exactly when its validation holds (and the text of the denial otherwise).
+    The ``may-be-denied`` condition excludes a pod before the validations' activation: only a pod that
+    no validation would deny (here evaluated without the conditions), on the pod as sent and as patched,
+    or a terminating pod's update."""
+    pod = as_pod(case["pod"], case["namespace"]["name"])
+    assert pod is not None
+    decision = decide(case, nodes_known=False)
+    sent = [pod] + ([jsonpatch.apply_patch(pod, list(decision.patch))] if decision.patch else [])
+    # A terminating pod's update is left out on purpose (it is never scheduled again), denials or not.
+    terminating = case.get("operation") == "UPDATE" and bool(pod["metadata"].get("deletionTimestamp"))
+    for candidate in sent:
+        spec, activation = _backstop_evaluated(case, candidate)
+        conditions = {c["name"]: bool(evaluate(c["expression"], activation)) for c in spec["matchConditions"]}
+        for validation in spec["validations"]:
+            holds = bool(evaluate(validation["expression"], activation))
+            message = str(evaluate(validation["messageExpression"], activation))
+            assert (message == "") == holds, (validation["message"], message)
+            if not conditions["may-be-denied"] and not terminating:
+                assert holds, validation["message"]
 
 
 # The engine's " (a GPU pod through <field>: <why>)" (engine._direct_note), which the backstop repeats.
@@ -285,7 +328,43 @@ def test_all_pods_scope_renders_no_gpu_condition() -> None:
     cpu_pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     assert match_conditions_pass(resources, cpu_pod, "CREATE")
     policy = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
-    assert [c["name"] for c in policy["matchConditions"]] == ["not-terminating"]
+    # No GPU condition: only the one that leaves out the pods no validation can deny.
+    assert [c["name"] for c in policy["matchConditions"]] == ["may-be-denied"]
+
+
+@pytest.mark.parametrize("policy_name", ["default", "engine-all-pods"])
+def test_the_backstop_leaves_out_at_its_conditions_the_pods_it_cannot_deny_and_terminating_ones(
+    policy_name: str,
+) -> None:
+    """Its conditions: the GPU pods (the names backstop's condition, the same text), and only those a
+    validation may deny (the apiserver evaluates the validations, the messages and the audit
+    annotations in three more activations of the pod); a terminating pod's update (finalizers) is never
+    denied, even one that would newly select the reserved nodes."""
+    resources = rendered(policy_name)
+    spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    names = [c["name"] for c in spec["matchConditions"]]
+    assert names == (["may-be-denied"] if policy_name == "engine-all-pods" else ["gpu-pods", "may-be-denied"])
+    # The class in one variable (the MAP's), read only once a check holds; no regular expression.
+    assert spec["variables"][0] == {
+        "name": "podClass",
+        "expression": cel_module.pod_class(policy_for({"policy": policy_name})),
+    }
+    expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
+    expressions += [e for v in spec["validations"] for e in (v["expression"], v["messageExpression"])]
+    assert not any(".matches(" in expression for expression in expressions)
+    assert all(v["expression"].startswith("!(") for v in spec["validations"]), "each check first"
+    old = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+    }
+    new = copy.deepcopy(old)
+    new["spec"]["nodeSelector"] = {"rocm-isolation.io/pool": "inference"}
+    case = {"namespace": {"name": "research", "labels": {}}, "oldPod": old}
+    assert reserved_nodes_verdict(resources, case, as_pod(new, "research") or {}, "UPDATE")[1] == {
+        engine.DENY_NODE_SELECTOR
+    }
+    new["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert reserved_nodes_verdict(resources, case, as_pod(new, "research") or {}, "UPDATE")[1] == set()
 
 
 # --- the namespace class label guard --------------------------------------------------------------

@@ -2,9 +2,11 @@
 ValidatingAdmissionPolicy backstop, generated from the IsolationPolicy so they always agree with it.
 
 Only functions both Kubernetes CEL and cel-python implement are used (``has``, ``in``, ``size``,
-``all``/``exists``, ``matches``, ternaries), so the tests evaluate these exact strings. Every field
-read is guarded by ``has()``: a missing field is an evaluation error, and an error in a match
-condition or a policy with ``failurePolicy: Fail`` would reject the request.
+``all``/``exists``, ``startsWith``/``endsWith``/``contains``, ``matches``, ternaries), so the tests
+evaluate these exact strings. Every field read is guarded by ``has()``: a missing field is an
+evaluation error, and an error in a match condition or a policy with ``failurePolicy: Fail`` would
+reject the request. A regular expression of the policy (resource patterns, glob namespace rules)
+becomes a string comparison where one says the same (``string_test``).
 
 What the policy cannot see that the engine can (documented in docs/operations.md):
 - node labels: ``spec.nodeName`` or ``matchFields metadata.name`` of a reserved node is not caught;
@@ -13,7 +15,6 @@ What the policy cannot see that the engine can (documented in docs/operations.md
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -130,12 +131,10 @@ def glob_test(var: str, glob: str) -> str:
 
 
 def _gpu_key(var: str, catalogue: RouteCatalogue) -> str:
-    # Exact names that a regex-free pattern already covers (amd.com/gpu under ^amd\.com/) are not listed again.
-    plain = [pattern for pattern in catalogue.resource_patterns if _regex_pieces(pattern) is not None]
-    names = [name for name in catalogue.resource_names if not any(re.search(p, name) for p in plain)]
-    parts = [string_test(var, pattern) for pattern in catalogue.resource_patterns]
-    if names:
-        parts.append(f"{var} in {str_list(names)}")
+    parts = []
+    if catalogue.resource_names:
+        parts.append(f"{var} in {str_list(catalogue.resource_names)}")
+    parts.extend(string_test(var, pattern) for pattern in catalogue.resource_patterns)
     return " || ".join(parts)
 
 
@@ -501,8 +500,20 @@ def _old(expression: str) -> str:
     return f"request.operation == 'UPDATE' &&\n{expression}"
 
 
+# Judged at all: a terminating pod is never scheduled again, its updates (finalizers) are not checked.
+NOT_TERMINATING = "(request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp))"
+
+
 def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
-    """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes."""
+    """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes.
+
+    What kube-apiserver 1.36 evaluates per pod (docs/architecture.md): the match condition (every
+    condition of a policy, no short-circuit: one, the GPU-route catalogue without regular
+    expressions), then every validation, then **every** messageExpression, passing or not, each set in
+    an activation of its own (the variables evaluated again in each). So each validation tests its own
+    cheap check first (a pod that selects no reserved node is admitted before its class is computed),
+    the class (one variable, ``pod_class``) only when a check holds, and each message returns '' unless
+    its validation fails (the route that names the pod's GPU container is read only for a denial)."""
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
@@ -512,12 +523,6 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
         else ""
     )
     variables = [
-        {
-            "name": "namespaceClassLabel",
-            "expression": _label_or_absent("namespaceObject", quote(spec.labels.namespace_class)),
-        },
-        {"name": "namespaceAllowedClasses", "expression": _namespace_choice(policy, allowed=True)},
-        {"name": "namespaceDefaultClass", "expression": _namespace_choice(policy, allowed=False)},
         {"name": "podClass", "expression": pod_class(policy)},
         {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
     ]
@@ -560,11 +565,10 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
             f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
         )
     )
-    variables.append({"name": "ephemeralGpuAccess", "expression": ephemeral_gpu_access(policy)})
     checks.append(
         (
             "ephemeralOnReserved",
-            f"variables.ephemeralGpuAccess &&\n{may_be_on_reserved(policy)}",
+            f"({ephemeral_gpu_access(policy)}) &&\n{may_be_on_reserved(policy)}",
             None,
             "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
             "of a pod that may be on a reserved node",
@@ -574,23 +578,32 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
     variables += direct_route_variables(policy)
     validations = []
     for name, current, before, what, fix in checks:
-        variables.append({"name": name, "expression": current})
-        expression = f"!variables.unreservedClass || !variables.{name}"
+        # Inline, not variables: each check is read once per activation (the validations' and the
+        # messages' are two activations, variables are not shared between them), and a variable is one
+        # more program evaluation.
+        check = f"({current})"
+        # Cheapest first: the check, then the class, then (UPDATE) whether the old pod did the same.
+        expression = f"!{check} ||\n!variables.unreservedClass"
+        denied = f"{check} &&\nvariables.unreservedClass"
         if before is not None:
-            variables.append({"name": f"{name}Before", "expression": _old(before)})
-            expression += f" || variables.{name}Before"
+            expression += f" ||\n({_old(before)})"
+            denied += f" &&\n!({_old(before)})"
+        message = (
+            quote("rocm-isolation: a GPU pod of class ")
+            + " + variables.podClass + "
+            + quote(f" may not use the nodes reserved for inference: {what}")
+            + ("" if name == "ephemeralOnReserved" else " + variables.directRoute")
+            + " + "
+            + quote(f"; {advice}{fix}")
+        )
         validations.append(
             {
                 "expression": expression,
                 # Used when messageExpression cannot be evaluated.
                 "message": f"rocm-isolation: the class of this GPU pod may not use the nodes reserved for "
                 f"inference: {what}",
-                "messageExpression": quote("rocm-isolation: a GPU pod of class ")
-                + " + variables.podClass + "
-                + quote(f" may not use the nodes reserved for inference: {what}")
-                + ("" if name == "ephemeralOnReserved" else " + variables.directRoute")
-                + " + "
-                + quote(f"; {advice}{fix}"),
+                # Evaluated for every pod, denied or not: '' (unused) unless the validation fails.
+                "messageExpression": f"{denied} ?\n{message} : ''",
                 "reason": "Forbidden",
             }
         )
@@ -609,14 +622,22 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
             ]
         },
     }
+    # The GPU pods (the names backstop's condition, the same text), and only those that a validation
+    # may deny: a pod that selects no reserved node, tolerates no reserved taint, does not opt out with
+    # a node name and adds no ephemeral container (every training pod the webhook or the MAP placed) is
+    # excluded here, in the conditions' activation, before the validations', the messages' and the
+    # audit annotations' three. Both conditions are evaluated in that one activation (a policy's
+    # conditions are never short-circuited).
+    reachable = [
+        node_selector_reserved(policy, "object"),
+        affinity_only_reserved(policy, "object"),
+        *([tolerates_any_reserved(policy)] if taint is not None else []),
+        opted_out_with_node_name("object"),
+        "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
+    ]
+    may_be_denied = f"{NOT_TERMINATING} && (\n" + " ||\n".join(f"({test})" for test in reachable) + ")"
     conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": gpu_pod(policy)}]
-    # A terminating pod is never scheduled again: its updates (finalizers, status) are not checked.
-    conditions.append(
-        {
-            "name": "not-terminating",
-            "expression": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
-        }
-    )
+    conditions.append({"name": "may-be-denied", "expression": may_be_denied})
     out["matchConditions"] = conditions
     out["variables"] = variables
     out["validations"] = validations
