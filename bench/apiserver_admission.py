@@ -16,7 +16,8 @@ so that whatever else the machine does falls on all of them alike:
   bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names, the
   device-level ones, which the apiserver skips while no device reservation exists),
   ``floor`` (``FLOOR_VAP``: one condition, one validation that holds), ``baseline`` (the backstop
-  before issue 27).
+  before issue 27), and ``rocm-isolation-reserved-nodes`` and ``-reserved-node-names`` alone, now and
+  before (each against the floor: one VAP each).
 
 Every round measures GPU pods (one container with ``amd.com/gpu``) and pods that reach no GPU, each
 with the apiserver's own figures from ``/metrics``, subtracted before and after: the time of each
@@ -24,10 +25,13 @@ admission plugin (``apiserver_admission_controller_admission_duration_seconds``,
 of the mutating chain), the MAP's mutation evaluations (``..._mutating_admission_policy_check_...``),
 the admission steps, the webhook's call, and the evaluations of a policy's match conditions that
 excluded a pod (``apiserver_admission_match_condition_evaluation_seconds``, observed when the
-conditions exclude the pod, not when they hold: one per policy for a pod that reaches no GPU). The report gives each variant's median over the rounds (and the range), and the ratios
-that mean something on any machine: product / floor, product / baseline.
+conditions exclude the pod, not when they hold: one per policy for a pod that reaches no GPU). The
+report gives each variant's median over the rounds (and the range), and the ratios that mean something
+on any machine: product / floor, product / baseline (``none``'s plugin time subtracted), and the
+machine's CPUs and load average.
 
     KUBEBUILDER_ASSETS=.cache/envtest/bin python -m bench.apiserver_admission [--pods 100] [--rounds 5]
+        [--other-pods 25] [--groups map,vap] [--webhook up|down] [--json]
 
 No timing is asserted anywhere: the numbers depend on the machine (docs/benchmarks.md says which).
 """
