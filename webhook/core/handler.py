@@ -85,9 +85,10 @@ def _names_claims(pod: dict[str, Any]) -> bool:
 
 def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
     mode = policy.spec.mode
-    if request.is_claim:
-        return _handle_claim(request, policy=policy, facts=facts)
     if not request.is_pod:
+        # Pods are nearly every review: the claim check comes only after the pod one.
+        if request.is_claim:
+            return _handle_claim(request, policy=policy, facts=facts)
         return _skip("skip.not-a-pod", mode)
     if request.sub_resource and request.sub_resource != EPHEMERAL_CONTAINERS:
         # pods/status, pods/binding, ...: not the pod spec we place. pods/ephemeralcontainers (kubectl

@@ -1141,21 +1141,9 @@ def apply_devices(
     may be placed on them once their devices are split), then the evictions."""
     dry_run = args.dry_run == "server"
     table = args.output == "table"
-    if table:
-        for line in device_reservation.plan_lines(plan, policy):
-            out.line(line)
-        out.line()
-    written = write_classes(
-        api,
-        plan,
-        dry_run=dry_run,
-        ensure_owner=True,
-        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+    written, labelled, classes_ok = write_split(
+        api, policy, cluster, plan, out, dry_run=dry_run, table=table, ensure_owner=True
     )
-    labelled: list[Written] = []
-    if all(w.ok for w in written):
-        labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
-    classes_ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
     evictions: list[EvictionResult] = []
     if args.evict and classes_ok:
         evictions = evict_pods(
@@ -1238,21 +1226,9 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         ensure_owner=False,
         nodes={n.name: n for n in cluster.nodes},
     )
-    if table:
-        for line in device_reservation.plan_lines(plan, policy):
-            out.line(line)
-        out.line()
-    written = write_classes(
-        api,
-        plan,
-        dry_run=dry_run,
-        ensure_owner=False,
-        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+    written, labelled, ok = write_split(
+        api, policy, cluster, plan, out, dry_run=dry_run, table=table, ensure_owner=False
     )
-    labelled: list[Written] = []
-    if all(w.ok for w in written):
-        labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
-    ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
     if (
         table
         and ok
@@ -1271,3 +1247,34 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
             }
         )
     return EXIT_OK if ok else EXIT_NOT_DONE
+
+
+def write_split(
+    api: KubeApi,
+    policy: Policy,
+    cluster: Cluster,
+    plan: DevicePlan,
+    out: Output,
+    *,
+    dry_run: bool,
+    table: bool,
+    ensure_owner: bool,
+) -> tuple[list[ClassWritten], list[Written], bool]:
+    """The plan printed (table), the classes written, then the split nodes' label (only once every class
+    was written): what apply and release share. Also whether everything went through."""
+    if table:
+        for line in device_reservation.plan_lines(plan, policy):
+            out.line(line)
+        out.line()
+    written = write_classes(
+        api,
+        plan,
+        dry_run=dry_run,
+        ensure_owner=ensure_owner,
+        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+    )
+    labelled: list[Written] = []
+    if all(w.ok for w in written):
+        labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
+    ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
+    return written, labelled, ok
