@@ -32,6 +32,18 @@ MANAGED_BY = "rocm-isolation-webhook"
 RESERVATION_LABEL = "rocm-isolation.io/device-reservation"
 RESERVATION_ACTIVE = "active"
 RESERVATION_RELEASED = "released"
+# How the reservation keeps other classes off the reserved devices (annotation of the reserved class):
+# "classes", the shared class's CEL selector leaves the reserved PCI bus IDs out (every node of the
+# driver, same slots); "taints", DeviceTaintRules taint the reserved devices of the chosen nodes by name
+# and the shared class selects every device (a subset of the nodes, or slots that differ per node).
+RESERVATION_MODE_ANNOTATION = "rocm-isolation.io/device-reservation-mode"
+MODE_CLASSES = "classes"
+MODE_TAINTS = "taints"
+# The taint of a reserved device (DeviceTaintRule, mode "taints"). The webhook adds the toleration to
+# every request for the reserved class; the backstop denies it to namespaces that allow no inference
+# class (taints are not access control: any claim may tolerate them).
+RESERVED_DEVICE_TAINT_KEY = "rocm-isolation.io/reserved-device"
+RESERVED_DEVICE_TAINT_EFFECT = "NoSchedule"
 # The scheduler's claims for DRA extended resources (created after allocation: never denied or changed).
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 TEMPLATE_KIND = "ResourceClaimTemplate"
@@ -108,6 +120,8 @@ class DeviceClassInfo:
     extended_resource_name: str
     # Written by ``pool`` and saying that a device-level reservation is active (``RESERVATION_LABEL``).
     reservation_active: bool = False
+    # The reservation is held by DeviceTaintRules (``RESERVATION_MODE_ANNOTATION``: ``MODE_TAINTS``).
+    reserved_by_taints: bool = False
 
 
 def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
@@ -125,7 +139,9 @@ def device_class_info(obj: Mapping[str, Any]) -> DeviceClassInfo:
         raise MalformedClaim("spec.extendedResourceName must be a string")
     labels = _object(_object(obj.get("metadata"), "metadata").get("labels"), "metadata.labels")
     active = labels.get(MANAGED_BY_LABEL) == MANAGED_BY and labels.get(RESERVATION_LABEL) == RESERVATION_ACTIVE
-    return DeviceClassInfo(tuple(expressions), name, active)
+    annotations = _object(_object(obj.get("metadata"), "metadata").get("annotations"), "metadata.annotations")
+    tainted = active and annotations.get(RESERVATION_MODE_ANNOTATION) == MODE_TAINTS
+    return DeviceClassInfo(tuple(expressions), name, active, tainted)
 
 
 def selects_driver(info: DeviceClassInfo, drivers: Iterable[str]) -> bool:
@@ -155,6 +171,7 @@ def device_facts(
         frozenset(gpu),
         frozenset(info.extended_resource_name for info in gpu.values() if info.extended_resource_name),
         devices_reserved=reserved is not None and reserved.reservation_active,
+        devices_tainted=reserved is not None and reserved.reserved_by_taints,
     )
 
 

@@ -76,9 +76,11 @@ class DeviceFacts:
     """What the cluster's DeviceClasses add to the GPU-route catalogue (``webhook.core.claims.device_facts``):
     the classes that select a GPU driver whatever they are called, and their ``extendedResourceName``s
     (DRA extended resources); and whether a device-level reservation is active (the reserved DeviceClass
-    says so). Empty when unknown: the policy's own names still apply, and no reservation."""
+    says so), and whether DeviceTaintRules hold it (the reserved devices are tainted: an ``amd.com/gpu``
+    claim, made by the scheduler without tolerations, can never get one). Empty when unknown: the
+    policy's own names still apply, and no reservation."""
 
-    __slots__ = ("devices_reserved", "extended_resources", "gpu_classes")
+    __slots__ = ("devices_reserved", "devices_tainted", "extended_resources", "gpu_classes")
 
     def __init__(
         self,
@@ -86,15 +88,17 @@ class DeviceFacts:
         extended_resources: frozenset[str] = frozenset(),
         *,
         devices_reserved: bool = False,
+        devices_tainted: bool = False,
     ) -> None:
         self.gpu_classes: Final = gpu_classes
         self.extended_resources: Final = extended_resources
         self.devices_reserved: Final = devices_reserved
+        self.devices_tainted: Final = devices_reserved and devices_tainted
 
     def __repr__(self) -> str:
         return (
             f"DeviceFacts(gpu_classes={self.gpu_classes!r}, extended_resources={self.extended_resources!r}, "
-            f"devices_reserved={self.devices_reserved!r})"
+            f"devices_reserved={self.devices_reserved!r}, devices_tainted={self.devices_tainted!r})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -103,10 +107,11 @@ class DeviceFacts:
             and self.gpu_classes == other.gpu_classes
             and self.extended_resources == other.extended_resources
             and self.devices_reserved == other.devices_reserved
+            and self.devices_tainted == other.devices_tainted
         )
 
     def __hash__(self) -> int:
-        return hash((self.gpu_classes, self.extended_resources, self.devices_reserved))
+        return hash((self.gpu_classes, self.extended_resources, self.devices_reserved, self.devices_tainted))
 
 
 NO_DEVICES: Final = DeviceFacts()

@@ -30,8 +30,11 @@ from typing import Any
 from webhook.core.claims import MANAGED_BY as MANAGED_BY
 from webhook.core.claims import MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from webhook.core.claims import (
+    MODE_CLASSES,
+    MODE_TAINTS,
     RESERVATION_ACTIVE,
     RESERVATION_LABEL,
+    RESERVATION_MODE_ANNOTATION,
     RESERVATION_RELEASED,
 )
 from webhook.core.policy import Policy
@@ -54,10 +57,13 @@ _PCI = f"device.attributes[{quote(PCI_DOMAIN)}].pciBusID"
 @dataclass(frozen=True)
 class DeviceReservation:
     """What is reserved: the N GPUs with the lowest PCI bus IDs of each node, as the PCI bus IDs the
-    classes select (the same on every node: CEL cannot see the node)."""
+    classes select (the same on every node: CEL cannot see the node). ``by_taints``: DeviceTaintRules
+    hold the reservation (the reserved devices of the chosen nodes, by name); the reserved class selects
+    the union of their PCI bus IDs (where inference looks) and the shared class every device."""
 
     devices_per_node: int
     pci_bus_ids: tuple[str, ...]
+    by_taints: bool = False
 
     @property
     def active(self) -> bool:
@@ -87,9 +93,10 @@ def reserved_selector(driver: str, reservation: DeviceReservation) -> str:
 
 
 def shared_selector(driver: str, reservation: DeviceReservation) -> str:
-    """CEL: a device of ``driver`` that is not reserved (every device of it once released)."""
+    """CEL: a device of ``driver`` that is not reserved (every device of it once released, or when taints
+    keep the reserved ones out)."""
     own = f"device.driver == {quote(driver)}"
-    if not reservation.active:
+    if not reservation.active or reservation.by_taints:
         return own
     return f"{own} && !(has({_PCI}) && {_PCI} in {str_list(list(reservation.pci_bus_ids))})"
 
@@ -102,6 +109,7 @@ def _metadata(name: str, role: str, reservation: DeviceReservation) -> dict[str,
             ROLE_ANNOTATION: role,
             DEVICES_PER_NODE_ANNOTATION: str(reservation.devices_per_node),
             PCI_BUS_IDS_ANNOTATION: ",".join(reservation.pci_bus_ids),
+            RESERVATION_MODE_ANNOTATION: MODE_TAINTS if reservation.by_taints else MODE_CLASSES,
         },
     }
 
@@ -158,9 +166,12 @@ def reservation_of(device_class: Mapping[str, Any] | None) -> DeviceReservation 
     except ValueError:
         count = 0
     ids = tuple(part for part in str(annotations.get(PCI_BUS_IDS_ANNOTATION, "")).split(",") if part)
-    return DeviceReservation(count, ids) if count > 0 and ids else RELEASED_RESERVATION
+    by_taints = annotations.get(RESERVATION_MODE_ANNOTATION) == MODE_TAINTS
+    return DeviceReservation(count, ids, by_taints) if count > 0 and ids else RELEASED_RESERVATION
 
 
-def reservation_for(reserved_ids: Iterable[str], devices_per_node: int) -> DeviceReservation:
+def reservation_for(
+    reserved_ids: Iterable[str], devices_per_node: int, *, by_taints: bool = False
+) -> DeviceReservation:
     """The reservation of these PCI bus IDs, in ROCm's order."""
-    return DeviceReservation(devices_per_node, tuple(sorted(set(reserved_ids), key=pci_sort_key)))
+    return DeviceReservation(devices_per_node, tuple(sorted(set(reserved_ids), key=pci_sort_key)), by_taints)
