@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from webhook.core.policy import Policy
-from webhook.deploy import cel, mutating_policy
+from webhook.deploy import cel
 from webhook.deploy.cel import quote
 
 POLICY_NAME = "rocm-isolation-reserved-node-names"
@@ -45,7 +45,18 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     """Deny a GPU pod of a class that may not use reserved nodes when it names one: ``spec.nodeName``, or
     required node affinity whose every term selects reserved nodes, by their label or by
     ``matchFields metadata.name`` of reserved nodes only (at least one term by name: the label-only
-    case is ``rocm-isolation-reserved-nodes``'), as ``engine._check_create`` does with node facts."""
+    case is ``rocm-isolation-reserved-nodes``'), as ``engine._check_create`` does with node facts.
+
+    What kube-apiserver 1.36 evaluates per pod (docs/architecture.md): both match conditions in one
+    activation, then, for a pod they hold for, every validation, every messageExpression (passing or
+    not) and the audit annotations, each in an activation of its own. So the second condition,
+    ``may-be-denied``, is exactly "a validation could deny this" without the class: the pod names a
+    reserved node (``spec.nodeName`` on CREATE, or required affinity every term of which selects
+    reserved nodes, one at least by name) or a debug container reaching GPUs is added to a pod bound
+    to one. A pod that names no node (every pod the scheduler places: the webhook's and the MAP's
+    training pods, a DaemonSet's pod on a shared node) costs one activation. Each validation tests its
+    own check first, then the class (one variable, ``cel.pod_class``, the MAP's); each message is ''
+    unless its validation fails."""
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     key, value = spec.reserved_nodes.label
@@ -58,56 +69,39 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         "(has(t.matchFields) && t.matchFields.exists(f, f.key == 'metadata.name' && f.operator == 'In' && "
         f"has(f.values) && size(f.values) > 0 && f.values.all(v, {_reserved_name('v')})))"
     )
+    on_reserved_node = f"has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}"
     variables = [
-        *mutating_policy.class_variables(policy),
+        {"name": "podClass", "expression": cel.pod_class(policy)},
         {"name": "unreservedClass", "expression": f"variables.podClass in {cel.str_list(unreserved)}"},
-        {
-            "name": "nodeNameReserved",
-            "expression": (
-                f"request.operation == 'CREATE' && has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}"
-            ),
-        },
-        {
-            "name": "affinityNamesReserved",
-            "expression": (
-                f"request.operation == 'CREATE' && has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
-                f"has(object.spec.affinity.nodeAffinity.{cel.REQUIRED}) && has({terms}) &&\n"
-                f"{terms}.exists(t, {_LIVE} && {by_name}) &&\n"
-                f"{terms}.all(t, !{_LIVE} || {by_label} || {by_name})"
-            ),
-        },
     ]
-    # kubectl debug on a pod bound to a reserved node by spec.nodeName alone (no toleration needed: the
-    # scheduler, and with it the NoSchedule taint, was skipped): only its node's name tells.
-    variables.append(
-        {
-            "name": "ephemeralOnReservedNode",
-            "expression": f"{cel.ephemeral_gpu_access(policy)} &&\n"
-            f"has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}",
-        }
-    )
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
     advice = (
         f"move the pod to a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
         if reserved_class
         else ""
     )
+    # (expression of the check, message text as CEL, message text, how to fix)
     checks = [
         (
-            "nodeNameReserved",
+            f"request.operation == 'CREATE' && {on_reserved_node}",
             "' + object.spec.nodeName + ', a reserved node, is its spec.nodeName",
             "spec.nodeName names a reserved node",
             "remove spec.nodeName",
         ),
         (
-            "affinityNamesReserved",
+            f"request.operation == 'CREATE' && has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+            f"has(object.spec.affinity.nodeAffinity.{cel.REQUIRED}) && has({terms}) &&\n"
+            f"{terms}.exists(t, {_LIVE} && {by_name}) &&\n"
+            f"{terms}.all(t, !{_LIVE} || {by_label} || {by_name})",
             "every term of spec.affinity.nodeAffinity." + cel.REQUIRED + " selects reserved nodes (matchFields "
             "metadata.name)",
             "every term of its required node affinity selects reserved nodes by name",
             "remove that requirement",
         ),
+        # kubectl debug on a pod bound to a reserved node by spec.nodeName alone (no toleration needed:
+        # the scheduler, and with it the NoSchedule taint, was skipped): only its node's name tells.
         (
-            "ephemeralOnReservedNode",
+            f"({cel.ephemeral_gpu_access(policy)}) &&\n{on_reserved_node}",
             "an added ephemeral container reaches the GPUs (privileged, or a variable of the AMD container runtime) "
             "of the reserved node ' + object.spec.nodeName + '",
             "an added ephemeral container reaches the GPUs of the reserved node it runs on",
@@ -115,18 +109,31 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         ),
     ]
     validations = []
-    for name, what_expression, what, fix in checks:
+    for current, what_expression, what, fix in checks:
+        # Inline, not variables (the validations' and the messages' activations share none); the check
+        # first, the class only when it holds.
+        check = f"({current})"
+        message = (
+            "'rocm-isolation: a GPU pod of class ' + variables.podClass + "
+            f"' may not use the nodes reserved for inference: {what_expression}; {advice}{fix}'"
+        )
         validations.append(
             {
-                "expression": f"!variables.unreservedClass || !variables.{name}",
+                "expression": f"!{check} ||\n!variables.unreservedClass",
+                # Used when messageExpression cannot be evaluated.
                 "message": f"rocm-isolation: the class of this GPU pod may not use the nodes reserved for inference: "
                 f"{what}",
-                "messageExpression": "'rocm-isolation: a GPU pod of class ' + variables.podClass + "
-                f"' may not use the nodes reserved for inference: {what_expression}; {advice}{fix}'",
+                # Evaluated for every pod the conditions hold for, denied or not: '' unless it fails.
+                "messageExpression": f"{check} &&\nvariables.unreservedClass ?\n{message} : ''",
                 "reason": "Forbidden",
             }
         )
+    # The GPU pods (the reserved-nodes policy's condition, the same text), and only those a validation
+    # may deny (its checks, without the class): both conditions in one activation (a policy's conditions
+    # are never short-circuited).
+    may_be_denied = " ||\n".join(f"({current})" for current, _, _, _ in checks)
     conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": cel.gpu_pod(policy)}]
+    conditions.append({"name": "may-be-denied", "expression": may_be_denied})
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
