@@ -87,6 +87,9 @@ class Resource:
     namespaced: bool
     # Field selectors the apiserver supports for this resource (besides metadata.name/namespace).
     fields: tuple[str, ...] = ()
+    # Off by default in a real cluster (a feature gate): API discovery lists it only when a test says it is
+    # served (``serve_discovery``); its requests are answered either way.
+    gated: bool = False
 
     @property
     def qualified(self) -> str:
@@ -108,6 +111,7 @@ RESOURCES = (
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceclaimtemplates", "ResourceClaimTemplate", True),
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "deviceclasses", "DeviceClass", False),
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceslices", "ResourceSlice", False),
+    Resource("resource.k8s.io", ("v1", "v1beta2"), "devicetaintrules", "DeviceTaintRule", False, gated=True),
     Resource("", ("v1",), "configmaps", "ConfigMap", True),
     Resource("coordination.k8s.io", ("v1",), "leases", "Lease", True),
     Resource("policy", ("v1",), "poddisruptionbudgets", "PodDisruptionBudget", True),
@@ -548,7 +552,11 @@ class FakeCluster:
         if self._discovery is None or method != "GET" or len(parts) != 3 or parts[0] != "apis":
             return None
         group, version = parts[1], parts[2]
-        served = [r for r in RESOURCES if r.group == group and version in self.served.get(group, r.versions)]
+        served = [
+            r
+            for r in RESOURCES
+            if r.group == group and version in self.served.get(group, r.versions) and not r.gated
+        ]
         extra = self._discovery.get(f"{group}/{version}", ())
         if not served and not extra:
             return None

@@ -207,8 +207,13 @@ def test_some_nodes_of_the_driver_only_is_a_subset_cel_cannot_express(kwargs: di
 @pytest.mark.parametrize(
     ("versions", "served"),
     [
-        (("v1beta2",), "this cluster serves devicetaintrules in resource.k8s.io/v1beta2, and this version of pool "),
-        ((), "this cluster serves no devicetaintrules (API discovery of resource.k8s.io), and this version"),
+        (
+            ("v1beta2",),
+            "this cluster serves devicetaintrules in resource.k8s.io/v1beta2: if the DRADeviceTaintRules feature gate "
+            "is on in kube-apiserver, kube-scheduler and kube-controller-manager (the API cannot show the "
+            "scheduler's), add --device-taint-rules",
+        ),
+        ((), "this cluster serves no devicetaintrules (API discovery of resource.k8s.io). Otherwise split"),
         (None, "whether this cluster serves them could not be read"),
     ],
 )

@@ -674,8 +674,8 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
         "order; one list for every node)."
     )
     assert lines[3] == (
-        "Split nodes are labelled rocm-isolation.io/pool=inference-devices (inference is placed on them, no taint: "
-        "every class uses their shared devices)."
+        "Split nodes are labelled rocm-isolation.io/pool=inference-devices (inference is placed on them, no node "
+        "taint: every class uses their shared devices)."
     )
     assert [line.split() for line in lines[5:8]] == [
         ["NODE", "GPUS", "RESERVED", "SHARED", "LABEL"],
@@ -703,7 +703,13 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
     assert writes(dra) == []
     code, out, _ = run(dra, tmp_path, capsys, "plan", "--devices-per-node", "2", "-o", "json")
     doc = json.loads(out)["devices"]
-    assert doc["after"] == {"active": True, "devicesPerNode": 2, "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"]}
+    assert doc["after"] == {
+        "active": True,
+        "mode": "classes",
+        "devicesPerNode": 2,
+        "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"],
+        "taintedDevices": [],
+    }
     assert [(n["name"], n["reserved"], n["shared"]) for n in doc["nodes"]] == [("dra-a", 2, 2), ("dra-b", 2, 2)]
     assert [p["name"] for p in doc["podsHoldingReserved"]] == ["train-a"]
     assert [(c["name"], c["action"]) for c in doc["classes"]] == [(RESERVED_CLASS, "create"), (SHARED_CLASS, "create")]
@@ -758,7 +764,7 @@ def test_device_apply_writes_the_reserved_class_then_the_shared_one_and_is_idemp
     assert code == 0
     assert len(writes(dra)) == before
     assert "deviceclass/rocm-isolation-reserved unchanged" in out and "node/dra-b unchanged" in out
-    assert out.rstrip().endswith("Nothing changed: the classes and the nodes already said this.")
+    assert out.rstrip().endswith("Nothing changed: the classes, the rules and the nodes already said this.")
 
 
 def test_device_apply_with_another_n_replaces_with_the_resource_version_read(
@@ -916,7 +922,7 @@ def test_a_subset_of_the_dra_nodes_is_refused_with_why(
         "error: --nodes dra-a: device-level reservation splits every node that publishes gpu.amd.com devices, not "
         "some: dra-b also publishes them."
     )
-    assert served in err and "this version of pool does not use them yet" in err
+    assert served in err
     assert err.rstrip().endswith("; nothing was changed")
     assert out == "" and writes(dra) == []
 
@@ -935,7 +941,7 @@ def test_a_subset_of_the_dra_nodes_is_refused_with_why(
             "error: --devices-per-node splits every node of the driver: it does not go with --count",
         ),
         (("status", "--devices-per-node", "2"), "error: --devices-per-node is only for pool plan / apply"),
-        (("release", "--devices"), "error: pool release --devices needs --all (the split applies to every node"),
+        (("release", "--devices"), "error: pool release --devices needs --all, or --nodes NAME[,NAME...]"),
         (("apply", "--devices", "--nodes", "dra-a"), "error: --devices is only for pool release"),
         (
             ("release", "--devices", "--nodes", "dra-a"),
@@ -1017,8 +1023,10 @@ def test_status_shows_the_devices_reserved_and_shared_and_who_holds_them(
     devices = doc["devices"]
     assert devices["reservation"] == {
         "active": True,
+        "mode": "classes",
         "devicesPerNode": 2,
         "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"],
+        "taintedDevices": [],
     }
     dra_b = devices["nodes"][1]
     assert (dra_b["name"], dra_b["reserved"], dra_b["shared"]) == ("dra-b", 2, 2)

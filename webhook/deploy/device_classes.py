@@ -64,6 +64,9 @@ class DeviceReservation:
     devices_per_node: int
     pci_bus_ids: tuple[str, ...]
     by_taints: bool = False
+    # With taints: the reserved devices as (pool, device), read from our DeviceTaintRules (the class does
+    # not record them: ``pool`` and the audit add them, ``with_tainted``).
+    tainted: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def active(self) -> bool:
@@ -170,8 +173,21 @@ def reservation_of(device_class: Mapping[str, Any] | None) -> DeviceReservation 
     return DeviceReservation(count, ids, by_taints) if count > 0 and ids else RELEASED_RESERVATION
 
 
+def with_tainted(reservation: DeviceReservation, tainted: Iterable[tuple[str, str]]) -> DeviceReservation:
+    """The reservation with the devices our DeviceTaintRules taint (only when taints hold it)."""
+    if not reservation.by_taints:
+        return reservation
+    return DeviceReservation(reservation.devices_per_node, reservation.pci_bus_ids, True, frozenset(tainted))
+
+
 def reservation_for(
-    reserved_ids: Iterable[str], devices_per_node: int, *, by_taints: bool = False
+    reserved_ids: Iterable[str],
+    devices_per_node: int,
+    *,
+    tainted: Iterable[tuple[str, str]] | None = None,
 ) -> DeviceReservation:
-    """The reservation of these PCI bus IDs, in ROCm's order."""
-    return DeviceReservation(devices_per_node, tuple(sorted(set(reserved_ids), key=pci_sort_key)), by_taints)
+    """The reservation of these PCI bus IDs, in ROCm's order; ``tainted`` (pool, device): held by taints."""
+    ids = tuple(sorted(set(reserved_ids), key=pci_sort_key))
+    if tainted is None:
+        return DeviceReservation(devices_per_node, ids)
+    return DeviceReservation(devices_per_node, ids, True, frozenset(tainted))

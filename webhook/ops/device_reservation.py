@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.cluster.inventory import parse_time
+from webhook.core.claims import MODE_CLASSES, MODE_TAINTS, RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
 from webhook.core.policy import Policy
-from webhook.deploy import device_classes
+from webhook.deploy import device_classes, device_taint_rules
 from webhook.deploy.device_classes import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -49,10 +50,13 @@ from webhook.deploy.device_classes import (
     pci_sort_key,
     reservation_for,
     reservation_of,
+    with_tainted,
 )
+from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops.reservation import PoolNode, PoolPod, Reservation, SelectionError, columns, plural
 
 ALSO_NAMED_BY_ANNOTATION = "rocm-isolation.io/extended-resource-also-named-by"
+TAINT_TEXT = f"{RESERVED_DEVICE_TAINT_KEY}:{RESERVED_DEVICE_TAINT_EFFECT}"
 RESERVED, SHARED, UNRESERVED = "reserved", "shared", "unreserved"
 DEVICE_PLUGIN_PREFIX = "amd.com/"
 DOCS = 'docs/operations.md, "Device-level reservation"'
@@ -166,19 +170,59 @@ def gpu_count(devices: Sequence[Device]) -> int:
 
 
 def split(
-    published: Mapping[str, Sequence[Device]], devices_per_node: int
+    published: Mapping[str, Sequence[Device]],
+    devices_per_node: int,
+    chosen: Iterable[str] | None = None,
+    *,
+    by_taints: bool = False,
 ) -> tuple[DeviceReservation, dict[str, tuple[str, ...]]]:
-    """The reservation the classes will record (the union of every node's N lowest PCI bus IDs), and what
-    each node wanted for itself."""
-    wanted = {node: gpu_ids(devices)[:devices_per_node] for node, devices in published.items()}
-    return reservation_for((i for ids in wanted.values() for i in ids), devices_per_node), wanted
+    """The reservation the classes will record (the union of the chosen nodes' N lowest PCI bus IDs; every
+    node when none are chosen), and what each chosen node wanted for itself. ``by_taints``: those devices
+    of the chosen nodes are tainted, exactly (``TaintedDevice``), and no other."""
+    names = sorted(published) if chosen is None else sorted(set(chosen) & set(published))
+    wanted = {node: gpu_ids(published[node])[:devices_per_node] for node in names}
+    ids = (i for found in wanted.values() for i in found)
+    if not by_taints:
+        return reservation_for(ids, devices_per_node), wanted
+    return reservation_for(ids, devices_per_node, tainted={d.key for d in tainted_devices(published, wanted)}), wanted
+
+
+def tainted_devices(
+    published: Mapping[str, Sequence[Device]], wanted: Mapping[str, Sequence[str]]
+) -> list[TaintedDevice]:
+    """Every device of a chosen node whose PCI bus ID the node wants reserved (partitions share theirs)."""
+    return [
+        TaintedDevice(node, d.pool, d.name, d.pci_bus_id)
+        for node, ids in sorted(wanted.items())
+        for d in published.get(node, ())
+        if d.pci_bus_id and d.pci_bus_id in ids
+    ]
+
+
+def slots_differ(published: Mapping[str, Sequence[Device]], wanted: Mapping[str, Sequence[str]]) -> list[str]:
+    """The chosen nodes on which the union of the wanted PCI bus IDs reserves more than the node wants
+    (its GPUs sit in other PCI slots than its neighbours')."""
+    union = {i for ids in wanted.values() for i in ids}
+    return sorted(node for node, ids in wanted.items() if (set(gpu_ids(published.get(node, ()))) & union) - set(ids))
 
 
 def device_state(device: Device, reservation: DeviceReservation | None) -> str:
     """reserved / shared while a reservation is active; unreserved (any class may get it) otherwise."""
     if reservation is None or not reservation.active:
         return UNRESERVED
+    if reservation.by_taints:
+        return RESERVED if device.key in reservation.tainted else SHARED
     return RESERVED if device.pci_bus_id and device.pci_bus_id in reservation.pci_bus_ids else SHARED
+
+
+def split_nodes(published: Mapping[str, Sequence[Device]], reservation: DeviceReservation | None) -> set[str]:
+    """The nodes the reservation splits: every node of the driver by classes, those with a tainted device
+    by taints; none once released."""
+    if reservation is None or not reservation.active:
+        return set()
+    if not reservation.by_taints:
+        return set(published)
+    return {node for node, devices in published.items() if any(d.key in reservation.tainted for d in devices)}
 
 
 def split_label(policy: Policy) -> tuple[str, str]:
@@ -239,8 +283,11 @@ def subset_message(err: SubsetError, taint_rule_versions: Sequence[str] | None) 
     if taint_rule_versions is None:
         served = "whether this cluster serves them could not be read (API discovery of resource.k8s.io)"
     elif taint_rule_versions:
-        served = "this cluster serves devicetaintrules in " + ", ".join(
-            f"resource.k8s.io/{v}" for v in taint_rule_versions
+        served = (
+            "this cluster serves devicetaintrules in "
+            + ", ".join(f"resource.k8s.io/{v}" for v in taint_rule_versions)
+            + ": if the DRADeviceTaintRules feature gate is on in kube-apiserver, kube-scheduler and "
+            "kube-controller-manager (the API cannot show the scheduler's), add --device-taint-rules"
         )
     else:
         served = "this cluster serves no devicetaintrules (API discovery of resource.k8s.io)"
@@ -250,7 +297,7 @@ def subset_message(err: SubsetError, taint_rule_versions: Sequence[str] | None) 
         "with CEL, which sees a device's driver, attributes and capacity but not its node, so the same PCI bus IDs "
         "are reserved on every node. Splitting some nodes only would need DeviceTaintRules (they select driver, "
         "pool and device by name): resource.k8s.io/v1beta2 in Kubernetes 1.36 with the DRADeviceTaintRules "
-        f"feature gate, v1 in 1.37; {served}, and this version of pool does not use them yet. Split every node "
+        f"feature gate, v1 in 1.37; {served}. Otherwise split every node "
         f"(leave out --nodes/--selector), or reserve whole nodes with pool apply --nodes "
         "(without --devices-per-node) while no device reservation is active"
     )
@@ -276,10 +323,12 @@ def choose_device_nodes(
     *,
     names: Sequence[str] | None = None,
     selector: Mapping[str, str] | None = None,
+    allow_subset: bool = False,
 ) -> tuple[str, ...]:
     """The nodes to split: every node publishing the driver's devices. ``--nodes``/``--selector`` must name
-    exactly those (SubsetError otherwise); a chosen node that serves GPUs through the device plugin only, or
-    one reserved whole, is refused (SelectionError: exit 2, nothing changed)."""
+    exactly those (SubsetError otherwise) unless ``allow_subset`` (DeviceTaintRules: any of them); a chosen
+    node that serves GPUs through the device plugin only, or one reserved whole, is refused
+    (SelectionError: exit 2, nothing changed)."""
     every = tuple(sorted(published))
     known = {n.name for n in nodes} | set(every)
     if names is not None:
@@ -312,17 +361,21 @@ def choose_device_nodes(
             f"no node publishes {driver} devices in its ResourceSlices: device-level reservation needs AMD's DRA "
             f"driver ({DOCS})"
         )
-    if option and set(chosen) != set(every):
+    subset = bool(option) and set(chosen) != set(every)
+    if subset and not allow_subset:
         raise SubsetError(option, chosen, every, driver)
-    whole = dra_nodes_whole(nodes, published, reservation)
+    picked = tuple(sorted(set(chosen))) if subset else every
+    whole = dra_nodes_whole(nodes, {name: published[name] for name in picked}, reservation)
     if whole:
         raise SelectionError(
             f"{', '.join(whole)} {'is' if len(whole) == 1 else 'are'} reserved whole (label {reservation.label_text} "
             f"or taint {reservation.taint_text}) and publish{'es' if len(whole) == 1 else ''} {driver} devices: "
-            "a node is reserved whole or split, never both, and the split applies to every node of the driver. "
+            "a node is reserved whole or split, never both"
+            + ("" if subset else ", and without DeviceTaintRules the split applies to every node of the driver")
+            + ". "
             f"Release {'it' if len(whole) == 1 else 'them'} first: pool release --nodes {','.join(whole)}"
         )
-    return every
+    return picked
 
 
 # --- the DeviceClasses -------------------------------------------------------------------------------
@@ -544,6 +597,55 @@ def holds(
     return out, notes
 
 
+# --- the DeviceTaintRules ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    name: str
+    action: str  # create, replace, unchanged, delete
+    device: TaintedDevice
+    desired: dict[str, Any] | None  # None: delete
+    current: Mapping[str, Any] | None
+
+
+def rule_changes(
+    policy: Policy, devices: Sequence[TaintedDevice], rules: Iterable[Mapping[str, Any]], version: str | None
+) -> tuple[RuleChange, ...]:
+    """What writing the rules does: one rule per device to taint (created, or replaced when it says
+    something else), and our rules for other devices deleted. SelectionError when a rule of our name is
+    not ours, or rules are wanted and the cluster serves none."""
+    current: dict[str, Mapping[str, Any]] = {}
+    for obj in rules:
+        name = _text(_mapping(obj.get("metadata")).get("name"))
+        if name:
+            current[name] = obj
+    if devices and version is None:
+        raise SelectionError("the cluster serves no devicetaintrules (resource.k8s.io): cannot taint devices")
+    changes = []
+    wanted = set()
+    for device in devices:
+        desired = device_taint_rules.rule(policy, device, version or device_taint_rules.VERSIONS[0])
+        name = desired["metadata"]["name"]
+        wanted.add(name)
+        found = current.get(name)
+        if found is None:
+            changes.append(RuleChange(name, "create", device, desired, None))
+        elif not device_taint_rules.is_ours(found):
+            raise SelectionError(
+                f"devicetaintrule/{name} exists and is not managed by rocm-isolation-webhook ({MANAGED_BY_LABEL}="
+                f"{MANAGED_BY}): pool never edits a rule that is not its own; delete it if it is a leftover"
+            )
+        else:
+            action = "replace" if device_taint_rules.spec_differs(found, desired) else "unchanged"
+            changes.append(RuleChange(name, action, device, desired, found))
+    for name, found in sorted(current.items()):
+        tainted = device_taint_rules.tainted_device(found)
+        if name not in wanted and tainted is not None:
+            changes.append(RuleChange(name, "delete", tainted, None, found))
+    return tuple(changes)
+
+
 # --- the plan ----------------------------------------------------------------------------------------
 
 
@@ -588,11 +690,15 @@ class DevicePlan:
     notes: tuple[str, ...] = ()
 
     label: tuple[str, str] = ("", "")  # the split nodes' label (key, value)
+    rules: tuple[RuleChange, ...] = ()  # our DeviceTaintRules: created first, deleted after the classes
+    rule_version: str | None = None  # the resource.k8s.io version they are written in
 
     @property
     def changes(self) -> bool:
-        return any(c.action != "unchanged" for c in self.classes) or any(
-            n.label in ("add", "replace", "remove") for n in self.nodes
+        return (
+            any(c.action != "unchanged" for c in self.classes)
+            or any(n.label in ("add", "replace", "remove") for n in self.nodes)
+            or any(r.action != "unchanged" for r in self.rules)
         )
 
     @property
@@ -621,7 +727,19 @@ def _node_notes(
             f"{node} has {plural(len(ids), 'GPU')} with a PCI bus ID, fewer than {n}: all of them are reserved"
         )
     extra = [i for i in ids if i in after.pci_bus_ids and i not in wanted]
-    if extra:
+    if extra and after.by_taints:
+        by = ", ".join(
+            f"{i} ({', '.join(d.name for d in devices if d.pci_bus_id == i)}, reserved on "
+            f"{', '.join(wanted_by.get(i, []))})"
+            for i in extra
+        )
+        notes.append(
+            f"{node}: only its own {plural(len(wanted), 'GPU')} {'is' if len(wanted) == 1 else 'are'} tainted, but "
+            f"the inference class selects one list of PCI bus IDs on every node (CEL cannot see the node): {by} "
+            f"{'stays' if len(extra) == 1 else 'stay'} shared here and an inference claim may also get "
+            f"{'it' if len(extra) == 1 else 'them'} when {node}'s reserved devices are taken"
+        )
+    elif extra:
         by = ", ".join(
             f"{i} ({', '.join(d.name for d in devices if d.pci_bus_id == i)}, reserved on "
             f"{', '.join(wanted_by.get(i, []))})"
@@ -632,7 +750,8 @@ def _node_notes(
             f"{len(wanted)}: the classes select the same PCI bus IDs on every node, and {by} "
             f"{'is' if len(extra) == 1 else 'are'} in the reserved set"
         )
-    if len(ids) >= n and not bare and all(i in after.pci_bus_ids for i in ids):
+    reserved_here = wanted if after.by_taints else after.pci_bus_ids
+    if len(ids) >= n and not bare and all(i in reserved_here for i in ids):
         notes.append(f"{node} keeps no shared GPU: other classes get none of its devices")
     return notes
 
@@ -648,13 +767,19 @@ def build_device_plan(
     *,
     ensure_owner: bool = True,
     nodes: Mapping[str, PoolNode] | None = None,
+    rules: Sequence[Mapping[str, Any]] = (),
+    rule_version: str | None = None,
 ) -> DevicePlan:
-    """The plan of ``apply --devices-per-node`` (``after`` from ``split``) or of ``release --devices``
-    (``after`` = ``RELEASED_RESERVATION``, nothing wanted, ``ensure_owner`` off: a release deletes nothing)."""
+    """The plan of ``apply --devices-per-node`` (``after`` from ``split``: ``wanted`` names the split
+    nodes) or of ``release --devices`` (``after`` = ``RELEASED_RESERVATION``, nothing wanted,
+    ``ensure_owner`` off: a release deletes no class). ``rules``: our DeviceTaintRules as read."""
     devices = policy.spec.reserved_devices
     owner = ownership(policy, classes)
     changes = class_changes(policy, after, classes, owner, ensure_owner=ensure_owner)
-    before = current_reservation(policy, classes)
+    current = current_reservation(policy, classes)
+    before = with_tainted(current, device_taint_rules.tainted_keys(rules)) if current is not None else None
+    to_taint = tainted_devices(published, wanted) if after.active and after.by_taints else []
+    rule_plan = rule_changes(policy, to_taint, rules, rule_version)
     wanted_by: dict[str, list[str]] = {}
     for node, ids in sorted(wanted.items()):
         for i in ids:
@@ -665,9 +790,10 @@ def build_device_plan(
     for node, found in sorted(published.items()):
         own = tuple(wanted.get(node, ()))
         known = (nodes or {}).get(node)
-        action = label_action(known, label, release=not after.active) if nodes is not None else "-"
+        in_split = after.active and node in wanted
+        action = label_action(known, label, release=not in_split) if nodes is not None else "-"
         splits.append(NodeSplit(node, tuple(found), own, before, after, action))
-        if after.active:
+        if in_split:
             all_notes += _node_notes(node, found, own, after, wanted_by)
         if nodes is not None and known is None:
             all_notes.append(
@@ -684,7 +810,18 @@ def build_device_plan(
     )
     all_notes += list(notes)
     return DevicePlan(
-        devices.driver, before, after, tuple(splits), evicting, keeping, owner, changes, tuple(all_notes), label
+        devices.driver,
+        before,
+        after,
+        tuple(splits),
+        evicting,
+        keeping,
+        owner,
+        changes,
+        tuple(all_notes),
+        label,
+        rule_plan,
+        rule_version,
     )
 
 
@@ -696,6 +833,12 @@ def reservation_text(reservation: DeviceReservation | None) -> str:
         return "no device reservation (the classes do not exist)"
     if not reservation.active:
         return "released (both classes select every device)"
+    if reservation.by_taints:
+        return (
+            f"{plural(reservation.devices_per_node, 'device')} per chosen node, "
+            f"{plural(len(reservation.tainted), 'device')} tainted by DeviceTaintRules (PCI bus IDs "
+            f"{', '.join(reservation.pci_bus_ids)})"
+        )
     return (
         f"{plural(reservation.devices_per_node, 'device')} per node, PCI bus IDs {', '.join(reservation.pci_bus_ids)}"
     )
@@ -706,8 +849,10 @@ def reservation_json(reservation: DeviceReservation | None) -> dict[str, Any] | 
         return None
     return {
         "active": reservation.active,
+        "mode": MODE_TAINTS if reservation.by_taints else MODE_CLASSES,
         "devicesPerNode": reservation.devices_per_node,
         "pciBusIds": list(reservation.pci_bus_ids),
+        "taintedDevices": [{"pool": pool, "device": name} for pool, name in sorted(reservation.tainted)],
     }
 
 
@@ -759,14 +904,29 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
         f"Now: {reservation_text(plan.before)}.",
         f"After {'release' if plan.release else 'apply'}: {reservation_text(plan.after)}"
         + (
-            f" (each node's {plan.after.devices_per_node} lowest, in ROCm's order; one list for every node)."
+            f" (each chosen node's {plan.after.devices_per_node} lowest, in ROCm's order, tainted by name)."
+            if plan.after.by_taints
+            else f" (each node's {plan.after.devices_per_node} lowest, in ROCm's order; one list for every node)."
             if plan.after.active
             else "."
         ),
-        f"Split nodes are labelled {plan.label[0]}={plan.label[1]} (inference is placed on them, no taint: every "
-        "class uses their shared devices).",
-        "",
+        f"Split nodes are labelled {plan.label[0]}={plan.label[1]} (inference is placed on them, no node taint: "
+        "every class uses their shared devices).",
     ]
+    if plan.after.by_taints:
+        lines += [
+            f"DeviceTaintRules (resource.k8s.io/{plan.rule_version}) taint the reserved devices {TAINT_TEXT}: a request "
+            "that does not tolerate it never gets them (adminAccess included); the webhook adds the toleration to "
+            f"inference requests for deviceclass/{devices.reserved_class_name}, the backstop denies it elsewhere. "
+            f"deviceclass/{devices.shared_class_name} selects every device.",
+        ]
+        if devices.extended_resource_name:
+            lines.append(
+                f"{devices.extended_resource_name}: the scheduler's claims for it carry no tolerations, so every pod "
+                f"asking for it, inference included, gets a shared device; inference gets reserved devices through a "
+                f"ResourceClaimTemplate of deviceclass/{devices.reserved_class_name}."
+            )
+    lines.append("")
     rows = [["NODE", "GPUS", "RESERVED", "SHARED", "LABEL"]]
     rows += [
         [
@@ -825,9 +985,21 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
     lines.append("")
     for change in plan.classes:
         lines.append(f"deviceclass/{change.name} ({change.role}): {_action_text(change)}")
+    for rule in plan.rules:
+        lines.append(
+            f"devicetaintrule/{rule.name} ({rule.device.node or '?'} {rule.device.device} "
+            f"{rule.device.pci_bus_id or '-'}): {rule.action}"
+            + (
+                " (after the classes)"
+                if rule.action == "delete"
+                else " (before the classes)"
+                if rule.action != "unchanged"
+                else ""
+            )
+        )
     lines += [f"note: {note}" for note in plan.notes]
     if not plan.changes:
-        lines.append("Nothing to change: the classes already say this.")
+        lines.append("Nothing to change: the classes" + (", the rules" if plan.rules else "") + " already say this.")
     return lines
 
 
@@ -903,6 +1075,18 @@ def plan_json(plan: DevicePlan) -> dict[str, Any]:
         "inferenceKeeping": [hold_json(h) for h in plan.keeping],
         "extendedResource": ownership_json(plan.owner),
         "classes": [{"name": c.name, "role": c.role, "action": c.action, "object": c.desired} for c in plan.classes],
+        "taintRuleVersion": plan.rule_version,
+        "taintRules": [
+            {
+                "name": r.name,
+                "action": r.action,
+                "node": r.device.node or None,
+                "pool": r.device.pool,
+                "device": r.device.device,
+                "pciBusId": r.device.pci_bus_id or None,
+            }
+            for r in plan.rules
+        ],
         "changes": plan.changes,
         "notes": list(plan.notes),
     }
@@ -929,6 +1113,7 @@ def device_status(
     classes: Mapping[str, ClassInfo],
     held: Sequence[Hold],
     nodes: Mapping[str, PoolNode] | None = None,
+    rules: Sequence[Mapping[str, Any]] = (),
 ) -> DeviceStatus:
     devices = policy.spec.reserved_devices
     foreign = tuple(
@@ -937,6 +1122,8 @@ def device_status(
         if name in classes and not classes[name].ours
     )
     reservation = None if foreign else current_reservation(policy, classes)
+    if reservation is not None:
+        reservation = with_tainted(reservation, device_taint_rules.tainted_keys(rules))
     owner = ownership(policy, classes)
     stale: list[str] = []
     if reservation is not None:
@@ -958,9 +1145,22 @@ def device_status(
                 f"{owner.shared_class}: {owner.name} maps to it; {again} re-creates ours"
             )
         label = split_label(policy)
+        by_key = {d.key: d for found in published.values() for d in found}
+        split_nodes = set(published)
+        if reservation.by_taints:
+            split_nodes = {by_key[key].node for key in reservation.tainted if key in by_key}
+            again += " --nodes " + ",".join(sorted(split_nodes)) if split_nodes else ""
+            for key in sorted(reservation.tainted - set(by_key)):
+                stale.append(
+                    f"a DeviceTaintRule taints {key[1]} of pool {key[0]}, which no ResourceSlice publishes (a device "
+                    f"renamed after a reboot, or a node gone): {again} derives the rules from the slices again"
+                )
+        elif rules and device_taint_rules.tainted_keys(rules):
+            stale.append(f"DeviceTaintRules of ours are left from a split by taints: {again} deletes them")
         for name in published:
             node = (nodes or {}).get(name)
-            action = label_action(node, label, release=not reservation.active) if node is not None else "-"
+            in_split = reservation.active and name in split_nodes
+            action = label_action(node, label, release=not in_split) if node is not None else "-"
             if action in ("add", "replace"):
                 stale.append(
                     f"node/{name} lacks the label {label[0]}={label[1]}: inference is not placed there; {again} "

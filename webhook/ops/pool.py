@@ -35,7 +35,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from webhook.cluster.kubeapi import ApiError, Conflict, Forbidden, KubeApi, NotF
 from webhook.core import claims as dra
 from webhook.core import engine
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
-from webhook.deploy import device_classes, reserved_names
+from webhook.deploy import device_classes, device_taint_rules, reserved_names
 from webhook.ops import device_reservation, reserved_names_sync
 from webhook.ops.device_reservation import (
     ClassChange,
@@ -142,7 +142,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan, apply: reserve the N GPUs with the lowest PCI bus IDs of every node of the driver",
     )
     devices.add_argument(
-        "--devices", action="store_true", help="release --all: release the device reservation (not whole nodes)"
+        "--devices",
+        action="store_true",
+        help="release --all (or --nodes, with DeviceTaintRules): release the device reservation (not whole nodes)",
+    )
+    devices.add_argument(
+        "--device-taint-rules",
+        action="store_true",
+        help="use resource.k8s.io/v1beta2 DeviceTaintRules (Kubernetes 1.36: the DRADeviceTaintRules feature gate "
+        "must be on in kube-apiserver, kube-scheduler and kube-controller-manager, which the API cannot show); "
+        "v1 (1.37) needs no flag",
     )
     parser.add_argument("--evict", action="store_true", help="apply: evict the non-inference pods left on the nodes")
     parser.add_argument(
@@ -183,10 +192,11 @@ def check_usage(args: argparse.Namespace) -> None:
         "force": ("release",),
         "all": ("release",),
         "devices": ("release",),
+        "device_taint_rules": ("plan", "apply", "release"),
     }
     for option, actions in only.items():
         if getattr(args, option, False) and action not in actions:
-            raise UsageError(f"--{option} is only for pool {' / '.join(actions)}")
+            raise UsageError(f"--{option.replace('_', '-')} is only for pool {' / '.join(actions)}")
     if args.dry_run != "none" and action not in ("apply", "release"):
         raise UsageError("--dry-run is only for pool apply / release")
     per_node = getattr(args, "devices_per_node", None)
@@ -206,7 +216,7 @@ def check_usage(args: argparse.Namespace) -> None:
             raise UsageError("--force is for releasing whole nodes: a device release leaves every pod its devices")
         extra = [name for name in choosing if name != "nodes"]
         if extra or (args.nodes is None) == (not args.all):
-            raise UsageError("pool release --devices needs --all (the split applies to every node of the driver)")
+            raise UsageError("pool release --devices needs --all, or --nodes NAME[,NAME...]")
         return
     if action == "status":
         if choosing:
@@ -785,6 +795,13 @@ class DraState:
     published: dict[str, tuple[Device, ...]]  # the driver's devices per node
     claims: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)  # our DeviceTaintRules
+    # The resource.k8s.io versions serving devicetaintrules, newest first; None when discovery failed.
+    rule_versions: tuple[str, ...] | None = ()
+
+    @property
+    def rule_version(self) -> str | None:
+        return self.rule_versions[0] if self.rule_versions else None
 
 
 def read_dra(api: KubeApi, policy: Policy, *, claims: bool, required: bool) -> DraState:
@@ -812,8 +829,30 @@ def read_dra(api: KubeApi, policy: Policy, *, claims: bool, required: bool) -> D
             if required:
                 raise
             return DraState(None, {}, {}, [], [f"device-level reservation not read ({err})"])
-        return DraState(version, device_reservation.class_infos(found), published.per_node(), raw_claims)
+        state = DraState(version, device_reservation.class_infos(found), published.per_node(), raw_claims)
+        read_taint_rules(api, state, required=required)
+        return state
     return DraState(None, {}, {}, [])
+
+
+def read_taint_rules(api: KubeApi, state: DraState, *, required: bool) -> None:
+    """Our DeviceTaintRules, in the newest version that serves them (none when none does)."""
+    state.rule_versions = device_taint_rule_versions(api)
+    version = state.rule_version
+    if version is None:
+        return
+    path = api_path(f"{dra.GROUP}/{version}", device_taint_rules.RESOURCE)
+    found: list[dict[str, Any]] = []
+    try:
+        for obj in api.list(path, on_restart=found.clear):
+            if device_taint_rules.is_ours(obj):
+                found.append(obj)
+    except (NotFound, Forbidden) as err:
+        if required:
+            raise
+        state.warnings.append(f"DeviceTaintRules not read ({err})")
+        return
+    state.rules[:] = found
 
 
 def device_taint_rule_versions(api: KubeApi) -> tuple[str, ...] | None:
@@ -853,15 +892,18 @@ def refuse_split_nodes(api: KubeApi, policy: Policy, names: Iterable[str], out: 
     current = device_reservation.current_reservation(policy, state.classes)
     if current is None or not current.active:
         return
-    split_nodes = sorted(name for name in names if name in state.published)
+    current = device_classes.with_tainted(current, device_taint_rules.tainted_keys(state.rules))
+    split_now = device_reservation.split_nodes(state.published, current)
+    split_nodes = sorted(name for name in names if name in split_now)
     if split_nodes:
         devices = policy.spec.reserved_devices
         raise SelectionError(
             f"{', '.join(split_nodes)} publish{'es' if len(split_nodes) == 1 else ''} {devices.driver} devices, "
             f"which the active device reservation splits (deviceclass/{devices.reserved_class_name}: "
             f"{device_reservation.reservation_text(current)}): a node is reserved whole or split, never both. "
-            "Release the device reservation first (pool release --devices --all), or choose nodes without the DRA "
-            "driver"
+            "Release the device reservation first (pool release --devices --all"
+            + (f", or --nodes {','.join(split_nodes)}" if current.by_taints else "")
+            + "), or choose nodes without the DRA driver"
         )
 
 
@@ -873,35 +915,77 @@ def device_status(policy: Policy, cluster: Cluster, state: DraState) -> DeviceSt
         return None
     held, _ = device_reservation.holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
     return device_reservation.device_status(
-        policy, state.published, state.classes, held, {n.name: n for n in cluster.nodes}
+        policy, state.published, state.classes, held, {n.name: n for n in cluster.nodes}, state.rules
+    )
+
+
+def taint_rules_usable(state: DraState, args: argparse.Namespace) -> bool:
+    """DeviceTaintRules may hold the split: served as v1 (GA, 1.37: the scheduler honours them), or as
+    v1beta2 with ``--device-taint-rules`` (1.36: the operator says the gate is on in the scheduler, which
+    the API cannot show; without it the scheduler ignores the rules and training would get the devices)."""
+    return state.rule_version == "v1" or (
+        state.rule_version is not None and bool(getattr(args, "device_taint_rules", False))
     )
 
 
 def device_plan(
-    api: KubeApi, policy: Policy, cluster: Cluster, reservation: Reservation, args: argparse.Namespace
+    api: KubeApi,
+    policy: Policy,
+    cluster: Cluster,
+    reservation: Reservation,
+    args: argparse.Namespace,
+    *,
+    state: DraState | None = None,
+    chosen: Sequence[str] | None = None,
 ) -> DevicePlan:
-    state = read_dra(api, policy, claims=True, required=True)
+    """The plan of ``apply --devices-per-node N``: DeviceClasses alone when every node of the driver is
+    split and their reserved GPUs sit in the same PCI slots; DeviceTaintRules as well when some nodes
+    only are chosen (``chosen``: given by a partial release), or the slots differ, and the rules may be
+    used; refused (a subset) or the union of the slots (differing slots) otherwise."""
+    state = state if state is not None else read_dra(api, policy, claims=True, required=True)
     require_v1(state)
     driver = policy.spec.reserved_devices.driver
-    try:
-        device_reservation.choose_device_nodes(
-            cluster.nodes,
-            state.published,
-            cluster.plugin_gpus,
-            reservation,
-            driver,
-            names=parse_names(args.nodes) if args.nodes is not None else None,
-            selector=parse_selector(args.selector) if args.selector is not None else None,
+    usable = taint_rules_usable(state, args)
+    notes: list[str] = []
+    if chosen is None:
+        try:
+            chosen = device_reservation.choose_device_nodes(
+                cluster.nodes,
+                state.published,
+                cluster.plugin_gpus,
+                reservation,
+                driver,
+                names=parse_names(args.nodes) if args.nodes is not None else None,
+                selector=parse_selector(args.selector) if args.selector is not None else None,
+                allow_subset=usable,
+            )
+        except SubsetError as err:
+            raise SelectionError(device_reservation.subset_message(err, state.rule_versions)) from None
+    subset = set(chosen) != set(state.published)
+    _, wanted = device_reservation.split(state.published, args.devices_per_node, chosen)
+    differ = device_reservation.slots_differ(state.published, wanted)
+    by_taints = subset or (bool(differ) and usable)
+    if by_taints:
+        why = (
+            f"only {', '.join(sorted(chosen))} of the driver's nodes are split"
+            if subset
+            else f"the reserved GPUs of {', '.join(differ)} sit in other PCI slots than their neighbours'"
         )
-    except SubsetError as err:
-        raise SelectionError(device_reservation.subset_message(err, device_taint_rule_versions(api))) from None
-    after, wanted = device_reservation.split(state.published, args.devices_per_node)
+        notes.append(f"DeviceTaintRules hold the split: {why} (CEL cannot see the node)")
+    elif differ and state.rule_version == "v1beta2":
+        notes.append(
+            "this cluster serves resource.k8s.io/v1beta2 DeviceTaintRules: with --device-taint-rules (the "
+            "DRADeviceTaintRules gate on in kube-apiserver, kube-scheduler and kube-controller-manager) each "
+            "node would get exactly its own GPUs reserved"
+        )
+    after, wanted = device_reservation.split(state.published, args.devices_per_node, chosen, by_taints=by_taints)
     if not after.active:
         raise SelectionError(
             f"no {driver} device publishes {device_classes.PCI_BUS_ID_ATTRIBUTE}: the classes select devices by "
             "PCI bus ID, so none can be reserved"
         )
-    held, notes = device_reservation.holds(state.claims, driver, state.published, cluster.pods, cluster.uids)
+    held, held_notes = device_reservation.holds(state.claims, driver, state.published, cluster.pods, cluster.uids)
+    notes += held_notes
     plugin = sorted(name for name, n in cluster.plugin_gpus.items() if n > 0 and name not in state.published)
     if plugin:
         notes.append(
@@ -909,10 +993,18 @@ def device_plan(
             f"(device-level reservation needs the DRA driver; reserve such nodes whole with pool apply --nodes, or "
             f"move them to the DRA driver: {device_reservation.DOCS})"
         )
-    plan = device_reservation.build_device_plan(
-        policy, state.published, after, wanted, state.classes, held, notes, nodes={n.name: n for n in cluster.nodes}
+    return device_reservation.build_device_plan(
+        policy,
+        state.published,
+        after,
+        wanted,
+        state.classes,
+        held,
+        notes,
+        nodes={n.name: n for n in cluster.nodes},
+        rules=state.rules,
+        rule_version=state.rule_version,
     )
-    return plan
 
 
 @dataclass(frozen=True)
@@ -1084,6 +1176,96 @@ def _write_shared(
     return written
 
 
+@dataclass(frozen=True)
+class RuleWritten:
+    name: str
+    result: str  # created, replaced, deleted, unchanged, gone; conflict, failed (not done)
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("created", "replaced", "deleted", "unchanged", "gone")
+
+
+def write_rule(api: KubeApi, change: device_reservation.RuleChange, version: str, *, dry_run: bool) -> RuleWritten:
+    """One DeviceTaintRule created, replaced (``resourceVersion`` as read; 409: read again and retry) or
+    deleted, as the plan says."""
+    collection = api_path(f"{dra.GROUP}/{version}", device_taint_rules.RESOURCE)
+    path = api_path(f"{dra.GROUP}/{version}", device_taint_rules.RESOURCE, name=change.name)
+    current, desired = change.current, change.desired
+    try:
+        if desired is None:
+            if current is None:
+                return RuleWritten(change.name, "gone")
+            api.request("DELETE", path, query=_dry_run_query(dry_run))
+            return RuleWritten(change.name, "deleted")
+        for _ in range(CONFLICT_RETRIES):
+            if current is None:
+                try:
+                    api.post(collection, desired, dry_run=dry_run)
+                    return RuleWritten(change.name, "created")
+                except Conflict:
+                    current = api.get(path)
+                    continue
+            if not device_taint_rules.is_ours(current):
+                return RuleWritten(change.name, "failed", "created meanwhile by someone else: not ours, not edited")
+            if not device_taint_rules.spec_differs(current, desired):
+                return RuleWritten(change.name, "unchanged")
+            metadata = {
+                **_mapping(current.get("metadata")),
+                "annotations": {
+                    **_mapping(_mapping(current.get("metadata")).get("annotations")),
+                    **desired["metadata"]["annotations"],
+                },
+            }
+            metadata.pop("managedFields", None)
+            body = {**desired, "metadata": metadata}
+            try:
+                api.request("PUT", path, query=_dry_run_query(dry_run), body=body)
+                return RuleWritten(change.name, "replaced")
+            except Conflict:
+                current = api.get(path)
+            except NotFound:
+                current = None
+        return RuleWritten(change.name, "conflict", f"it kept changing under us ({CONFLICT_RETRIES} conflicts)")
+    except NotFound:
+        return RuleWritten(change.name, "gone")
+    except ApiError as err:
+        return RuleWritten(change.name, "failed", str(err))
+
+
+def write_rules(
+    api: KubeApi, plan: DevicePlan, *, delete: bool, dry_run: bool, on_written: Callable[[RuleWritten], None]
+) -> list[RuleWritten]:
+    """The rules the plan creates or replaces (``delete`` False: before the classes, so that no device is
+    left to training between the two), or deletes (after the classes)."""
+    written = []
+    for change in plan.rules:
+        if change.action == "unchanged" or (change.action == "delete") != delete:
+            continue
+        result = write_rule(api, change, plan.rule_version or device_taint_rules.VERSIONS[0], dry_run=dry_run)
+        on_written(result)
+        written.append(result)
+    return written
+
+
+def _rule_json(written: RuleWritten) -> dict[str, Any]:
+    return {"name": written.name, "result": written.result, "message": written.message or None}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _rule_line(written: RuleWritten, dry_run: bool) -> str:
+    what = f"devicetaintrule/{written.name}"
+    if written.result in ("created", "replaced", "deleted"):
+        return f"{what} {written.result}{' (server dry run)' if dry_run else ''}"
+    if written.result == "gone":
+        return f"{what} already gone"
+    return f"{what} not written: {written.message}"
+
+
 def _class_line(written: ClassWritten, dry_run: bool) -> str:
     suffix = " (server dry run)" if dry_run else ""
     what = f"deviceclass/{written.name}"
@@ -1141,7 +1323,7 @@ def apply_devices(
     may be placed on them once their devices are split), then the evictions."""
     dry_run = args.dry_run == "server"
     table = args.output == "table"
-    written, labelled, classes_ok = write_split(
+    written, labelled, rules, classes_ok = write_split(
         api, policy, cluster, plan, out, dry_run=dry_run, table=table, ensure_owner=True
     )
     evictions: list[EvictionResult] = []
@@ -1162,15 +1344,18 @@ def apply_devices(
             "--evict evicts them."
         )
     ok = classes_ok and all(e.done for e in evictions)
-    unchanged = all(w.result == "unchanged" for w in written) and all(w.result == "unchanged" for w in labelled)
+    unchanged = (
+        all(w.result == "unchanged" for w in written) and all(w.result == "unchanged" for w in labelled) and not rules
+    )
     if table and ok and not evictions and unchanged:
-        out.line("Nothing changed: the classes and the nodes already said this.")
+        out.line("Nothing changed: the classes, the rules and the nodes already said this.")
     if not table:
         out.json(
             {
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "dryRun": dry_run,
                 "deviceClasses": [_written_json(w) for w in written],
+                "deviceTaintRules": [_rule_json(r) for r in rules],
                 "nodes": _nodes_json(labelled),
                 "evictions": [
                     {
@@ -1202,8 +1387,20 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         if unknown:
             raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
         if set(names) != set(every):
-            err = SubsetError(f"--nodes {','.join(names)}", names, every, devices.driver)
-            raise SelectionError(device_reservation.subset_message(err, device_taint_rule_versions(api)))
+            if not taint_rules_usable(state, args):
+                err = SubsetError(f"--nodes {','.join(names)}", names, every, devices.driver)
+                raise SelectionError(device_reservation.subset_message(err, state.rule_versions))
+            current = device_reservation.current_reservation(policy, state.classes)
+            if current is not None and current.active:
+                current = device_classes.with_tainted(current, device_taint_rules.tainted_keys(state.rules))
+                remaining = sorted(device_reservation.split_nodes(state.published, current) - set(names))
+                if remaining:
+                    # The others stay split, as they are: an apply of the same N on them, by taints.
+                    args.devices_per_node = current.devices_per_node
+                    plan = device_plan(
+                        api, policy, cluster, Reservation.from_policy(policy), args, state=state, chosen=remaining
+                    )
+                    return apply_devices(api, policy, cluster, plan, args, out)
     table = args.output == "table"
     dry_run = args.dry_run == "server"
     if devices.reserved_class_name not in state.classes and devices.shared_class_name not in state.classes:
@@ -1226,7 +1423,7 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         ensure_owner=False,
         nodes={n.name: n for n in cluster.nodes},
     )
-    written, labelled, ok = write_split(
+    written, labelled, rules, ok = write_split(
         api, policy, cluster, plan, out, dry_run=dry_run, table=table, ensure_owner=False
     )
     if (
@@ -1234,6 +1431,7 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         and ok
         and all(w.result == "unchanged" for w in written)
         and all(w.result == "unchanged" for w in labelled)
+        and not rules
     ):
         out.line("Nothing changed: the device reservation was already released.")
     if not table:
@@ -1243,6 +1441,7 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
                 "dryRun": dry_run,
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "deviceClasses": [_written_json(w) for w in written],
+                "deviceTaintRules": [_rule_json(r) for r in rules],
                 "nodes": _nodes_json(labelled),
             }
         )
@@ -1259,22 +1458,41 @@ def write_split(
     dry_run: bool,
     table: bool,
     ensure_owner: bool,
-) -> tuple[list[ClassWritten], list[Written], bool]:
-    """The plan printed (table), the classes written, then the split nodes' label (only once every class
-    was written): what apply and release share. Also whether everything went through."""
+) -> tuple[list[ClassWritten], list[Written], list[RuleWritten], bool]:
+    """The plan printed (table), the DeviceTaintRules that taint more devices, the classes, the rules that
+    taint fewer (each step only once the one before went through: training is never given a reserved
+    device in between), then the split nodes' label: what apply and release share. Also whether
+    everything went through."""
     if table:
         for line in device_reservation.plan_lines(plan, policy):
             out.line(line)
         out.line()
-    written = write_classes(
-        api,
-        plan,
-        dry_run=dry_run,
-        ensure_owner=ensure_owner,
-        on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
-    )
+
+    def on_rule(w: RuleWritten) -> None:
+        if table:
+            out.line(_rule_line(w, dry_run))
+
+    rules = write_rules(api, plan, delete=False, dry_run=dry_run, on_written=on_rule)
+    written: list[ClassWritten] = []
     labelled: list[Written] = []
-    if all(w.ok for w in written):
+    if all(r.ok for r in rules):
+        written = write_classes(
+            api,
+            plan,
+            dry_run=dry_run,
+            ensure_owner=ensure_owner,
+            on_written=(lambda w: out.line(_class_line(w, dry_run))) if table else (lambda w: None),
+        )
+        if all(w.ok for w in written):
+            rules += write_rules(api, plan, delete=True, dry_run=dry_run, on_written=on_rule)
+    elif table:
+        out.line("The DeviceClasses were not written: a DeviceTaintRule was not.")
+    if written and all(w.ok for w in written) and all(r.ok for r in rules):
         labelled = write_split_labels(api, policy, plan, cluster, dry_run=dry_run, out=out, table=table)
-    ok = all(w.ok for w in written) and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
-    return written, labelled, ok
+    ok = (
+        bool(written)
+        and all(w.ok for w in written)
+        and all(r.ok for r in rules)
+        and all(w.result in ("patched", "unchanged", "gone") for w in labelled)
+    )
+    return written, labelled, rules, ok
