@@ -49,7 +49,7 @@ def run(case: dict[str, Any], obj: dict[str, Any]) -> Decision:
         kind=obj["kind"],
         namespace=NamespaceFacts(ns["name"], ns.get("labels", {})),
         policy=policy_for(case),
-        devices=DeviceFacts(devices_reserved=case.get("reserved", True)),
+        devices=DeviceFacts(devices_reserved=case.get("reserved", True), devices_tainted=case.get("tainted", False)),
     )
 
 

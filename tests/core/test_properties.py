@@ -27,7 +27,7 @@ from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
 
 from webhook.core.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
-from webhook.core.device_claims import DENY_RESERVED_CLASS, decide_claim
+from webhook.core.device_claims import DENY_RESERVED_CLASS, DENY_RESERVED_TOLERATION, decide_claim
 from webhook.core.engine import DENY_CLASS, DENY_RESERVED_DEVICES, DENY_RULES, DENY_TOLERATION, decide
 from webhook.core.policy import Policy, WorkloadClass
 
@@ -757,7 +757,9 @@ def request_classes(claim: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
-def run_claim(claim: Any, namespace: NamespaceFacts, policy: Policy, reserved: bool) -> Decision:
+def run_claim(
+    claim: Any, namespace: NamespaceFacts, policy: Policy, reserved: bool, *, tainted: bool = False
+) -> Decision:
     before = copy.deepcopy(claim)
     decision = decide_claim(
         operation="CREATE",
@@ -765,39 +767,119 @@ def run_claim(claim: Any, namespace: NamespaceFacts, policy: Policy, reserved: b
         kind=claim["kind"],
         namespace=namespace,
         policy=policy,
-        devices=DeviceFacts(devices_reserved=reserved),
+        devices=DeviceFacts(devices_reserved=reserved, devices_tainted=tainted),
     )
     assert claim == before, "decide_claim must not modify the claim it is given"
     return decision
 
 
+# The reserved-device taint (DeviceTaintRules, reservation mode "taints"), written independently.
+DEVICE_TAINT_KEY = "rocm-isolation.io/reserved-device"
+
+
+@st.composite
+def device_tolerations(draw: st.DrawFn) -> dict[str, Any]:
+    """A DeviceToleration as the apiserver accepts it: of every taint (empty key, Exists), of the reserved
+    devices' key (Exists, or Equal with a value), of another key; any effect."""
+    kind = draw(st.sampled_from(["every-taint", "reserved-exists", "reserved-equal", "other-exists", "other-equal"]))
+    tol: dict[str, Any]
+    if kind == "every-taint":
+        tol = {"operator": "Exists"}
+    elif kind == "reserved-exists":
+        tol = {"key": DEVICE_TAINT_KEY, "operator": "Exists"}
+    elif kind == "reserved-equal":
+        tol = {"key": DEVICE_TAINT_KEY, "operator": "Equal", "value": draw(st.sampled_from([S.RESERVED_CLASS, "x"]))}
+    elif kind == "other-exists":
+        tol = {"key": draw(S.label_keys), "operator": "Exists"}
+    else:
+        tol = {"key": draw(S.label_keys), "operator": "Equal", "value": draw(S.label_values)}
+    effect = draw(st.sampled_from(["", "", "NoSchedule", "NoExecute", "None"]))
+    if effect:
+        tol["effect"] = effect
+    if effect == "NoExecute" and draw(st.booleans()):
+        tol["tolerationSeconds"] = draw(st.integers(0, 3600))
+    return tol
+
+
+@st.composite
+def claims_with_tolerations(draw: st.DrawFn) -> dict[str, Any]:
+    """``S.resource_claims()``, each request (``exactly``) and subrequest sometimes carrying tolerations (or
+    an explicit null)."""
+    claim: dict[str, Any] = draw(S.resource_claims())
+    spec = claim["spec"]["spec"] if claim["kind"] == "ResourceClaimTemplate" else claim["spec"]
+    for request in ((spec or {}).get("devices") or {}).get("requests") or []:
+        for body in [request["exactly"]] if request.get("exactly") else request.get("firstAvailable") or []:
+            shape = draw(st.integers(0, 5))
+            if shape == 0:
+                body["tolerations"] = None
+            elif shape <= 2:
+                body["tolerations"] = draw(st.lists(device_tolerations(), max_size=3))
+    return claim
+
+
+def request_bodies(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every ``exactly`` and ``firstAvailable`` entry of the claim, in order."""
+    spec = claim["spec"]["spec"] if claim["kind"] == "ResourceClaimTemplate" else claim["spec"]
+    out: list[dict[str, Any]] = []
+    for request in ((spec or {}).get("devices") or {}).get("requests") or []:
+        out += [request["exactly"]] if request.get("exactly") else []
+        out += request.get("firstAvailable") or []
+    return out
+
+
+def may_tolerate_device_taint(tol: Mapping[str, Any]) -> bool:
+    """Could it tolerate the reserved-device taint (what a namespace without inference may not carry)?"""
+    return tol.get("key") == DEVICE_TAINT_KEY or (not tol.get("key") and tol.get("operator") == "Exists")
+
+
+def tolerates_device_taint(tol: Mapping[str, Any]) -> bool:
+    """Does it tolerate the reserved-device taint (NoSchedule) whatever the taint's value?"""
+    return (
+        tol.get("operator") == "Exists"
+        and tol.get("key", "") in ("", DEVICE_TAINT_KEY)
+        and tol.get("effect", "") in ("", "NoSchedule")
+    )
+
+
+def claim_decision_facts(decision: Decision) -> tuple[Any, ...]:
+    violations = tuple((v.rule, v.field, v.message) for v in decision.violations)
+    return (decision.allowed, decision.rule, decision.message, decision.patch, decision.warnings, violations)
+
+
 @given(
-    claim=S.resource_claims(),
+    claim=claims_with_tolerations(),
     namespace=S.device_namespaces(),
     policy_name=S.device_policy_names,
     reserved=st.sampled_from([True, True, True, False]),
+    tainted=st.booleans(),
 )
 def test_claims_under_device_reservation(
-    claim: dict[str, Any], namespace: NamespaceFacts, policy_name: str, reserved: bool
+    claim: dict[str, Any], namespace: NamespaceFacts, policy_name: str, reserved: bool, tainted: bool
 ) -> None:
     """Any claim or template, namespace and policy: ``decide_claim`` never raises, a denial carries no patch,
     the patch applies and the result is valid Kubernetes 1.37, a second run changes nothing; nothing at
     all without a reservation. With one (enforce, admitted): a claim of a namespace whose class is not
     inference names no GPU class but the shared one (the reserved one only where the namespace also
     allows inference and the author named it); an inference claim names only the reserved class, and the
-    shared one where the author named it or the policy spills over."""
+    shared one where the author named it or the policy spills over. Tolerations of the reserved-device
+    taint: every request or subrequest for the reserved class of a namespace that may use it tolerates the
+    taint, its own tolerations kept before the added one; a claim of any other namespace that could
+    tolerate it is denied; the same in either reservation mode."""
     validate_claim(claim)
     policy = S.device_policy_named(policy_name)
-    decision = run_claim(claim, namespace, policy, reserved)
+    decision = run_claim(claim, namespace, policy, reserved, tainted=tainted)
+    other = run_claim(claim, namespace, policy, reserved, tainted=not tainted)
+    assert claim_decision_facts(other) == claim_decision_facts(decision), "the reservation's mode changes nothing"
     event(f"{decision.mode} {decision.outcome} {decision.rule}")
     if not decision.allowed:
-        assert decision.patch == () and decision.rule == DENY_RESERVED_CLASS and decision.mode == "enforce"
+        assert decision.patch == () and decision.mode == "enforce"
+        assert decision.rule in (DENY_RESERVED_CLASS, DENY_RESERVED_TOLERATION)
         assert decision.code == 403 and decision.violations
     if decision.mode == "audit" or not reserved:
         assert decision.allowed and decision.patch == ()
     patched: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(claim), list(decision.patch))
     validate_claim(patched)
-    again = run_claim(patched, namespace, policy, reserved)
+    again = run_claim(patched, namespace, policy, reserved, tainted=tainted)
     assert again.patch == (), f"second run is not idempotent: {list(again.patch)}"
     assert again.allowed == decision.allowed
 
@@ -806,11 +888,27 @@ def test_claims_under_device_reservation(
     if not reserved or excluded or (scheduler and claim["kind"] == "ResourceClaim"):
         assert decision.patch == () and decision.allowed
         return
-    if not decision.allowed or decision.mode != "enforce":
-        return
     classes = policy.namespace_classes(namespace.name, namespace.labels)
     inference = policy.spec.classes[classes.default].placement == "reserved"
     may_use_reserved = any(policy.spec.classes[name].placement == "reserved" for name in classes.allowed)
+    tolerating = [tol for body in request_bodies(claim) for tol in body.get("tolerations") or []]
+    if not may_use_reserved and any(map(may_tolerate_device_taint, tolerating)):
+        assert DENY_RESERVED_TOLERATION in {v.rule for v in decision.violations}, decision
+    if DENY_RESERVED_TOLERATION in {v.rule for v in decision.violations}:
+        assert not may_use_reserved and any(map(may_tolerate_device_taint, tolerating)), decision
+    if not decision.allowed or decision.mode != "enforce":
+        return
+    for body in request_bodies(patched):
+        own = body.get("tolerations") or []
+        if not may_use_reserved:
+            assert not any(map(may_tolerate_device_taint, own)), body
+        elif body["deviceClassName"] == S.RESERVED_CLASS:
+            assert any(map(tolerates_device_taint, own)), body
+    # The author's tolerations are kept, in order, ahead of any added one (a spill-over adds subrequests).
+    if len(request_bodies(claim)) == len(request_bodies(patched)):
+        for before_body, after_body in zip(request_bodies(claim), request_bodies(patched), strict=True):
+            kept = before_body.get("tolerations") or []
+            assert (after_body.get("tolerations") or [])[: len(kept)] == kept, (before_body, after_body)
     spillover = policy.spec.reserved_devices.inference_spillover
     for before, after in zip(request_classes(claim), request_classes(patched), strict=True):
         gpu = [name for name in after if is_gpu_class(policy_name, name)]
@@ -919,11 +1017,15 @@ def test_pods_under_device_reservation(pod: dict[str, Any], namespace: Namespace
             assert SHARED_RESOURCE in original
 
 
-@given(claim=S.resource_claims(), name=st.sampled_from(["serving", "llm", "mixed-serving"]))
+RESERVED_DEVICE_TOLERATION = {"key": DEVICE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@given(claim=claims_with_tolerations(), name=st.sampled_from(["serving", "llm", "mixed-serving"]))
 def test_inference_claims_spill_over_to_valid_subrequests(claim: dict[str, Any], name: str) -> None:
     """Inference spill-over (device-spillover): each exact request of a GPU class other than the reservation's
     two becomes ``firstAvailable: [reserved, shared]`` (admin access: pointed at the reserved class, never
-    spilled), each subrequest keeping the request's fields a subrequest has; valid, and decided once."""
+    spilled), each subrequest keeping the request's fields a subrequest has, the reserved one (and any
+    exact request for the reserved class) tolerating the reserved-device taint; valid, and decided once."""
     policy = S.device_policy_named("device-spillover")
     namespace = NamespaceFacts(name, {S.CLASS_LABEL: "inference"})
     decision = run_claim(claim, namespace, policy, True)
@@ -944,16 +1046,21 @@ def test_inference_claims_spill_over_to_valid_subrequests(claim: dict[str, Any],
         exactly = request.get("exactly")
         if not exactly or not is_gpu_class("device-spillover", exactly["deviceClassName"]):
             continue
-        if exactly["deviceClassName"] in (S.RESERVED_CLASS, S.SHARED_CLASS):
+        own = exactly.get("tolerations") or []
+        # A request for the reserved class tolerates the reserved-device taint (added unless it already did).
+        tolerations = own if any(map(tolerates_device_taint, own)) else [*own, RESERVED_DEVICE_TOLERATION]
+        if exactly["deviceClassName"] == S.SHARED_CLASS:
             assert result == request
+        elif exactly["deviceClassName"] == S.RESERVED_CLASS:
+            assert result == {**request, "exactly": {**exactly, "tolerations": tolerations}}
         elif exactly.get("adminAccess"):
-            assert result["exactly"] == {**exactly, "deviceClassName": S.RESERVED_CLASS}
+            assert result["exactly"] == {**exactly, "deviceClassName": S.RESERVED_CLASS, "tolerations": tolerations}
         else:
             fields = {k: v for k, v in exactly.items() if k not in ("deviceClassName", "adminAccess")}
             assert result == {
                 "name": request["name"],
                 "firstAvailable": [
-                    {"name": "reserved", **fields, "deviceClassName": S.RESERVED_CLASS},
+                    {"name": "reserved", **fields, "deviceClassName": S.RESERVED_CLASS, "tolerations": tolerations},
                     {"name": "shared", **fields, "deviceClassName": S.SHARED_CLASS},
                 ],
             }

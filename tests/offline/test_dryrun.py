@@ -430,7 +430,10 @@ def test_claims_and_pods_are_shown_steered_while_the_reserved_device_class_is_ac
     assert result.returncode == 0, result.stderr
     out = _by_name(result.stdout)
     llm = out["llm-gpu"]["spec"]["spec"]["devices"]["requests"]
-    assert llm == [{"name": "gpu", "exactly": {"deviceClassName": RESERVED_CLASS, "count": 2}}]
+    toleration = {"key": "rocm-isolation.io/reserved-device", "operator": "Exists", "effect": "NoSchedule"}
+    assert llm == [
+        {"name": "gpu", "exactly": {"deviceClassName": RESERVED_CLASS, "count": 2, "tolerations": [toleration]}}
+    ]
     assert out["llm-gpu"]["metadata"]["annotations"] == {CLASS: "inference"}
     trainer = out["trainer-gpus"]["spec"]["spec"]["devices"]["requests"]
     assert [r["exactly"]["deviceClassName"] for r in trainer] == [SHARED_CLASS, "nic.example.com"]

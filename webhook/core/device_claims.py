@@ -11,6 +11,20 @@ spec are immutable afterwards), so that pod authors change nothing:
 - in any other namespace, such a request is pointed at the shared class, and a request naming the
   reserved class itself is denied (unless the namespace also allows the inference class).
 
+Tolerations of the reserved-device taint (``RESERVED_DEVICE_TAINT_KEY``, ``NoSchedule``: with
+``device-reservation-mode: taints`` DeviceTaintRules taint the reserved devices of the chosen nodes, and
+the allocator gives a tainted device only to a request that tolerates the taint):
+
+- in a namespace that may use the reserved class, every request (``exactly``) and every ``firstAvailable``
+  subrequest whose class is, after the steering, the reserved one gets ``{key: rocm-isolation.io/
+  reserved-device, operator: Exists, effect: NoSchedule}`` unless one of its tolerations already tolerates
+  that taint whatever its value (empty or that key, ``Exists``, empty or ``NoSchedule`` effect). Added in
+  either mode: harmless while the classes alone hold the reservation, and a template made then still
+  works after a switch to taints. A spill-over gets it on its reserved subrequest only;
+- in any other namespace, a toleration of any request or subrequest that could tolerate the taint (its
+  key, or an empty key with ``Exists``; whatever the effect) is denied: taints are not access control,
+  and the shared class selects the reserved devices too in that mode.
+
 Requests of classes that hand out no GPU are left alone. Claims the scheduler makes for a DRA extended
 resource (``resource.kubernetes.io/extended-resource-claim``) are created after their allocation:
 changing or denying them would only leave their pod Pending, so they are never touched (the backstop
@@ -24,7 +38,13 @@ from __future__ import annotations
 from typing import Any
 
 from webhook.core import patch
-from webhook.core.claims import CLAIM_KIND, EXTENDED_RESOURCE_CLAIM_ANNOTATION, TEMPLATE_KIND
+from webhook.core.claims import (
+    CLAIM_KIND,
+    EXTENDED_RESOURCE_CLAIM_ANNOTATION,
+    RESERVED_DEVICE_TAINT_EFFECT,
+    RESERVED_DEVICE_TAINT_KEY,
+    TEMPLATE_KIND,
+)
 from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, Violation
 from webhook.core.engine import (
     CLASS_ANNOTATION,
@@ -41,6 +61,30 @@ RULE_SCHEDULER_CLAIM = "extended-resource-claim"
 RULE_NO_GPU_REQUEST = "no-gpu-request"
 RULE_MALFORMED_CLAIM = "malformed-claim"
 DENY_RESERVED_CLASS = "deny-reserved-device-class"
+DENY_RESERVED_TOLERATION = "deny-reserved-device-toleration"
+# What a request for the reserved class gets (value-independent: Exists).
+RESERVED_TOLERATION: dict[str, str] = {
+    "key": RESERVED_DEVICE_TAINT_KEY,
+    "operator": "Exists",
+    "effect": RESERVED_DEVICE_TAINT_EFFECT,
+}
+
+
+def may_tolerate_reserved(toleration: dict[str, Any]) -> bool:
+    """Could this DeviceToleration tolerate the reserved-device taint: its key, or an empty key with
+    ``Exists`` (every taint)? Whatever the effect and value (what is denied outside inference)."""
+    key = toleration.get("key") or ""
+    return key == RESERVED_DEVICE_TAINT_KEY or (not key and toleration.get("operator") == "Exists")
+
+
+def tolerates_reserved(toleration: dict[str, Any]) -> bool:
+    """Does this DeviceToleration tolerate the reserved-device taint whatever its value (``Exists``, an
+    empty or ``NoSchedule`` effect)? Then a request for the reserved class needs no other."""
+    return (
+        toleration.get("operator") == "Exists"
+        and (toleration.get("key") or "") in ("", RESERVED_DEVICE_TAINT_KEY)
+        and (toleration.get("effect") or "") in ("", RESERVED_DEVICE_TAINT_EFFECT)
+    )
 
 
 class _Malformed(ValueError):
@@ -136,9 +180,12 @@ def _decide(
     def is_gpu(name: str) -> bool:
         return bool(policy.gpu_device_classes(name)) or name in devices.gpu_classes
 
-    def steer(name: Any, field: str, pointer: str) -> None:
-        if not isinstance(name, str) or not name or not is_gpu(name):
-            return
+    def steer(name: Any, field: str, pointer: str) -> str:
+        """Steer one deviceClassName; the class the request names afterwards ('' when none)."""
+        if not isinstance(name, str):
+            return ""
+        if not name or not is_gpu(name):
+            return name
         if name in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name):
             if name == reserved_devices.reserved_class_name and not may_use_reserved:
                 violations.append(
@@ -150,9 +197,27 @@ def _decide(
                         f"{reserved_devices.shared_class_name}{_inference_hint(policy)}",
                     )
                 )
-            return
+            return name
         ops.append(patch.replace(pointer, target))
         changed.append(f"{field}: {name} -> {target}")
+        return target
+
+    def tolerations(body: dict[str, Any], field: str, pointer: str, device_class: str) -> None:
+        """Deny a toleration of the reserved-device taint outside inference; add it to a request for the
+        reserved class that lacks it."""
+        listed = _tolerations(body, field)
+        if not may_use_reserved:
+            for k, toleration in enumerate(listed):
+                if may_tolerate_reserved(toleration):
+                    tolerations_field = f"{field}.tolerations[{k}]"
+                    violations.append(
+                        _toleration_violation(tolerations_field, toleration, namespace, class_name, policy)
+                    )
+            return
+        if device_class == reserved_devices.reserved_class_name and not any(map(tolerates_reserved, listed)):
+            toleration = dict(RESERVED_TOLERATION)
+            ops.extend(patch.append_to_list(body.get("tolerations"), f"{pointer}/tolerations", [toleration]))
+            changed.append(f"{field}.tolerations: + {RESERVED_DEVICE_TAINT_KEY} ({RESERVED_DEVICE_TAINT_EFFECT})")
 
     for i, request in enumerate(requests):
         field = f"{where}.devices.requests[{i}]"
@@ -171,19 +236,23 @@ def _decide(
                 and not exactly.get("adminAccess")
             )
             if spill:
+                tolerate = may_use_reserved and not any(
+                    map(tolerates_reserved, _tolerations(exactly, f"{field}.exactly"))
+                )
                 ops.extend(_spill_over(request, exactly, pointer, reserved_devices.reserved_class_name,
-                                       reserved_devices.shared_class_name))  # fmt: skip
+                                       reserved_devices.shared_class_name, tolerate=tolerate))  # fmt: skip
                 changed.append(f"{field}.exactly: {name} -> firstAvailable [reserved, shared]")
             else:
-                steer(name, f"{field}.exactly.deviceClassName", f"{pointer}/exactly/deviceClassName")
+                steered = steer(name, f"{field}.exactly.deviceClassName", f"{pointer}/exactly/deviceClassName")
+                tolerations(exactly, f"{field}.exactly", f"{pointer}/exactly", steered)
         for j, sub in enumerate(_items(request.get("firstAvailable"), f"{field}.firstAvailable")):
             sub_field = f"{field}.firstAvailable[{j}]"
             sub = _dict(sub, sub_field)
-            steer(
-                sub.get("deviceClassName"),
-                f"{sub_field}.deviceClassName",
-                f"{pointer}/firstAvailable/{j}/deviceClassName",
+            sub_pointer = f"{pointer}/firstAvailable/{j}"
+            steered = steer(
+                sub.get("deviceClassName"), f"{sub_field}.deviceClassName", f"{sub_pointer}/deviceClassName"
             )
+            tolerations(sub, sub_field, sub_pointer, steered)
 
     if not ops and not violations:
         return _allow(RULE_NO_GPU_REQUEST, f"class {class_name}: no GPU request to steer", mode)
@@ -193,18 +262,43 @@ def _decide(
 
 
 def _spill_over(
-    request: dict[str, Any], exactly: dict[str, Any], pointer: str, reserved: str, shared: str
+    request: dict[str, Any], exactly: dict[str, Any], pointer: str, reserved: str, shared: str, *, tolerate: bool
 ) -> list[dict[str, Any]]:
     """The request with ``exactly`` as ``firstAvailable: [reserved, shared]`` (a subrequest has every
     field of an exact request but ``adminAccess``: a request asking for it is never spilled, and an
-    ``adminAccess: false`` is left out)."""
+    ``adminAccess: false`` is left out); ``tolerate``: the reserved subrequest also gets the toleration of
+    the reserved-device taint (the shared one does not need it)."""
     fields = {key: value for key, value in exactly.items() if key not in ("deviceClassName", "adminAccess")}
     body = {key: value for key, value in request.items() if key != "exactly"}
-    body["firstAvailable"] = [
-        {"name": "reserved", **fields, "deviceClassName": reserved},
-        {"name": "shared", **fields, "deviceClassName": shared},
-    ]
+    first = {"name": "reserved", **fields, "deviceClassName": reserved}
+    if tolerate:
+        first["tolerations"] = [*(exactly.get("tolerations") or []), dict(RESERVED_TOLERATION)]
+    body["firstAvailable"] = [first, {"name": "shared", **fields, "deviceClassName": shared}]
     return [patch.replace(pointer, body)]
+
+
+def _tolerations(body: dict[str, Any], field: str) -> list[dict[str, Any]]:
+    return [
+        _dict(item, f"{field}.tolerations[{k}]")
+        for k, item in enumerate(_items(body.get("tolerations"), f"{field}.tolerations"))
+    ]
+
+
+def _toleration_violation(
+    field: str, toleration: dict[str, Any], namespace: NamespaceFacts, class_name: str, policy: Policy
+) -> Violation:
+    what = (
+        "tolerates every taint (empty key, operator Exists)"
+        if not toleration.get("key")
+        else f"tolerates the taint {RESERVED_DEVICE_TAINT_KEY}"
+    )
+    return Violation(
+        DENY_RESERVED_TOLERATION,
+        field,
+        f"{field}: {what}, which DeviceTaintRules put on the GPUs reserved for inference, and namespace "
+        f"{namespace.name} (class {class_name}) allows no inference class; remove the toleration (or give it "
+        f"another key){_inference_hint(policy)}",
+    )
 
 
 def _inference_hint(policy: Policy) -> str:
