@@ -16,8 +16,11 @@ so that whatever else the machine does falls on all of them alike:
   bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names, the
   device-level ones, which the apiserver skips while no device reservation exists),
   ``floor`` (``FLOOR_VAP``: one condition, one validation that holds), ``baseline`` (the backstop
-  before issue 27), and ``rocm-isolation-reserved-nodes`` and ``-reserved-node-names`` alone, now and
-  before (each against the floor: one VAP each).
+  before issue 27), and ``rocm-isolation-reserved-nodes``, ``-reserved-node-names`` and
+  ``-reserved-device-pods`` alone, now and before (each against the floor: one VAP each); the
+  device-level pods policy alone and the whole backstop again (``product, devices reserved``,
+  ``baseline, devices reserved``) are measured with the reserved DeviceClass present for their rounds
+  (a device reservation applied: the apiserver then evaluates the pods policy's condition for every pod).
 
 Every round measures GPU pods (one container with ``amd.com/gpu``) and pods that reach no GPU, each
 with the apiserver's own figures from ``/metrics``, subtracted before and after: the time of each
@@ -72,7 +75,10 @@ from tests.e2e.harness import (
     wait_reserved_nodes_known,
 )
 from tests.e2e.kube import ApiError, Kube, Obj, wait_until
+from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
+from webhook.core.policy import default_policy
 from webhook.deploy import mutating_policy, render, reserved_devices, reserved_names
+from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
 
 CLASS_LABEL = "rocm-isolation.io/class"
 NAMESPACES = {"training": "bench-training", "inference": "bench-inference"}
@@ -83,6 +89,14 @@ PLACEMENT = mutating_policy.POLICY_NAME
 NODES = render.RESERVED_NODES_POLICY
 NAMES = reserved_names.POLICY_NAME
 DEVICES = reserved_devices.POLICY_NAMES
+DEVICE_PODS = reserved_devices.PODS_POLICY
+# The device-level backstop's parameter: the reserved DeviceClass. Without it (no ``pool apply
+# --devices-per-node`` yet) the apiserver skips those policies (parameterNotFoundAction: Allow); the
+# variants of DEVICES_RESERVED create it for their rounds, as the policies read it (its state label
+# active), not labelled as ours, so the webhook steers nothing to the reserved class: the pods measured
+# stay the same (amd.com/gpu).
+RESERVED_DEVICE_CLASS = default_policy().spec.reserved_devices.reserved_class_name
+DRA_PROBE_RESOURCE = DEVICE_CLASS_RESOURCE_PREFIX + "gpu.amd.com"
 
 STEP = "apiserver_admission_step_admission_duration_seconds"
 PLUGIN = "apiserver_admission_controller_admission_duration_seconds"
@@ -138,8 +152,25 @@ GROUP_VARIANTS: dict[str, dict[str, list[str]]] = {
         "reserved-nodes baseline": _baseline([NODES]),
         "reserved-node-names": [NAMES],
         "reserved-node-names baseline": _baseline([NAMES]),
+        "reserved-device-pods": [DEVICE_PODS],
+        "reserved-device-pods baseline": _baseline([DEVICE_PODS]),
+        "product, devices reserved": [NODES, NAMES, *DEVICES],
+        "baseline, devices reserved": _baseline([NODES, NAMES, *DEVICES]),
     },
 }
+# The variants measured with the reserved DeviceClass present (a device reservation applied).
+DEVICES_RESERVED = frozenset(
+    {"reserved-device-pods", "reserved-device-pods baseline", "product, devices reserved", "baseline, devices reserved"}
+)
+
+
+def reserved_device_class() -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": RESERVED_DEVICE_CLASS, "labels": {STATE_LABEL: ACTIVE}},
+        "spec": {},
+    }
 
 
 def floor_map() -> Obj:
@@ -282,9 +313,15 @@ class Bench:
         """Whether a probe is denied by ``policy`` (a VAP). The backstops' probes opt out of the webhook
         and the MAP (nothing placed) in a training namespace, and select the reserved nodes by label
         (``rocm-isolation-reserved-nodes``) or by name in ``matchFields`` (``rocm-isolation-reserved-node-names``
-        alone: a ``spec.nodeName`` with the opt-out label is the other policy's denial too)."""
+        alone: a ``spec.nodeName`` with the opt-out label is the other policy's denial too), or ask for
+        AMD's DeviceClass by its DRA extended resource (``rocm-isolation-reserved-device-pods``, while the
+        reserved DeviceClass exists)."""
         if policy == FLOOR_VAP_NAME:
             pod = gpu_pod("probe", NAMESPACES["training"], labels={FLOOR_PROBE_LABEL: "x"})
+        elif policy.removesuffix(BASELINE_SUFFIX) == DEVICE_PODS:
+            # A training pod asking for AMD's own class by its DRA extended resource (reservation active).
+            pod = gpu_pod("probe", NAMESPACES["training"], labels={OPT_OUT: "true"})
+            pod["spec"]["containers"][0]["resources"] = {"limits": {DRA_PROBE_RESOURCE: "1"}}
         elif policy.removesuffix(BASELINE_SUFFIX) == NAMES:
             term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [RESERVED_NODES[0]]}]}
             affinity = {
@@ -317,7 +354,10 @@ class Bench:
         for policy in GROUP_VARIANTS[group][variant]:
             if group == "map":
                 wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
-            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, NAMES, FLOOR_VAP_NAME):
+            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, NAMES, FLOOR_VAP_NAME) or (
+                # Without the reserved DeviceClass the apiserver skips it: nothing to probe.
+                policy.removesuffix(BASELINE_SUFFIX) == DEVICE_PODS and variant in DEVICES_RESERVED
+            ):
                 wait_until(
                     lambda policy=policy: self.denied_by(policy) == wanted,
                     timeout=60,
@@ -325,6 +365,8 @@ class Bench:
                 )
 
     def bind(self, group: str, variant: str) -> None:
+        if variant in DEVICES_RESERVED:
+            self.kube.apply(reserved_device_class())
         for binding in self._bindings(group, variant):
             self.kube.apply(binding)
         self._wait(group, variant, True)
@@ -333,7 +375,10 @@ class Bench:
         for binding in self._bindings(group, variant):
             self.kube.delete(binding["kind"], binding["metadata"]["name"])
         self._wait(group, variant, False)
-        # The bindings without a probe (the device backstop's) went at the same time: a moment more.
+        if variant in DEVICES_RESERVED:
+            self.kube.delete("DeviceClass", RESERVED_DEVICE_CLASS)
+        # The bindings without a probe (the device claims' ones) and the DeviceClass went at the same
+        # time: a moment more for the apiserver's informers.
         time.sleep(0.5)
 
 
@@ -517,6 +562,10 @@ RATIOS = {
         ("reserved-nodes / its baseline", "reserved-nodes", "reserved-nodes baseline"),
         ("reserved-node-names / floor", "reserved-node-names", "floor"),
         ("reserved-node-names / its baseline", "reserved-node-names", "reserved-node-names baseline"),
+        ("reserved-device-pods / floor", "reserved-device-pods", "floor"),
+        ("reserved-device-pods / its baseline", "reserved-device-pods", "reserved-device-pods baseline"),
+        ("product, devices reserved / floor", "product, devices reserved", "floor"),
+        ("product, devices reserved / its baseline", "product, devices reserved", "baseline, devices reserved"),
     ],
 }
 
