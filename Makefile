@@ -88,7 +88,9 @@ bench-audit: $(COMPILED)
 bench-instructions: $(COMPILED)
 	$(PY) -m bench.instructions
 
-# admission latency the apiserver reports with and without the placement MAP (needs KUBEBUILDER_ASSETS)
+# what the admission policies cost the apiserver per pod (its own histograms), in one run of alternating
+# rounds: the placement MAP and the backstop VAPs against none, a floor policy and the pre-issue-27 baseline
+# (bench/apiserver_baseline.yaml); docs/benchmarks.md. Needs KUBEBUILDER_ASSETS=.cache/envtest/bin (v1.36 binaries).
 bench-apiserver: $(COMPILED)
 	$(PY) -m bench.apiserver_admission
 
