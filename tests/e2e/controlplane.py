@@ -304,6 +304,9 @@ class ControlPlane:
     admin: KeyPair = field(init=False)
     # More kube-apiserver flags (e.g. --runtime-config for an API version that is off by default).
     apiserver_args: tuple[str, ...] = ()
+    # Feature gates turned on in kube-apiserver, kube-scheduler and kube-controller-manager alike
+    # (e.g. DRADeviceTaintRules, which all three read in 1.36).
+    feature_gates: tuple[str, ...] = ()
 
     @property
     def server(self) -> str:
@@ -387,10 +390,11 @@ class ControlPlane:
                 f"--proxy-client-cert-file={front_proxy.cert}",
                 f"--proxy-client-key-file={front_proxy.key}",
                 *self.apiserver_args,
+                *self._gates(),
             ],
         )
         self._wait(apiserver, self._apiserver_ready, "kube-apiserver /readyz", timeout=90)
-        common = ["--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false", "-v=1"]
+        common = ["--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false", "-v=1", *self._gates()]
         self.processes.start(
             "kube-scheduler",
             [
@@ -414,6 +418,11 @@ class ControlPlane:
                 "--controllers=*,-node-lifecycle-controller,-node-ipam-controller",
                 *common,
             ],
+        )
+
+    def _gates(self) -> list[str]:
+        return (
+            [f"--feature-gates={','.join(f'{gate}=true' for gate in self.feature_gates)}"] if self.feature_gates else []
         )
 
     def kubeconfig(self, user: str, client: KeyPair) -> Path:

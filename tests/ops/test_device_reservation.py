@@ -205,23 +205,36 @@ def test_some_nodes_of_the_driver_only_is_a_subset_cel_cannot_express(kwargs: di
 
 
 @pytest.mark.parametrize(
-    ("versions", "served"),
+    ("versions", "server", "opted_in", "served"),
     [
         (
             ("v1beta2",),
+            (1, 36, 4),
+            False,
             "this cluster serves devicetaintrules in resource.k8s.io/v1beta2: if the DRADeviceTaintRules feature gate "
             "is on in kube-apiserver, kube-scheduler and kube-controller-manager (the API cannot show the "
-            "scheduler's), add --device-taint-rules",
+            "scheduler's;",
         ),
-        ((), "this cluster serves no devicetaintrules (API discovery of resource.k8s.io). Otherwise split"),
-        (None, "whether this cluster serves them could not be read"),
+        (
+            ("v1beta2",),
+            (1, 36, 2),
+            True,
+            "its kube-apiserver is v1.36.2, and the kube-scheduler of v1.36.0 to v1.36.2 panics as soon as a "
+            "DeviceTaintRule exists and a ResourceSlice or DeviceClass changes (kubernetes/kubernetes#139651; seen on "
+            "v1.36.2): upgrade the control plane to v1.36.3 or later",
+        ),
+        (("v1beta2",), None, True, "but the kube-apiserver's version could not be read (GET /version)"),
+        ((), (1, 36, 4), True, "this cluster serves no devicetaintrules (API discovery of resource.k8s.io)"),
+        (None, (1, 36, 4), True, "whether this cluster serves devicetaintrules could not be read"),
     ],
 )
-def test_the_subset_message_says_why_and_whether_device_taint_rules_are_served(
-    versions: tuple[str, ...] | None, served: str
+def test_the_subset_message_says_why_device_taint_rules_cannot_be_used(
+    versions: tuple[str, ...] | None, server: tuple[int, int, int] | None, opted_in: bool, served: str
 ) -> None:
+    why_not = dr.taint_rules_unusable(versions, server, opted_in=opted_in)
+    assert why_not is not None and served in why_not
     err = dr.SubsetError("--nodes mi300-a", ["mi300-a"], ["mi300-a", "mi300-b"], "gpu.amd.com")
-    message = dr.subset_message(err, versions)
+    message = dr.subset_message(err, why_not)
     assert message.startswith(
         "--nodes mi300-a: device-level reservation splits every node that publishes gpu.amd.com devices, not some: "
         "mi300-b also publishes them. The DeviceClasses select devices with CEL, which sees a device's driver, "
@@ -229,6 +242,16 @@ def test_the_subset_message_says_why_and_whether_device_taint_rules_are_served(
     )
     assert "DeviceTaintRules" in message and "DRADeviceTaintRules feature gate, v1 in 1.37" in message
     assert served in message
+
+
+@pytest.mark.parametrize(
+    ("versions", "server", "opted_in"),
+    [(("v1",), (1, 37, 0), False), (("v1", "v1beta2"), None, False), (("v1beta2",), (1, 36, 3), True)],
+)
+def test_device_taint_rules_are_used_when_v1_is_served_or_v1beta2_is_opted_into_on_a_fixed_scheduler(
+    versions: tuple[str, ...], server: tuple[int, int, int] | None, opted_in: bool
+) -> None:
+    assert dr.taint_rules_unusable(versions, server, opted_in=opted_in) is None
 
 
 @pytest.mark.parametrize(

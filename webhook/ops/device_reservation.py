@@ -273,24 +273,60 @@ class SubsetError(SelectionError):
 
     def __init__(self, option: str, chosen: Sequence[str], every: Sequence[str], driver: str) -> None:
         self.option, self.chosen, self.every, self.driver = option, tuple(chosen), tuple(every), driver
-        super().__init__(subset_message(self, None))
+        super().__init__(subset_message(self, "whether the cluster serves them was not read"))
 
 
-def subset_message(err: SubsetError, taint_rule_versions: Sequence[str] | None) -> str:
-    """Why a subset of the driver's nodes cannot be split, and what could do it (``taint_rule_versions``:
-    the resource.k8s.io versions the cluster serves ``devicetaintrules`` in; None when discovery failed)."""
-    left = [n for n in err.every if n not in err.chosen]
-    if taint_rule_versions is None:
-        served = "whether this cluster serves them could not be read (API discovery of resource.k8s.io)"
-    elif taint_rule_versions:
-        served = (
-            "this cluster serves devicetaintrules in "
-            + ", ".join(f"resource.k8s.io/{v}" for v in taint_rule_versions)
-            + ": if the DRADeviceTaintRules feature gate is on in kube-apiserver, kube-scheduler and "
-            "kube-controller-manager (the API cannot show the scheduler's), add --device-taint-rules"
+# The first Kubernetes 1.36 patch release whose kube-scheduler does not panic on a DeviceTaintRule: v1.36.0
+# to v1.36.2 assert the rules of their v1beta2 informer as v1alpha3 (resourceslice/tracker.go ``typedSlice``)
+# at every ResourceSlice or DeviceClass event once one exists ("interface conversion: interface {} is
+# *v1beta2.DeviceTaintRule, not *v1alpha3.DeviceTaintRule", seen on v1.36.2: the scheduler exits);
+# kubernetes/kubernetes#139651, cherry-picked to release-1.36 as #139681 (2026-06-12).
+SCHEDULER_FIXED_1_36 = (1, 36, 3)
+PANIC_ISSUE = "kubernetes/kubernetes#139651"
+
+
+def version_text(version: tuple[int, int, int]) -> str:
+    return "v" + ".".join(str(part) for part in version)
+
+
+def taint_rules_unusable(
+    versions: Sequence[str] | None, server: tuple[int, int, int] | None, *, opted_in: bool
+) -> str | None:
+    """Why DeviceTaintRules may not hold a split on this cluster, or None when they may: served as v1
+    (1.37, GA: every component honours them); as v1beta2 only with ``--device-taint-rules`` (1.36: the
+    DRADeviceTaintRules gate must be on in kube-scheduler and kube-controller-manager too, which the API
+    cannot show) and from ``SCHEDULER_FIXED_1_36`` on (earlier schedulers panic)."""
+    if versions is None:
+        return "whether this cluster serves devicetaintrules could not be read (API discovery of resource.k8s.io)"
+    if not versions:
+        return "this cluster serves no devicetaintrules (API discovery of resource.k8s.io)"
+    if "v1" in versions:
+        return None
+    served = "this cluster serves devicetaintrules in resource.k8s.io/v1beta2"
+    if server is not None and server[:2] == (1, 36) and server < SCHEDULER_FIXED_1_36:
+        return (
+            f"{served}, but its kube-apiserver is {version_text(server)}, and the kube-scheduler of v1.36.0 to "
+            f"v1.36.2 panics as soon as a DeviceTaintRule exists and a ResourceSlice or DeviceClass changes "
+            f"({PANIC_ISSUE}; seen on v1.36.2): upgrade the control plane to {version_text(SCHEDULER_FIXED_1_36)} "
+            "or later"
         )
-    else:
-        served = "this cluster serves no devicetaintrules (API discovery of resource.k8s.io)"
+    if not opted_in:
+        return (
+            f"{served}: if the DRADeviceTaintRules feature gate is on in kube-apiserver, kube-scheduler and "
+            "kube-controller-manager (the API cannot show the scheduler's; with it off, the scheduler ignores the "
+            "rules and other classes would get the reserved devices) and kube-scheduler is at least "
+            f"{version_text(SCHEDULER_FIXED_1_36)} ({PANIC_ISSUE}), add --device-taint-rules"
+        )
+    if server is None:
+        return f"{served}, but the kube-apiserver's version could not be read (GET /version)"
+    return None
+
+
+def subset_message(err: SubsetError, why_not: str) -> str:
+    """Why a subset of the driver's nodes cannot be split, and what could do it (``why_not``: why the
+    cluster's DeviceTaintRules may not be used, ``taint_rules_unusable``)."""
+    left = [n for n in err.every if n not in err.chosen]
+    served = why_not
     return (
         f"{err.option}: device-level reservation splits every node that publishes {err.driver} devices, not some: "
         f"{', '.join(left)} also publish{'es' if len(left) == 1 else ''} them. The DeviceClasses select devices "

@@ -798,6 +798,7 @@ class DraState:
     rules: list[dict[str, Any]] = field(default_factory=list)  # our DeviceTaintRules
     # The resource.k8s.io versions serving devicetaintrules, newest first; None when discovery failed.
     rule_versions: tuple[str, ...] | None = ()
+    server_version: tuple[int, int, int] | None = None  # the kube-apiserver's (GET /version)
 
     @property
     def rule_version(self) -> str | None:
@@ -838,6 +839,7 @@ def read_dra(api: KubeApi, policy: Policy, *, claims: bool, required: bool) -> D
 def read_taint_rules(api: KubeApi, state: DraState, *, required: bool) -> None:
     """Our DeviceTaintRules, in the newest version that serves them (none when none does)."""
     state.rule_versions = device_taint_rule_versions(api)
+    state.server_version = server_version(api)
     version = state.rule_version
     if version is None:
         return
@@ -853,6 +855,20 @@ def read_taint_rules(api: KubeApi, state: DraState, *, required: bool) -> None:
         state.warnings.append(f"DeviceTaintRules not read ({err})")
         return
     state.rules[:] = found
+
+
+def server_version(api: KubeApi) -> tuple[int, int, int] | None:
+    """The kube-apiserver's version (``gitVersion`` v1.36.2, or its ``major``/``minor`` when that does not
+    parse), None when it cannot be read."""
+    try:
+        document = api.get("/version")
+    except ApiError:
+        return None
+    found = re.match(r"v?(\d+)\.(\d+)\.(\d+)", str(document.get("gitVersion") or ""))
+    if found:
+        major, minor, patch = (int(part) for part in found.groups())
+        return (major, minor, patch)
+    return None
 
 
 def device_taint_rule_versions(api: KubeApi) -> tuple[str, ...] | None:
@@ -919,12 +935,10 @@ def device_status(policy: Policy, cluster: Cluster, state: DraState) -> DeviceSt
     )
 
 
-def taint_rules_usable(state: DraState, args: argparse.Namespace) -> bool:
-    """DeviceTaintRules may hold the split: served as v1 (GA, 1.37: the scheduler honours them), or as
-    v1beta2 with ``--device-taint-rules`` (1.36: the operator says the gate is on in the scheduler, which
-    the API cannot show; without it the scheduler ignores the rules and training would get the devices)."""
-    return state.rule_version == "v1" or (
-        state.rule_version is not None and bool(getattr(args, "device_taint_rules", False))
+def taint_rules_why_not(state: DraState, args: argparse.Namespace) -> str | None:
+    """Why DeviceTaintRules may not hold the split here (``device_reservation.taint_rules_unusable``)."""
+    return device_reservation.taint_rules_unusable(
+        state.rule_versions, state.server_version, opted_in=bool(getattr(args, "device_taint_rules", False))
     )
 
 
@@ -945,7 +959,8 @@ def device_plan(
     state = state if state is not None else read_dra(api, policy, claims=True, required=True)
     require_v1(state)
     driver = policy.spec.reserved_devices.driver
-    usable = taint_rules_usable(state, args)
+    why_not = taint_rules_why_not(state, args)
+    usable = why_not is None
     notes: list[str] = []
     if chosen is None:
         try:
@@ -960,7 +975,7 @@ def device_plan(
                 allow_subset=usable,
             )
         except SubsetError as err:
-            raise SelectionError(device_reservation.subset_message(err, state.rule_versions)) from None
+            raise SelectionError(device_reservation.subset_message(err, why_not or "")) from None
     subset = set(chosen) != set(state.published)
     _, wanted = device_reservation.split(state.published, args.devices_per_node, chosen)
     differ = device_reservation.slots_differ(state.published, wanted)
@@ -972,12 +987,8 @@ def device_plan(
             else f"the reserved GPUs of {', '.join(differ)} sit in other PCI slots than their neighbours'"
         )
         notes.append(f"DeviceTaintRules hold the split: {why} (CEL cannot see the node)")
-    elif differ and state.rule_version == "v1beta2":
-        notes.append(
-            "this cluster serves resource.k8s.io/v1beta2 DeviceTaintRules: with --device-taint-rules (the "
-            "DRADeviceTaintRules gate on in kube-apiserver, kube-scheduler and kube-controller-manager) each "
-            "node would get exactly its own GPUs reserved"
-        )
+    elif differ:
+        notes.append(f"DeviceTaintRules would reserve each node's own GPUs exactly, but {why_not}")
     after, wanted = device_reservation.split(state.published, args.devices_per_node, chosen, by_taints=by_taints)
     if not after.active:
         raise SelectionError(
@@ -1289,22 +1300,23 @@ def write_split_labels(
     with the ``resourceVersion`` read, 409 → read again, as for whole nodes."""
     by_name = {n.name: n for n in cluster.nodes}
     label = plan.label
-    if plan.release:
-        verb = f"unlabeled ({label[0]}={label[1]} removed)"
+    unlabel_verb = f"unlabeled ({label[0]}={label[1]} removed)"
+    label_verb = f"labeled {label[0]}={label[1]}"
 
-        def make(node: PoolNode) -> dict[str, Any] | None:
-            return device_reservation.unsplit_label_patch(node, label)
-    else:
-        verb = f"labeled {label[0]}={label[1]}"
+    def unsplit(node: PoolNode) -> dict[str, Any] | None:
+        return device_reservation.unsplit_label_patch(node, label)
 
-        def make(node: PoolNode) -> dict[str, Any] | None:
-            return device_reservation.split_label_patch(node, label)
+    def split_it(node: PoolNode) -> dict[str, Any] | None:
+        return device_reservation.split_label_patch(node, label)
 
     written = []
     for split in plan.nodes:
         node = by_name.get(split.node)
         if node is None:
             continue
+        # A node of the split gets the label; the others (a release, or a node no longer chosen) lose it.
+        in_split = split.label in ("add", "replace", "keep")
+        make, verb = (split_it, label_verb) if in_split else (unsplit, unlabel_verb)
         result = write_node(api, node, make, policy, dry_run=dry_run)
         written.append(result)
         if table:
@@ -1387,9 +1399,10 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         if unknown:
             raise SelectionError(f"node{'s' if len(unknown) > 1 else ''} not found: {', '.join(unknown)}")
         if set(names) != set(every):
-            if not taint_rules_usable(state, args):
+            why_not = taint_rules_why_not(state, args)
+            if why_not is not None:
                 err = SubsetError(f"--nodes {','.join(names)}", names, every, devices.driver)
-                raise SelectionError(device_reservation.subset_message(err, state.rule_versions))
+                raise SelectionError(device_reservation.subset_message(err, why_not))
             current = device_reservation.current_reservation(policy, state.classes)
             if current is not None and current.active:
                 current = device_classes.with_tainted(current, device_taint_rules.tainted_keys(state.rules))
