@@ -23,6 +23,13 @@ so when the webhook was not called (``failurePolicy: Ignore``). The agreement is
 3. **No active reservation** (the class released, or absent: ``parameterNotFoundAction: Allow``, not
    evaluated): neither changes nor denies anything.
 
+Tolerations of the reserved-device taint (``rocm-isolation.io/reserved-device``) follow the same
+statement: outside the inference class the webhook denies a toleration that could tolerate it and the
+claims' second validation fails on exactly those; in a namespace that may use the reserved class the
+webhook adds it to requests for the reserved class and the policy has nothing to say. Each validation
+fails for its own reason (the first: a class, the second: a toleration), and each messageExpression is
+'' unless its validation fails.
+
 The differences that remain are asserted one by one at the end (a class the policy does not name,
 the scheduler's claims, UPDATEs, a pod's claims).
 """
@@ -35,6 +42,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+import cel_harness
 import jsonpatch
 import pytest
 import yaml
@@ -49,11 +57,17 @@ from cel_harness import (
     rendered,
     reserved_device_class,
 )
+from celpy import celtypes
 
 from webhook.core import engine
 from webhook.core.claims import CLAIM_KIND, EXTENDED_RESOURCE_CLAIM_ANNOTATION, TEMPLATE_KIND
 from webhook.core.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
-from webhook.core.device_claims import DENY_RESERVED_CLASS, RULE_SCHEDULER_CLAIM, decide_claim
+from webhook.core.device_claims import (
+    DENY_RESERVED_CLASS,
+    DENY_RESERVED_TOLERATION,
+    RULE_SCHEDULER_CLAIM,
+    decide_claim,
+)
 from webhook.core.policy import Policy, default_policy, load_policy
 from webhook.deploy.reserved_devices import (
     CLAIMS_POLICY,
@@ -141,10 +155,39 @@ def webhook_claim(
 def claim_must_change_or_deny(obj: Mapping[str, Any], ns: Mapping[str, Any], policy: Policy) -> bool:
     """What the webhook (enforce, reservation active) would have to do to the claim: deny it, or change a
     request."""
+    return bool(claim_validations_expected(obj, ns, policy))
+
+
+# The claims policies' validations, in order: a GPU class other than the shared one, a toleration of the
+# reserved-device taint.
+CLASS_VALIDATION, TOLERATION_VALIDATION = 0, 1
+
+
+def claim_validations_expected(obj: Mapping[str, Any], ns: Mapping[str, Any], policy: Policy) -> set[int]:
+    """Which validations of the claims policy must fail, from what the webhook (enforce, reservation
+    active) would do to the claim: the toleration one when it would deny a toleration; the class one when
+    it would deny the reserved class or change a request's class, judged on the claim without its
+    tolerations (a denial carries no patch, so a toleration's denial hides the steering it would do)."""
     decision = webhook_claim(obj, ns, policy, active=True, enforce=True)
-    if not decision.allowed:
-        return True
-    return any(op["path"].startswith(REQUESTS[obj["kind"]]) for op in decision.patch)
+    expected = {TOLERATION_VALIDATION} if DENY_RESERVED_TOLERATION in {v.rule for v in decision.violations} else set()
+    bare = _without_tolerations(obj)
+    decision = webhook_claim(bare, ns, policy, active=True, enforce=True)
+    # A change of a request other than the toleration's addition (which the webhook makes only where the
+    # reserved class may be used) is a change of class (steered, or spilled over).
+    if DENY_RESERVED_CLASS in {v.rule for v in decision.violations} or any(
+        op["path"].startswith(REQUESTS[bare["kind"]]) and "/tolerations" not in op["path"] for op in decision.patch
+    ):
+        expected.add(CLASS_VALIDATION)
+    return expected
+
+
+def _without_tolerations(obj: Mapping[str, Any]) -> dict[str, Any]:
+    bare = copy.deepcopy(dict(obj))
+    spec = bare["spec"]["spec"] if bare["kind"] == TEMPLATE_KIND else bare["spec"]
+    for request in spec["devices"]["requests"]:
+        for body in [request["exactly"]] if "exactly" in request else request.get("firstAvailable", []):
+            body.pop("tolerations", None)
+    return bare
 
 
 def claim_policy(kind: str) -> str:
@@ -176,12 +219,18 @@ def test_the_claim_backstop_denies_what_the_webhook_would_change_or_deny(
                 assert failed == [], (context, messages)
                 continue
             # 1. Without the webhook.
-            must = claim_must_change_or_deny(obj, ns, policy)
-            assert bool(failed) == (guarded and must), (context, decision, messages)
+            expected = claim_validations_expected(obj, ns, policy)
+            assert set(failed) == (expected if guarded else set()), (context, decision, messages)
             if failed:
                 assert actions == MODE_ACTIONS[decision.mode], context
-                assert f"use deviceClassName {SHARED}" in messages[0], messages
-                assert f"request '{_first_forbidden(obj)}'" in messages[0], messages
+            for index, message in zip(failed, messages, strict=True):
+                if index == CLASS_VALIDATION:
+                    assert f"use deviceClassName {SHARED}" in message, messages
+                    assert f"request '{_first_forbidden(obj)}'" in message, messages
+                else:
+                    assert "tolerates the taint rocm-isolation.io/reserved-device" in message, messages
+                    assert f"request '{_first_tolerating(obj)}'" in message, messages
+                    assert "remove that toleration (or give it another key)" in message, messages
             if not decision.allowed:
                 assert failed, f"{context}: the webhook denies, so must the backstop"
                 continue
@@ -191,6 +240,19 @@ def test_the_claim_backstop_denies_what_the_webhook_would_change_or_deny(
             assert bool(after) == (guarded and claim_must_change_or_deny(patched, ns, policy)), (context, messages)
             if decision.mode == "enforce":
                 assert after == [], f"{context}: the backstop refuses what the webhook admitted: {messages}"
+
+
+def _first_tolerating(obj: Mapping[str, Any]) -> str:
+    spec = obj["spec"]["spec"] if obj["kind"] == TEMPLATE_KIND else obj["spec"]
+    for request in spec["devices"]["requests"]:
+        bodies = [request["exactly"]] if "exactly" in request else request.get("firstAvailable", [])
+        if any(
+            t.get("key") == "rocm-isolation.io/reserved-device" or (not t.get("key") and t.get("operator") == "Exists")
+            for body in bodies
+            for t in body.get("tolerations") or []
+        ):
+            return str(request["name"])
+    return ""
 
 
 def _first_forbidden(obj: Mapping[str, Any]) -> str:
@@ -204,6 +266,39 @@ def _first_forbidden(obj: Mapping[str, Any]) -> str:
     return ""
 
 
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("kind", [CLAIM_KIND, TEMPLATE_KIND])
+def test_each_claim_message_is_empty_unless_its_validation_fails(kind: str, policy_name: str) -> None:
+    """kube-apiserver evaluates every messageExpression, passing or not: each is '' exactly when its
+    validation holds (never an error: a passing claim has no forbidden or tolerating request to name),
+    on every table claim, namespace and state of the reserved class."""
+    spec = cel_harness.find(rendered(policy_name), "ValidatingAdmissionPolicy", claim_policy(kind))["spec"]
+    assert len(spec["validations"]) == 2
+    policy = policy_named(policy_name)
+    for case in CLAIM_CASES:
+        for ns in NAMESPACES:
+            obj = claim_object(case, kind, ns["name"])
+            for state in ("active", "released"):
+                activation: dict[str, Any] = {
+                    "object": cel_harness.cel(obj),
+                    "oldObject": cel_harness.cel(None),
+                    "request": cel_harness.cel(cel_harness.request("CREATE", ns["name"], ["system:authenticated"])),
+                    "namespaceObject": cel_harness.cel(cel_harness.namespace_object({"namespace": ns})),
+                    "params": cel_harness.cel(reserved_device_class(policy, state)),
+                }
+                variables: dict[celtypes.StringType, Any] = {}
+                for variable in spec["variables"]:
+                    activation["variables"] = celtypes.MapType(variables)
+                    variables[celtypes.StringType(variable["name"])] = cel_harness.evaluate(
+                        variable["expression"], activation
+                    )
+                activation["variables"] = celtypes.MapType(variables)
+                for validation in spec["validations"]:
+                    holds = bool(cel_harness.evaluate(validation["expression"], activation))
+                    message = str(cel_harness.evaluate(validation["messageExpression"], activation))
+                    assert (message == "") == holds, (case["name"], ns["name"], state, message)
+
+
 @pytest.mark.parametrize("case", CLAIM_CASES, ids=lambda case: case["name"])
 def test_the_claim_table_states_what_the_webhook_does_in_a_training_namespace(case: dict[str, Any]) -> None:
     policy = policy_named(case.get("policy", "default"))
@@ -211,7 +306,7 @@ def test_the_claim_table_states_what_the_webhook_does_in_a_training_namespace(ca
         obj = claim_object(case, kind, "research")
         decision = webhook_claim(obj, NAMESPACES[0], policy, active=True)
         if case["training"] == "denied":
-            assert decision.rule == DENY_RESERVED_CLASS, decision
+            assert decision.rule == case.get("rule", DENY_RESERVED_CLASS), decision
         elif case["training"] == "steered":
             assert decision.outcome == "patched", decision
             patched = jsonpatch.apply_patch(obj, list(decision.patch))

@@ -9,6 +9,11 @@ reserved class, any class the policy lists as a GPU class. So, while a reservati
   DeviceClass but the shared one, in any request (``exactly``) or ``firstAvailable`` subrequest; this also
   covers ``adminAccess`` requests and claims whose own selectors name a reserved device (the class
   selectors apply first);
+- nor may any of its requests or subrequests carry a toleration that could tolerate the reserved-device
+  taint (``rocm-isolation.io/reserved-device``: its key, or an empty key with ``Exists``; whatever the
+  effect), which DeviceTaintRules put on the reserved devices when they hold the reservation (the shared
+  class then selects every device: the taint is all that keeps the reserved ones from other classes, and
+  taints are not access control); the webhook denies the same (``deny-reserved-device-toleration``);
 - a pod of such a class may request no ``deviceclass.resource.kubernetes.io/<GPU class>`` but the shared
   class's, and no other GPU class's ``extendedResourceName`` (the policy's ``extendedResourceNames``) than
   the shared class's.
@@ -26,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from webhook.core.claims import RESERVED_DEVICE_TAINT_KEY
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
 from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
 from webhook.deploy import mutating_policy
@@ -80,8 +86,21 @@ def _advice(policy: Policy, what: str) -> str:
     return f"; {what}{where} (device-level reservation: rocm-isolation-webhook pool status)"
 
 
+def _tolerates_reserved_device(t: str) -> str:
+    """CEL: the DeviceToleration ``t`` could tolerate the reserved-device taint (its key, or an empty key
+    with ``Exists``; whatever its effect and value), as ``webhook.core.device_claims.may_tolerate_reserved``."""
+    return (
+        f"((has({t}.key) && {t}.key == {quote(RESERVED_DEVICE_TAINT_KEY)}) || "
+        f"((!has({t}.key) || {t}.key == '') && has({t}.operator) && {t}.operator == 'Exists'))"
+    )
+
+
 def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, Any]:
-    """The policy for ``resource`` (resourceclaims, resourceclaimtemplates) whose ResourceClaimSpec is at ``root``."""
+    """The policy for ``resource`` (resourceclaims, resourceclaimtemplates) whose ResourceClaimSpec is at ``root``.
+
+    Each validation tests its own check first, then whether a reservation is active and the namespace may
+    use the reserved class; each messageExpression is '' unless its validation fails (kube-apiserver
+    evaluates every messageExpression, passing or not: docs/architecture.md)."""
     shared = policy.spec.reserved_devices.shared_class_name
     requests = f"{root}.devices.requests"
     bad_request = (
@@ -89,6 +108,12 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
         " ||\n"
         f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && "
         f"{_forbidden_class(policy, 's.deviceClassName')}))"
+    )
+    tolerating_request = (
+        f"(has(r.exactly) && has(r.exactly.tolerations) && r.exactly.tolerations.exists(t, "
+        f"{_tolerates_reserved_device('t')})) ||\n"
+        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.tolerations) && s.tolerations.exists(t, "
+        f"{_tolerates_reserved_device('t')})))"
     )
     variables = [
         *mutating_policy.class_variables(policy)[:3],
@@ -101,8 +126,29 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
             "expression": f"has({root}.devices) && has({requests}) ? {requests} : []",
         },
         {"name": "forbidden", "expression": f"variables.requests.filter(r, {bad_request})"},
+        {"name": "tolerating", "expression": f"variables.requests.filter(r, {tolerating_request})"},
     ]
     field = f"{root.removeprefix('object.')}.devices.requests"
+    guarded = f"({_ACTIVE}) && !variables.mayUseReserved"
+    class_message = (
+        quote(f"rocm-isolation: {field}: request '")
+        + " + variables.forbidden[0].name + "
+        + quote(
+            "' names a DeviceClass that can hand out the GPUs reserved for inference, and this namespace "
+            "allows no inference class"
+            + _advice(policy, f"use deviceClassName {shared} (in every firstAvailable entry too)")
+        )
+    )
+    toleration_message = (
+        quote(f"rocm-isolation: {field}: request '")
+        + " + variables.tolerating[0].name + "
+        + quote(
+            f"' has a toleration (exactly.tolerations or a firstAvailable entry's) that tolerates the taint "
+            f"{RESERVED_DEVICE_TAINT_KEY} of the GPUs reserved for inference (that key, or an empty key with "
+            "operator Exists), and this namespace allows no inference class"
+            + _advice(policy, "remove that toleration (or give it another key)")
+        )
+    )
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
@@ -129,18 +175,19 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
         "variables": variables,
         "validations": [
             {
-                "expression": f"!({_ACTIVE}) || variables.mayUseReserved || size(variables.forbidden) == 0",
+                "expression": f"size(variables.forbidden) == 0 || !({_ACTIVE}) || variables.mayUseReserved",
                 "message": f"rocm-isolation: {field} names a DeviceClass that hands out the GPUs reserved for "
                 f"inference; use deviceClassName {shared}",
-                "messageExpression": quote(f"rocm-isolation: {field}: request '")
-                + " + variables.forbidden[0].name + "
-                + quote(
-                    "' names a DeviceClass that can hand out the GPUs reserved for inference, and this namespace "
-                    "allows no inference class"
-                    + _advice(policy, f"use deviceClassName {shared} (in every firstAvailable entry too)")
-                ),
+                "messageExpression": f"size(variables.forbidden) > 0 && {guarded} ?\n{class_message} : ''",
                 "reason": "Forbidden",
-            }
+            },
+            {
+                "expression": f"size(variables.tolerating) == 0 || !({_ACTIVE}) || variables.mayUseReserved",
+                "message": f"rocm-isolation: {field} has a toleration of the taint {RESERVED_DEVICE_TAINT_KEY} "
+                "of the GPUs reserved for inference; remove it",
+                "messageExpression": f"size(variables.tolerating) > 0 && {guarded} ?\n{toleration_message} : ''",
+                "reason": "Forbidden",
+            },
         ],
     }
 
