@@ -43,14 +43,14 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
+def device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
     """resource.k8s.io/v1beta1 nests a device's fields under ``basic``; v1beta2 and v1 do not."""
     basic = device.get("basic")
     return basic if isinstance(basic, Mapping) else device
 
 
 def _slot(driver: str, pool: str, name: str, device: Mapping[str, Any]) -> Slot:
-    fields = _device_fields(device)
+    fields = device_fields(device)
     counter_sets = sorted(
         {_text(c.get("counterSet")) for c in _items(fields.get("consumesCounters")) if isinstance(c, Mapping)} - {""}
     )
@@ -59,14 +59,15 @@ def _slot(driver: str, pool: str, name: str, device: Mapping[str, Any]) -> Slot:
     return Slot(driver, pool, name)
 
 
-def _generation(pool: Mapping[str, Any]) -> int:
+def pool_generation(pool: Mapping[str, Any]) -> int:
     generation = pool.get("generation")
     return generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
 
 
-def _keep_newest(pools: dict[Any, tuple[int, list[_T]]], key: Any, generation: int, items: list[_T]) -> None:
+def keep_newest(pools: dict[Any, tuple[int, list[_T]]], key: Any, generation: int, items: list[_T]) -> None:
     """A pool's devices from one slice: a newer generation replaces what was read of the pool (its older
-    slices are being replaced), the same generation adds to it, an older one is left out."""
+    slices are being replaced), the same generation adds to it, an older one is left out. Every reader of
+    ResourceSlices uses it (``PublishedGpus``, ``DeviceTaints``, ``ops/device_reservation.PublishedDevices``)."""
     known = pools.get(key)
     if known is None or generation > known[0]:
         pools[key] = (generation, items)
@@ -100,10 +101,10 @@ class PublishedGpus:
             if not isinstance(device, Mapping):
                 continue
             # perDeviceNodeSelection: each device names its node.
-            on, name = node or _text(_device_fields(device).get("nodeName")), _text(device.get("name"))
+            on, name = node or _text(device_fields(device).get("nodeName")), _text(device.get("name"))
             if on and name:
                 devices.append((on, name, _slot(driver, pool_name, name, device)))
-        _keep_newest(self._pools, (driver, pool_name), _generation(pool), devices)
+        keep_newest(self._pools, (driver, pool_name), pool_generation(pool), devices)
 
     def per_node(self) -> dict[str, int]:
         """Slots per node."""
@@ -154,11 +155,11 @@ class DeviceTaints:
                 continue
             taints = tuple(
                 (_text(t.get("key")), _text(t.get("value")), _text(t.get("effect")))
-                for t in _items(_device_fields(device).get("taints"))
+                for t in _items(device_fields(device).get("taints"))
                 if isinstance(t, Mapping)
             )
             devices.append((_text(device.get("name")), taints))
-        _keep_newest(self._pools, _text(pool.get("name")), _generation(pool), devices)
+        keep_newest(self._pools, _text(pool.get("name")), pool_generation(pool), devices)
 
     def tainted(self) -> dict[tuple[str, str], tuple[Taint, ...]]:
         """(pool, device) -> its taints, for the devices that have any."""

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.cluster.dra_capacity import device_fields, keep_newest, pool_generation
 from webhook.cluster.inventory import parse_time
 from webhook.core.claims import MODE_CLASSES, MODE_TAINTS, RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
 from webhook.core.policy import Policy
@@ -92,15 +93,9 @@ class Device:
         return (self.pool, self.name)
 
 
-def _device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
-    """resource.k8s.io/v1beta1 nests a device's fields under ``basic``; v1beta2 and v1 do not."""
-    basic = device.get("basic")
-    return basic if isinstance(basic, Mapping) else device
-
-
 def pci_bus_id(device: Mapping[str, Any]) -> str:
     """The device's ``resource.kubernetes.io/pciBusID`` (a string attribute: ``{"string": "0000:19:00.0"}``)."""
-    attribute = _mapping(_mapping(_device_fields(device).get("attributes")).get(PCI_BUS_ID_ATTRIBUTE))
+    attribute = _mapping(_mapping(device_fields(device).get("attributes")).get(PCI_BUS_ID_ATTRIBUTE))
     return _text(attribute.get("string"))
 
 
@@ -111,8 +106,8 @@ def _device_order(device: Device) -> tuple[bool, tuple[int, ...] | tuple[float],
 @dataclass
 class PublishedDevices:
     """The driver's devices in the ResourceSlices, added one by one (a list may start over: ``clear``);
-    per pool, only the newest generation counts (older slices are being replaced), as in
-    ``cluster/dra_capacity.py``. Slices for a node selector or all nodes belong to no node: left out."""
+    per pool, only the newest generation counts (older slices are being replaced: ``dra_capacity.keep_newest``,
+    as for the audit's capacity). Slices for a node selector or all nodes belong to no node: left out."""
 
     driver: str
     _pools: dict[str, tuple[int, list[Device]]] = field(default_factory=dict)
@@ -126,22 +121,16 @@ class PublishedDevices:
         if _text(spec.get("driver")) != self.driver or not isinstance(pool, Mapping):
             return
         pool_name = _text(pool.get("name"))
-        generation = pool.get("generation")
-        generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
         node = _text(spec.get("nodeName"))
         devices = []
         for raw in _items(spec.get("devices")):
             if not isinstance(raw, Mapping):
                 continue
             # perDeviceNodeSelection: each device names its node.
-            on, name = node or _text(_device_fields(raw).get("nodeName")), _text(raw.get("name"))
+            on, name = node or _text(device_fields(raw).get("nodeName")), _text(raw.get("name"))
             if on and name:
                 devices.append(Device(on, pool_name, name, pci_bus_id(raw)))
-        known = self._pools.get(pool_name)
-        if known is None or generation > known[0]:
-            self._pools[pool_name] = (generation, devices)
-        elif generation == known[0]:
-            known[1].extend(devices)
+        keep_newest(self._pools, pool_name, pool_generation(pool), devices)
 
     def per_node(self) -> dict[str, tuple[Device, ...]]:
         """Each node's devices, in ROCm's order (PCI bus ID; devices without one last, by name)."""
