@@ -847,7 +847,10 @@ def read_taint_rules(api: KubeApi, state: DraState, *, required: bool) -> None:
     found: list[dict[str, Any]] = []
     try:
         for obj in api.list(path, on_restart=found.clear):
-            if device_taint_rules.is_ours(obj):
+            # Ours, and any other of our rules' names: a rule of that name that is not ours is refused by
+            # the plan (rule_changes), never written over.
+            name = str(_mapping(obj.get("metadata")).get("name", ""))
+            if device_taint_rules.is_ours(obj) or name.startswith(device_taint_rules.NAME_PREFIX):
                 found.append(obj)
     except (NotFound, Forbidden) as err:
         if required:
@@ -1435,6 +1438,8 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
         notes,
         ensure_owner=False,
         nodes={n.name: n for n in cluster.nodes},
+        rules=state.rules,  # every rule of ours is deleted, after the classes are widened
+        rule_version=state.rule_version,
     )
     written, labelled, rules, ok = write_split(
         api, policy, cluster, plan, out, dry_run=dry_run, table=table, ensure_owner=False
