@@ -64,8 +64,10 @@ def facts(case: dict[str, Any]) -> dict[str, Any]:
         "devices": DeviceFacts(
             frozenset(case.get("devices", {}).get("gpuClasses", [])),
             frozenset(case.get("devices", {}).get("extendedResources", [])),
-            # The reserved DeviceClass says that a device-level reservation is active.
+            # The reserved DeviceClass says that a device-level reservation is active, and (tainted) that
+            # DeviceTaintRules hold it.
             devices_reserved=case.get("devices", {}).get("reserved", False),
+            devices_tainted=case.get("devices", {}).get("tainted", False),
         ),
         "sub_resource": case.get("subResource", ""),
     }

@@ -957,14 +957,23 @@ def is_gpu_resource_of_a_class(policy_name: str, name: str) -> bool:
     return policy_name == "prop-devices" and name == S.OTHER_EXTENDED_RESOURCE
 
 
-@given(pod=S.device_pods(), namespace=S.device_namespaces(), policy_name=S.device_policy_names)
-def test_pods_under_device_reservation(pod: dict[str, Any], namespace: NamespaceFacts, policy_name: str) -> None:
+@given(
+    pod=S.device_pods(),
+    namespace=S.device_namespaces(),
+    policy_name=S.device_policy_names,
+    tainted=st.sampled_from([False, False, True]),
+)
+def test_pods_under_device_reservation(
+    pod: dict[str, Any], namespace: NamespaceFacts, policy_name: str, tainted: bool
+) -> None:
     """A reservation is active: the pod contract holds (patch applies, valid, idempotent), an admitted pod of
     a class other than inference never asks for the reserved class (enforce: nor for any GPU class but the
     shared one; warn: only with the violation said), an admitted inference pod keeps no amd.com/gpu (unless
     its own placement keeps it off the nodes whose devices are split) and asks for no GPU class but the
     reserved one (and the shared one where it asked for it itself), and a steered name is the same in
-    requests and limits."""
+    requests and limits. When DeviceTaintRules hold the reservation (``tainted``), no inference pod is given
+    the reserved class's implicit name (its claim would carry no toleration): its GPU names go to the
+    shared class, amd.com/gpu kept, with a warning unless it pins itself to the whole reserved nodes."""
     validate(pod)
     policy = S.device_policy_named(policy_name)
 
@@ -975,7 +984,7 @@ def test_pods_under_device_reservation(pod: dict[str, Any], namespace: Namespace
             namespace=namespace,
             nodes=NodeFacts(None),
             policy=policy,
-            devices=DeviceFacts(devices_reserved=True),
+            devices=DeviceFacts(devices_reserved=True, devices_tainted=tainted),
         )
 
     before = copy.deepcopy(pod)
@@ -1002,6 +1011,23 @@ def test_pods_under_device_reservation(pod: dict[str, Any], namespace: Namespace
         if decision.mode == "enforce":
             assert RESERVED_RESOURCE not in asked
             assert {n for n in asked if is_gpu_resource_of_a_class(policy_name, n)} <= {SHARED_RESOURCE}, asked
+        return
+    if tainted:
+        original = {name for *_, name in resource_names(pod)}
+        if RESERVED_RESOURCE in asked:
+            assert RESERVED_RESOURCE in original, asked
+        if decision.mode != "audit":
+            gpu = {n for n in original if n == "amd.com/gpu" or is_gpu_resource_of_a_class(policy_name, n)}
+            warned = any("device-level reservation by DeviceTaintRules" in w for w in decision.warnings)
+            split = policy.spec.reserved_devices.node_label_value
+            split_node = Node("gpu-split-0", {**RESERVED_NODES[0].labels, S.RESERVED_KEY: split})
+            if gpu - {SHARED_RESOURCE} and own_placement_reaches(pod, split_node):
+                assert warned, decision.warnings
+        if decision.mode == "enforce":
+            assert {n for n in asked if is_gpu_resource_of_a_class(policy_name, n)} <= {
+                SHARED_RESOURCE,
+                RESERVED_RESOURCE,
+            }, asked
         return
     if decision.mode == "enforce":
         original = {name for *_, name in resource_names(pod)}

@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any, Final, cast, get_args
 
 from webhook.core import patch, pods, scheduling
+from webhook.core.claims import RESERVED_DEVICE_TAINT_KEY
 from webhook.core.decision import (
     NO_CLAIMS,
     NO_DEVICES,
@@ -661,12 +662,21 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
     (``reservedDevices.inferenceSpillover`` is for claims), unless the pod pins itself to the whole
     reserved nodes (device-plugin nodes in a mixed cluster). Several such names in one map (or one next
     to the target name) are summed into the target name; quantities that are not whole numbers (which
-    the apiserver refuses for extended resources) are then left as they are."""
+    the apiserver refuses for extended resources) are then left as they are.
+
+    When DeviceTaintRules hold the reservation (``devices.devices_tainted``), the reserved devices are
+    tainted and the scheduler's claim for an extended resource carries no tolerations: the reserved
+    class's implicit name could never be served there (the pod would stay Pending). An inference pod is
+    then steered as every other class (its ``amd.com/gpu`` kept, other GPU names to the shared class) and
+    warned that it gets shared GPUs, and how to get reserved ones (a claim of the reserved class, which
+    the webhook gives the toleration)."""
     policy = review.policy
     settings = policy.spec.reserved_devices
     prefix = pods.DEVICE_CLASS_RESOURCE_PREFIX
     inference = cls.placement == "reserved"
-    target = prefix + (settings.reserved_class_name if inference else settings.shared_class_name)
+    tainted = inference and devices.devices_tainted
+    to_reserved = inference and not tainted
+    target = prefix + (settings.reserved_class_name if to_reserved else settings.shared_class_name)
     own = (prefix + settings.reserved_class_name, prefix + settings.shared_class_name)
     other_names = (frozenset(policy.spec.scope.extended_resource_names) | devices.extended_resources) - {
         settings.extended_resource_name
@@ -674,7 +684,8 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
     # An inference pod that pins itself to the whole reserved nodes (nodeSelector, or required affinity
     # whose every term selects only them) keeps amd.com/gpu: in a mixed cluster those are device-plugin
     # nodes, where the reserved class's DRA-only name could never be served.
-    keep_extended = inference and _pinned_to_whole_reserved_nodes(review)
+    pinned = inference and _pinned_to_whole_reserved_nodes(review)
+    keep_extended = tainted or pinned
 
     def steered(key: str) -> bool:
         if key in own:
@@ -685,10 +696,17 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
         return (inference and not keep_extended and key == settings.extended_resource_name) or key in other_names
 
     changed = False
+    # Tainted reservation: the GPU names of an inference pod that get shared GPUs (said in a warning).
+    shared_only: list[str] = []
     for container in pods.containers(review.spec):
         for field, values in zip(("requests", "limits"), pods.resource_maps(container), strict=True):
             if values is None:
                 continue
+            if tainted and not pinned:
+                for key in values:
+                    gpu = key == settings.extended_resource_name or key == own[0] or steered(key)
+                    if gpu and key not in shared_only:
+                        shared_only.append(key)
             keys = [key for key in values if steered(key)]
             if not keys:
                 continue
@@ -705,6 +723,23 @@ def _plan_device_resources(review: _Review, cls: WorkloadClass, devices: DeviceF
             changed = True
     if changed:
         review.done.append("device-class")
+    if shared_only:
+        review.warnings.append(_tainted_reservation_warning(settings.reserved_class_name, shared_only, own[0]))
+
+
+def _tainted_reservation_warning(reserved_class: str, names: list[str], reserved_name: str) -> str:
+    said = ", ".join(sorted(names))
+    stuck = (
+        f"; {reserved_name} can only get an untainted device, none on the nodes whose reserved GPUs are tainted"
+        if reserved_name in names
+        else ""
+    )
+    return (
+        f"device-level reservation by DeviceTaintRules: this inference pod's {said} cannot get the reserved "
+        f"GPUs (tainted {RESERVED_DEVICE_TAINT_KEY}; the scheduler's claim for an extended resource carries no "
+        f"tolerations), only shared ones{stuck}; for reserved GPUs, name a ResourceClaimTemplate of DeviceClass "
+        f"{reserved_class} in spec.resourceClaims (the webhook adds the toleration)"
+    )
 
 
 def _plan(
