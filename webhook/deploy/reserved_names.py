@@ -53,8 +53,8 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     ``may-be-denied``, is exactly "a validation could deny this" without the class: the pod names a
     reserved node (``spec.nodeName`` on CREATE, or required affinity every term of which selects
     reserved nodes, one at least by name) or a debug container reaching GPUs is added to a pod bound
-    to one. A pod that names no node (every pod the scheduler places: the webhook's and the MAP's
-    training pods, a DaemonSet's pod on a shared node) costs one activation. Each validation tests its
+    to one. A pod that names no reserved node (every pod the scheduler places: the webhook's and the
+    MAP's training pods; a DaemonSet's pod on a shared node) costs it one activation. Each validation tests its
     own check first, then the class (one variable, ``cel.pod_class``, the MAP's); each message is ''
     unless its validation fails."""
     spec = policy.spec
