@@ -106,7 +106,8 @@ def test_review_files_are_generated() -> None:
 CLAIM_CASES = {
     # (namespace, class of the request, kind) -> (rule, operations)
     "training-template-steered": ("ml-training", "gpu.amd.com", "ResourceClaimTemplate", "mutated", 2),
-    "inference-claim-steered": ("inference-serving", "gpu.amd.com", "ResourceClaim", "mutated", 2),
+    # The class, the reserved-device taint's toleration, the class annotation.
+    "inference-claim-steered": ("inference-serving", "gpu.amd.com", "ResourceClaim", "mutated", 3),
     "training-claim-already-shared": ("ml-training", "rocm-isolation-shared", "ResourceClaim", "no-gpu-request", 0),
 }
 
