@@ -39,7 +39,9 @@ from fake_cluster import FakeCluster
 from webhook import cli
 from webhook.cluster.kubeapi import KubeApi
 from webhook.core.policy import default_policy, parse_policy
-from webhook.deploy.device_classes import RELEASED_RESERVATION
+from webhook.deploy import device_taint_rules
+from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
+from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops import audit
 
 POLICY = default_policy()
@@ -443,6 +445,7 @@ def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
     no_gpus: dict[str, dict[str, int]] = {"reserved": {}, "shared": {}}
     assert capacity["devices"] == {
         "driver": "gpu.amd.com",
+        "mode": "classes",
         "devicesPerNode": 2,
         "pciBusIds": ["0000:03:00.0", "0000:23:00.0"],
         "reservedDevices": 7,
@@ -631,6 +634,137 @@ def test_slices_not_readable_leave_an_active_reservation_unjudged(devices_fake: 
     report = run(devices_fake)
     assert not {f.rule for f in report.findings} & {rule for rule, _ in DEVICE_EXPECTED}
     assert any("device-level reservation not audited" in w for w in report.warnings)
+
+
+# -- device-level reservation by DeviceTaintRules ----------------------------------------------------------
+
+BY_TAINTS = DeviceReservation(2, ("0000:03:00.0", "0000:23:00.0"), by_taints=True)
+TRAINING_NS = {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}
+
+
+def taint_rule(node_name: str, device: str, pci: str, version: str = "v1") -> dict[str, Any]:
+    """One of the rules pool apply writes (webhook.deploy.device_taint_rules), as read back."""
+    return device_taint_rules.rule(POLICY, TaintedDevice(node_name, node_name, device, pci), version)
+
+
+def claim_pod(name: str, ns: str, node_name: str, claim: str) -> dict[str, Any]:
+    return pod(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
+
+
+def tainted_cluster(version: str = "v1") -> FakeCluster:
+    """d1 split by taints (its two lowest GPUs, gpu-9-137 and gpu-8-136, tainted by our rules), d2 not chosen
+    (its GPUs in the same slots, untainted, all shared); the classes in taint mode (the shared one selects
+    every device). An inference pod on d1's reserved gpu-9-137, a training pod on d1's tainted gpu-8-136
+    (a claim tolerating the taint, or allocated before the rules), one on d1's shared gpu-7-135, one on
+    d2's gpu-9-137 (a reserved PCI slot, not tainted there)."""
+    cluster = FakeCluster().start()
+    cluster.serve_discovery({f"resource.k8s.io/{version}": ["devicetaintrules"]})
+    cluster.add(
+        node("d1", labels=SPLIT_LABELS, allocatable={}),
+        node("d2", allocatable={}),
+        split_node_slice("d1", *four_gpus()),
+        split_node_slice("d2", *four_gpus()),
+        namespace("ml", TRAINING_NS),
+        namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        *reservation_classes(BY_TAINTS),
+        taint_rule("d1", "gpu-9-137", "0000:03:00.0", version),
+        taint_rule("d1", "gpu-8-136", "0000:23:00.0", version),
+        held_claim("llm-gpu", "serve", "d1", "gpu-9-137", "llm", "rocm-isolation-reserved"),
+        inference_pod(
+            "llm",
+            "serve",
+            node="d1",
+            gpus={},
+            affinity=SPLIT_AFFINITY,
+            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}],
+        ),
+        held_claim("stray-gpu", "ml", "d1", "gpu-8-136", "trainer-stray", "rocm-isolation-shared"),
+        claim_pod("trainer-stray", "ml", "d1", "stray-gpu"),
+        held_claim("ok-gpu", "ml", "d1", "gpu-7-135", "trainer-ok", "rocm-isolation-shared"),
+        claim_pod("trainer-ok", "ml", "d1", "ok-gpu"),
+        held_claim("d2-gpu", "ml", "d2", "gpu-9-137", "trainer-d2", "rocm-isolation-shared"),
+        claim_pod("trainer-d2", "ml", "d2", "d2-gpu"),
+    )
+    return cluster
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2"])
+def test_by_taints_the_reserved_devices_are_the_tainted_ones(version: str) -> None:
+    cluster = tainted_cluster(version)
+    try:
+        report = run(cluster)
+        rule_lists = cluster.requests_to(f"/apis/resource.k8s.io/{version}/devicetaintrules")
+    finally:
+        cluster.stop()
+    assert rule_lists, "the rules are listed in the version the cluster serves"
+    # d1's shared gpu-7-135 and every device of d2 (gpu-9-137 in a reserved PCI slot included) are fine
+    assert keyed(report) == {("reserved-device-held-by-other-class", "ml/trainer-stray")}
+    [held] = report.findings
+    assert held.uid == "uid-pod-ml-trainer-stray"
+    for text in (
+        "gpu-8-136 (PCI bus ID 0000:23:00.0, node d1, pool d1)",
+        "a claim that tolerates the taint rocm-isolation.io/reserved-device:NoSchedule",
+        "pool apply --devices-per-node 2 --nodes d1 --evict",
+    ):
+        assert text in held.message
+    assert report.warnings == []
+    devices = report.to_json()["capacity"]["devices"]
+    assert (devices["mode"], devices["reservedDevices"], devices["sharedDevices"]) == ("taints", 2, 2)
+    assert devices["devicesAllocated"] == {"reserved": {"inference": 1, "training": 1}, "shared": {"training": 1}}
+    assert [n["name"] for n in devices["nodes"]] == ["d1"]
+
+
+def test_by_taints_a_rule_for_a_device_no_slice_publishes_is_a_missing_reserved_device() -> None:
+    cluster = tainted_cluster()
+    try:
+        # renamed after a reboot on d1; d3 gone with its slice; d2 labelled split though nothing of it is tainted
+        cluster.add(
+            taint_rule("d1", "gpu-99-199", "0000:23:00.0"),
+            taint_rule("d3", "gpu-9-137", "0000:03:00.0"),
+            node("d2", labels=SPLIT_LABELS, allocatable={}),
+        )
+        report = run(cluster)
+    finally:
+        cluster.stop()
+    assert keyed(report) == {
+        ("reserved-device-held-by-other-class", "ml/trainer-stray"),
+        ("reserved-device-missing", "d1"),
+        ("reserved-device-missing", "d3"),
+        ("split-node-label-out-of-date", "d2"),
+    }
+    by_node = {f.name: f.message for f in report.findings if f.rule == "reserved-device-missing"}
+    assert (
+        "DeviceTaintRule rocm-isolation-reserved-d1-gpu-99-199 (gpu-99-199 of pool d1, PCI bus ID 0000:23:00.0) "
+        "taints a device no ResourceSlice publishes"
+    ) in by_node["d1"]
+    assert "not 2" not in by_node["d1"]  # d1 still has its two tainted GPUs
+    assert "rocm-isolation-reserved-d3-gpu-9-137" in by_node["d3"] and "its rules taint 0 GPUs" not in by_node["d3"]
+    assert "pool apply --devices-per-node 2 --nodes d1,d3 derives the rules" in by_node["d1"]
+    [label] = [f for f in report.findings if f.rule == "split-node-label-out-of-date"]
+    assert "no DeviceTaintRule of ours taints a device of it" in label.message
+
+
+def test_by_taints_rules_not_readable_leave_the_reservation_unjudged_with_a_warning() -> None:
+    cluster = tainted_cluster()
+    cluster.forbid("devicetaintrules")
+    try:
+        report = run(cluster)
+    finally:
+        cluster.stop()
+    assert not {f.rule for f in report.findings} & {rule for rule, _ in DEVICE_EXPECTED}
+    assert report.devices is None
+    assert any("DeviceTaintRules not read" in w and "devicetaintrules" in w for w in report.warnings)
+    assert any(
+        "records a split by DeviceTaintRules, but the DeviceTaintRules were not read" in w for w in report.warnings
+    )
+
+
+def test_rules_left_over_while_the_classes_hold_the_split_are_a_warning(devices_fake: FakeCluster) -> None:
+    devices_fake.serve_discovery({"resource.k8s.io/v1": ["devicetaintrules"]})
+    devices_fake.add(taint_rule("d2", "gpu-6-134", "0000:63:00.0"))
+    report = run(devices_fake)
+    assert keyed(report) == DEVICE_EXPECTED
+    assert any("DeviceTaintRules of ours are left from a split by taints" in w for w in report.warnings)
 
 
 def test_every_rule_is_in_the_rule_table_of_operations_md() -> None:

@@ -32,12 +32,14 @@ import yaml
 
 from webhook.cluster import dra_capacity
 from webhook.cluster.inventory import POOLS, NodeInfo, PodInfo, Pool, Snapshot, claim_names, pod_info
-from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
+from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound, api_path
 from webhook.core import engine, patch
+from webhook.core.claims import MODE_CLASSES, MODE_TAINTS, RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
-from webhook.deploy import reserved_names
-from webhook.deploy.device_classes import DeviceReservation
+from webhook.deploy import device_classes, device_taint_rules, reserved_names
+from webhook.deploy.device_classes import DeviceReservation, with_tainted
+from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops import device_reservation
 from webhook.ops.device_reservation import RESERVED, SHARED, Device, device_state, split_label
 
@@ -266,6 +268,7 @@ class DeviceCapacity:
         reserved, shared, allocated = self.totals()
         return {
             "driver": self.driver,
+            "mode": MODE_TAINTS if self.reservation.by_taints else MODE_CLASSES,
             "devicesPerNode": self.reservation.devices_per_node,
             "pciBusIds": list(self.reservation.pci_bus_ids),
             "reservedDevices": reserved,
@@ -463,6 +466,54 @@ class DeviceReading:
         return (self.published, self.taints)
 
 
+@dataclass
+class TaintRuleReading:
+    """Our DeviceTaintRules (device-level reservation by taints), from the newest resource.k8s.io version
+    whose API discovery lists ``devicetaintrules``: none when no version does. ``read`` False: discovery
+    or the list was refused (a warning says so), and a split by taints cannot be judged."""
+
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    version: str | None = None
+    read: bool = True
+
+
+def read_taint_rules(api: KubeApi, warnings: list[str]) -> TaintRuleReading:
+    """Our DeviceTaintRules; a refusal (RBAC) is a warning, as for the other DRA reads."""
+    group = device_taint_rules.GROUP
+    for version in device_taint_rules.VERSIONS:
+        try:
+            document = api.get(f"/apis/{group}/{version}")
+        except NotFound:
+            continue
+        except Forbidden as err:
+            warnings.append(f"DeviceTaintRules not read (API discovery of {group}/{version}: {err})")
+            return TaintRuleReading(read=False)
+        resources = document.get("resources")
+        if not isinstance(resources, list) or not any(
+            isinstance(r, Mapping) and r.get("name") == device_taint_rules.RESOURCE for r in resources
+        ):
+            continue
+        found: list[dict[str, Any]] = []
+        try:
+            for obj in api.list(api_path(f"{group}/{version}", device_taint_rules.RESOURCE), on_restart=found.clear):
+                if device_taint_rules.is_ours(obj):
+                    found.append(obj)
+        except NotFound:
+            return TaintRuleReading(version=version)
+        except Forbidden as err:
+            warnings.append(
+                f"DeviceTaintRules not read ({err}): the ClusterRole needs get and list on {group} devicetaintrules"
+            )
+            return TaintRuleReading(version=version, read=False)
+        return TaintRuleReading(found, version)
+    return TaintRuleReading()
+
+
+def _rule_node(device: TaintedDevice) -> str:
+    """The node a rule's device is on: its annotation (AMD's driver names the pool after the node)."""
+    return device.node or device.pool
+
+
 def _gpu(device: Device) -> str:
     """What one GPU is for counting: its PCI bus ID (partitions share their GPU's), else the device itself."""
     return device.pci_bus_id or f"{device.pool}/{device.name}"
@@ -495,9 +546,11 @@ class DeviceAudit:
     # (namespace, pod) -> [(claim, the pod's uid in reservedFor, the driver's devices allocated to it)]
     held: dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # By taints: the devices our DeviceTaintRules taint, as the rules name them (node from the annotation)
+    rule_devices: tuple[TaintedDevice, ...] = ()
 
     @classmethod
-    def of(cls, snapshot: Snapshot, reading: DeviceReading) -> DeviceAudit:
+    def of(cls, snapshot: Snapshot, reading: DeviceReading, rules: TaintRuleReading | None = None) -> DeviceAudit:
         policy = snapshot.policy
         devices = policy.spec.reserved_devices
         classes = device_reservation.class_infos(snapshot.device_class_objects.values())
@@ -520,17 +573,48 @@ class DeviceAudit:
             )
             audit.reservation = None
             return audit
+        found = rules.rules if rules is not None else []
+        if reservation.by_taints:
+            if rules is None or not rules.read:
+                audit.warnings.append(
+                    f"device-level reservation not audited: deviceclass/{devices.reserved_class_name} records a "
+                    "split by DeviceTaintRules, but the DeviceTaintRules were not read"
+                )
+                audit.reservation = None
+                return audit
+            reservation = with_tainted(reservation, device_taint_rules.tainted_keys(found))
+            audit.reservation = reservation
+            audit.rule_devices = tuple(
+                sorted(
+                    (d for obj in found if (d := device_taint_rules.tainted_device(obj)) is not None),
+                    key=lambda d: (_rule_node(d), d.pool, d.device),
+                )
+            )
+        elif device_taint_rules.tainted_keys(found):
+            audit.warnings.append(
+                f"DeviceTaintRules of ours are left from a split by taints: they keep devices from every class while "
+                f"the DeviceClasses hold the split; {audit._again(reservation)} deletes them"
+            )
         audit.published = reading.published.per_node()
         audit.tainted = reading.taints.tainted()
         audit.capacity = audit._capacity(reservation)
         audit.held = audit._held(snapshot)
         return audit
 
+    def chosen_nodes(self) -> set[str]:
+        """The nodes the reservation splits: every node publishing the driver's devices by classes; by taints,
+        the nodes of our rules' devices (as published, or as the rules name them)."""
+        if self.reservation is None or not self.reservation.by_taints:
+            return set(self.published)
+        return device_reservation.split_nodes(self.published, self.reservation) | {
+            _rule_node(d) for d in self.rule_devices
+        }
+
     def split_nodes(self) -> list[str]:
-        """The nodes publishing the driver's devices, and the nodes labelled split."""
+        """The nodes the reservation splits, and the nodes labelled split."""
         key, value = split_label(self.policy)
         labelled = {name for name, node in self.nodes.items() if node.labels.get(key) == value}
-        return sorted(set(self.published) | labelled)
+        return sorted(self.chosen_nodes() | labelled)
 
     def _capacity(self, reservation: DeviceReservation) -> DeviceCapacity:
         capacity = DeviceCapacity(self.policy.spec.reserved_devices.driver, reservation)
@@ -572,7 +656,9 @@ class DeviceAudit:
         return found
 
     def _again(self, reservation: DeviceReservation) -> str:
-        return f"rocm-isolation-webhook pool apply --devices-per-node {reservation.devices_per_node}"
+        again = f"rocm-isolation-webhook pool apply --devices-per-node {reservation.devices_per_node}"
+        chosen = self.chosen_nodes() if reservation.by_taints else set()
+        return f"{again} --nodes {','.join(sorted(chosen))}" if chosen else again
 
     def _label_findings(self, reservation: DeviceReservation) -> list[Finding]:
         key, value = split_label(self.policy)
@@ -580,7 +666,22 @@ class DeviceAudit:
         driver = self.policy.spec.reserved_devices.driver
         found = []
         if reservation.active:
-            for name in sorted(self.published):
+            chosen = self.chosen_nodes()
+            for name in sorted(set(self.published) - chosen) if reservation.by_taints else ():
+                node = self.nodes.get(name)
+                if node is not None and node.labels.get(key) == value:
+                    found.append(
+                        Finding(
+                            "split-node-label-out-of-date",
+                            "Node",
+                            name,
+                            f"node {name} carries the split label {key}={value}, but no DeviceTaintRule of ours "
+                            f"taints a device of it (the device reservation by taints splits "
+                            f"{', '.join(sorted(chosen)) or 'no node'}): inference pods are placed there with no "
+                            f"reserved GPU; {self._again(reservation)} removes the label",
+                        )
+                    )
+            for name in sorted(chosen & set(self.published)):
                 node = self.nodes.get(name)
                 current = node.labels.get(key) if node is not None else value
                 if current == value:
@@ -619,6 +720,8 @@ class DeviceAudit:
         return found
 
     def _missing(self, reservation: DeviceReservation) -> list[Finding]:
+        if reservation.by_taints:
+            return self._missing_tainted(reservation)
         key, value = split_label(self.policy)
         n = reservation.devices_per_node
         found = []
@@ -652,6 +755,53 @@ class DeviceAudit:
                     "was unbound, a driver that stopped publishing, or a node whose GPUs sit in other PCI slots). "
                     "Check the node's GPUs and the DRA driver; rocm-isolation-webhook pool plan --devices-per-node "
                     f"{n} shows the split of the devices published now",
+                )
+            )
+        return found
+
+    def _missing_tainted(self, reservation: DeviceReservation) -> list[Finding]:
+        """By taints: per node (as the rules name it), our rules naming a device no ResourceSlice publishes (its
+        name changed after a reboot, a GPU gone, a node gone), and a chosen node whose rules taint fewer of its
+        GPUs than N (or all it has, when fewer)."""
+        n = reservation.devices_per_node
+        published = {d.key for devices in self.published.values() for d in devices}
+        lost: dict[str, list[TaintedDevice]] = {}
+        for device in self.rule_devices:
+            if device.key not in published:
+                lost.setdefault(_rule_node(device), []).append(device)
+        found = []
+        # A node labelled split that no rule names is the label's finding (split-node-label-out-of-date).
+        for name in sorted(self.chosen_nodes()):
+            devices = self.published.get(name, ())
+            reserved = device_reservation.gpu_ids(d for d in devices if device_state(d, reservation) == RESERVED)
+            short = len(reserved) < min(n, device_reservation.gpu_count(devices))
+            if not lost.get(name) and not short:
+                continue
+            why = []
+            if lost.get(name):
+                gone = lost[name]
+                why.append(
+                    f"DeviceTaintRule{'' if len(gone) == 1 else 's'} "
+                    + ", ".join(
+                        f"{device_taint_rules.rule_name(d.pool, d.device)} ({d.device} of pool {d.pool}, PCI bus ID "
+                        f"{d.pci_bus_id or '-'})"
+                        for d in gone
+                    )
+                    + f" taint{'s' if len(gone) == 1 else ''} a device no ResourceSlice publishes (a device renamed "
+                    "after a reboot, a GPU that fell off the bus or was unbound, or a node gone)"
+                )
+            if short:
+                why.append(
+                    f"its rules taint {len(reserved)} GPU{'' if len(reserved) == 1 else 's'} "
+                    f"({', '.join(reserved) or 'none'}), not {n}"
+                )
+            found.append(
+                Finding(
+                    "reserved-device-missing",
+                    "Node",
+                    name,
+                    f"node {name} is split by DeviceTaintRules but: {'; '.join(why)}. Check the node's GPUs and the "
+                    f"DRA driver; {self._again(reservation)} derives the rules from the devices published now",
                 )
             )
         return found
@@ -741,8 +891,14 @@ class DeviceAudit:
             "Pod",
             name,
             f"pod {namespace}/{name} (class {decision.workload_class}) holds GPUs reserved for inference: {claims} "
-            "(allocated before the reservation, or through a DeviceClass that selects every device of "
-            f"{self.policy.spec.reserved_devices.driver}); {self._again(self.reservation)} --evict evicts it (its "
+            + (
+                "(allocated before the reservation, or through a claim that tolerates the taint "
+                f"{RESERVED_DEVICE_TAINT_KEY}:{RESERVED_DEVICE_TAINT_EFFECT})"
+                if self.reservation.by_taints
+                else "(allocated before the reservation, or through a DeviceClass that selects every device of "
+                f"{self.policy.spec.reserved_devices.driver})"
+            )
+            + f"; {self._again(self.reservation)} --evict evicts it (its "
             "controller recreates it through the webhook, onto shared GPUs)",
             namespace,
             uid,
@@ -959,6 +1115,16 @@ def _judge_reserved_node_names(api: KubeApi, labelled: list[str], report: Report
         )
 
 
+def _taint_rules(api: KubeApi, snapshot: Snapshot, report: Report) -> TaintRuleReading | None:
+    """Our DeviceTaintRules, read only while our reserved class records an active reservation (none
+    otherwise: nothing of them is judged)."""
+    obj = snapshot.device_class_objects.get(snapshot.policy.spec.reserved_devices.reserved_class_name)
+    reservation = device_classes.reservation_of(obj)
+    if reservation is None or not reservation.active:
+        return None
+    return read_taint_rules(api, report.warnings)
+
+
 def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
     """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
     reading = DeviceReading.of(policy)
@@ -976,7 +1142,7 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     for name, labels in namespaces.items():
         report.findings.extend(judge_namespace(name, labels, policy))
     report.findings.extend(judge_device_classes(snapshot, policy))
-    devices = DeviceAudit.of(snapshot, reading)
+    devices = DeviceAudit.of(snapshot, reading, _taint_rules(api, snapshot, report))
     report.warnings.extend(devices.warnings)
     report.findings.extend(devices.findings())
     report.devices = devices.capacity
