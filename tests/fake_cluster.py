@@ -553,9 +553,7 @@ class FakeCluster:
             return None
         group, version = parts[1], parts[2]
         served = [
-            r
-            for r in RESOURCES
-            if r.group == group and version in self.served.get(group, r.versions) and not r.gated
+            r for r in RESOURCES if r.group == group and version in self.served.get(group, r.versions) and not r.gated
         ]
         extra = self._discovery.get(f"{group}/{version}", ())
         if not served and not extra:

@@ -795,7 +795,8 @@ class DraState:
     published: dict[str, tuple[Device, ...]]  # the driver's devices per node
     claims: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
-    rules: list[dict[str, Any]] = field(default_factory=list)  # our DeviceTaintRules
+    # Our DeviceTaintRules, and any rule of one of our names (refused by the plan, never written over).
+    rules: list[dict[str, Any]] = field(default_factory=list)
     # The resource.k8s.io versions serving devicetaintrules, newest first; None when discovery failed.
     rule_versions: tuple[str, ...] | None = ()
     server_version: tuple[int, int, int] | None = None  # the kube-apiserver's (GET /version)
