@@ -185,6 +185,21 @@ def test_pool_refuses_device_taint_rules_where_the_scheduler_would_panic(cluster
     cluster.plane.check_alive()
 
 
+def test_the_rules_pool_would_write_pass_the_apiservers_validation(cluster: Split) -> None:
+    """The DeviceTaintRules ``pool`` renders for the first node's reserved devices, sent with ``dryRun=All``
+    (validated and admitted, never stored: the scheduler never sees them): accepted as they are, names,
+    selector and taint included, and read back unchanged but for the taint's ``timeAdded``."""
+    reserved = reserved_ids(2)
+    for (node, name), pci in sorted(cluster.pci.items()):
+        if node != FIRST or pci not in reserved:
+            continue
+        rule = device_taint_rules.rule(POLICY, device_taint_rules.TaintedDevice(node, node, name, pci), "v1beta2")
+        stored = cluster.kube.create(rule, dry_run=True)
+        assert not device_taint_rules.spec_differs(stored, rule), stored
+        assert device_taint_rules.tainted_device(stored) == device_taint_rules.TaintedDevice(node, node, name, pci)
+    assert not cluster.kube.list("DeviceTaintRule")
+
+
 def test_training_gets_every_untainted_gpu_by_every_route_and_never_a_tainted_one(cluster: Split) -> None:
     """Only the first node's reserved devices tainted: training gets all four GPUs of the second node and the
     two shared ones of the first, and nothing more there, whether it asks through ``amd.com/gpu``, a
