@@ -188,7 +188,9 @@ def run_policy(spec: Mapping[str, Any], activation: dict[str, Any]) -> tuple[boo
     for index, validation in enumerate(spec["validations"]):
         if not evaluate(validation["expression"], activation):
             failed.append(index)
-            messages.append(str(evaluate(validation["messageExpression"], activation)))
+            # A static message (no messageExpression) is the apiserver's message as written.
+            expression = validation.get("messageExpression")
+            messages.append(str(evaluate(expression, activation)) if expression else validation["message"])
     return True, failed, messages
 
 
@@ -323,5 +325,8 @@ def policy_expressions(resources: list[dict[str, Any]], kind: str, names: tuple[
         for key in ("matchConditions", "variables"):
             out += [item["expression"] for item in spec.get(key) or []]
         for validation in spec.get("validations") or []:
-            out += [validation["expression"], validation["messageExpression"]]
+            out += [
+                validation["expression"],
+                *([validation["messageExpression"]] if "messageExpression" in validation else []),
+            ]
     return out

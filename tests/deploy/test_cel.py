@@ -37,6 +37,7 @@ from cel_harness import (
     FIXTURES,
     PORTABLE_FUNCTIONS,
     REACH_RULES,
+    VALIDATION_RULES,
     as_pod,
     cel,
     decide,
@@ -156,12 +157,8 @@ def _backstop_evaluated(case: dict[str, Any], pod: Mapping[str, Any]) -> tuple[d
 
 
 @pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
-def test_the_backstops_conditions_leave_out_only_pods_no_validation_denies_and_its_messages_only_cost_denials(
-    case: dict[str, Any],
-) -> None:
-    """The apiserver evaluates every messageExpression of a policy for every pod it validates, passing or
-    not: each message is '' exactly when its validation holds (and the text of the denial otherwise).
-    The ``may-be-denied`` condition excludes a pod before the validations' activation: only a pod that
+def test_the_backstops_conditions_leave_out_only_pods_no_validation_denies(case: dict[str, Any]) -> None:
+    """The ``may-be-denied`` condition excludes a pod before the validations' activation: only a pod that
     no validation would deny (here evaluated without the conditions), on the pod as sent and as patched,
     or a terminating pod's update."""
     pod = as_pod(case["pod"], case["namespace"]["name"])
@@ -175,10 +172,34 @@ def test_the_backstops_conditions_leave_out_only_pods_no_validation_denies_and_i
         conditions = {c["name"]: bool(evaluate(c["expression"], activation)) for c in spec["matchConditions"]}
         for validation in spec["validations"]:
             holds = bool(evaluate(validation["expression"], activation))
-            message = str(evaluate(validation["messageExpression"], activation))
-            assert (message == "") == holds, (validation["message"], message)
             if not conditions["may-be-denied"] and not terminating:
                 assert holds, validation["message"]
+
+
+@pytest.mark.parametrize("policy_name", sorted({case.get("policy", "default") for case in POD_CASES}))
+def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str) -> None:
+    """The apiserver evaluates every messageExpression of a policy for every pod it validates, passing or
+    not (an activation of its own): the reserved-nodes policy has none. Each validation's static message
+    names the engine's rule it enforces, the reserved label (and taint), the classes it keeps off and
+    what to do, in the engine's words (engine._denied)."""
+    policy = policy_for({"policy": policy_name})
+    spec = find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    key, value = policy.spec.reserved_nodes.label
+    unreserved = [name for name, cls in policy.spec.classes.items() if cls.placement == "unreserved"]
+    taint = policy.spec.reserved_nodes.taint
+    assert len(spec["validations"]) == len(VALIDATION_RULES) - (taint is None)
+    rules = [rule for rule in VALIDATION_RULES if taint is not None or rule != engine.DENY_TOLERATION]
+    for rule, validation in zip(rules, spec["validations"], strict=True):
+        assert "messageExpression" not in validation
+        message = validation["message"]
+        assert "\n" not in message
+        assert message.startswith(f"rocm-isolation: [{rule}] {' or '.join(unreserved)} pods may not use "), message
+        assert f"the reserved nodes ({key}={value}): " in message, message
+        assert validation["reason"] == "Forbidden"
+        if rule == engine.DENY_TOLERATION:
+            assert taint is not None and f"{taint.key}={taint.value}:{taint.effect}" in message, message
+        if any(cls.placement == "reserved" for cls in policy.spec.classes.values()):
+            assert f"to use them, run the pod in a namespace labelled {policy.spec.labels.namespace_class}=" in message
 
 
 # The engine's " (a GPU pod through <field>: <why>)" (engine._direct_note), which the backstop repeats.
@@ -198,17 +219,18 @@ REACH_CASES = [case for case in POD_CASES if _denies_a_reach(case)]
 
 
 @pytest.mark.parametrize("case", REACH_CASES, ids=lambda case: case["_id"])
-def test_the_backstop_names_the_direct_route_the_engine_names(case: dict[str, Any]) -> None:
-    """A pod that reaches GPUs without asking (privileged, the AMD runtime's variables or RuntimeClass)
-    is told which field made it a GPU pod, in the same words by both (every case both deny)."""
+def test_the_backstop_denies_with_the_rule_the_engine_names(case: dict[str, Any]) -> None:
+    """Every case both deny: the backstop's messages name the rules the engine denies for (its static
+    message cannot name the field that makes the pod a GPU pod: the engine's denial does, as the fixture
+    says)."""
     decision = decide(case, nodes_known=False)
     pod = as_pod(case["pod"], case["namespace"]["name"])
-    _, _, messages = reserved_nodes_verdict(
+    _, failed, messages = reserved_nodes_verdict(
         rendered(case.get("policy", "default")), case, pod, case.get("operation", "CREATE")
     )
-    engine_messages = [v.message for v in decision.violations if v.rule in REACH_RULES]
-    notes = _direct_notes(engine_messages)
-    assert _direct_notes(messages) == notes, (messages, engine_messages)
+    assert {message.split("]")[0].removeprefix("rocm-isolation: [") for message in messages} == failed, messages
+    assert not _direct_notes(messages), messages
+    notes = _direct_notes([v.message for v in decision.violations if v.rule in REACH_RULES])
     if "through" in case.get("cel", {}):
         through = case["cel"]["through"]
         assert {note.split(": ")[0] for note in notes} == ({f" (a GPU pod through {through}"} if through else set())
@@ -350,9 +372,10 @@ def test_the_backstop_leaves_out_at_its_conditions_the_pods_it_cannot_deny_and_t
         "expression": cel_module.pod_class(policy_for({"policy": policy_name})),
     }
     expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
-    expressions += [e for v in spec["validations"] for e in (v["expression"], v["messageExpression"])]
+    expressions += [v["expression"] for v in spec["validations"]]
     assert not any(".matches(" in expression for expression in expressions)
     assert all(v["expression"].startswith("!(") for v in spec["validations"]), "each check first"
+    assert not any("messageExpression" in v for v in spec["validations"]), "static messages: no activation of their own"
     old = {
         "metadata": {"name": "p"},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}]},
@@ -413,7 +436,10 @@ def _all_expressions() -> list[str]:
                 for key in ("matchConditions", "variables"):
                     out += [item["expression"] for item in spec.get(key) or []]
                 for validation in spec["validations"]:
-                    out += [validation["expression"], validation["messageExpression"]]
+                    out += [
+                        validation["expression"],
+                        *([validation["messageExpression"]] if "messageExpression" in validation else []),
+                    ]
     return out
 
 

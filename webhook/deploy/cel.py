@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from webhook.core import pods
 from webhook.core.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
 
 __all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
@@ -218,65 +217,6 @@ def direct_routes(catalogue: RouteCatalogue) -> str:
         catalogue, resource_names=(), resource_patterns=(), resource_claims=False, runtime_class_names=()
     )
     return _container_routes(without_resources) or "false"
-
-
-def _direct_index_variable(field: str) -> str:
-    return "direct" + field[0].upper() + field[1:]
-
-
-def _through(field: str, privileged: bool, variable: str) -> str:
-    """`` (a GPU pod through spec.<field>[i]<detail>: <why>)`` for the container ``variables.direct<Field>``
-    points at: its ``privileged`` when set (and counted), else its first variable of the AMD runtime."""
-    index = f"variables.{_direct_index_variable(field)}"
-    c = f"object.spec.{field}[{index}]"
-    through_privileged = quote(".securityContext.privileged: " + pods.ROUTE_WORDS[pods.ROUTE_PRIVILEGED])
-    entry = f"{c}.env.map(e, {variable}).indexOf(true)"
-    through_env = f"'.env[' + string({entry}) + '](' + {c}.env[{entry}].name + '): ' + " + quote(
-        pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_VARIABLE]
-    )
-    if privileged and variable:
-        route = f"({_privileged_route(c)} ? {through_privileged} : {through_env})"
-    else:
-        route = through_privileged if privileged else f"({through_env})"
-    return f"{quote(f' (a GPU pod through spec.{field}[')} + string({index}) + ']' + {route} + ')'"
-
-
-def direct_route_variables(policy: Policy) -> list[dict[str, str]]:
-    """Variables naming the first route by which the pod reaches GPUs without asking for them
-    (privileged, the AMD runtime's variables, its RuntimeClass), as the engine's denial does: ``directRoute``
-    is `` (a GPU pod through spec.containers[0].securityContext.privileged: ...)`` or ''. The engine's order:
-    containers in pod order; in one, ``privileged`` first, and its variables only when neither a GPU
-    resource nor ``privileged`` already made it a GPU container (pods.container_routes). Read only by
-    messages: the apiserver evaluates a variable when an expression first uses it."""
-    catalogue = route_catalogue(policy.spec)
-    key = _gpu_key("r", catalogue)
-    variable = _runtime_variable(catalogue)
-    direct = [_privileged_route("c")] if catalogue.privileged else []
-    if variable:
-        unscanned = f"!{_resource_route('c', key)} && " if key else ""
-        direct.append(f"({unscanned}{_runtime_variable_route('c', variable)})")
-    note = quote("")
-    if catalogue.runtime_class_names:
-        runtime_class = "object.spec.runtimeClassName"
-        words = pods.ROUTE_WORDS[pods.ROUTE_RUNTIME_CLASS]
-        note = (
-            f"has({runtime_class}) && {runtime_class} in {str_list(catalogue.runtime_class_names)} ? "
-            f"{quote(f' (a GPU pod through spec.runtimeClassName: {words})')} : {note}"
-        )
-    if not direct:
-        return [{"name": "directRoute", "expression": note}]
-    fields = [*pods.CONTAINER_LISTS, pods.EPHEMERAL]
-    for field in reversed(fields):
-        index = f"variables.{_direct_index_variable(field)}"
-        note = f"{index} >= 0 ?\n{_through(field, catalogue.privileged, variable)} :\n{note}"
-    indexes = [
-        {
-            "name": _direct_index_variable(field),
-            "expression": f"has(object.spec.{field}) ? object.spec.{field}.map(c, {' || '.join(direct)}).indexOf(true) : -1",
-        }
-        for field in fields
-    ]
-    return [*indexes, {"name": "directRoute", "expression": note}]
 
 
 def webhook_match_conditions(policy: Policy) -> list[dict[str, str]]:
@@ -507,18 +447,26 @@ NOT_TERMINATING = "(request.operation != 'UPDATE' || !has(object.metadata.deleti
 def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes.
 
-    What kube-apiserver 1.36 evaluates per pod (docs/architecture.md): the match condition (every
-    condition of a policy, no short-circuit: one, the GPU-route catalogue without regular
-    expressions), then every validation, then **every** messageExpression, passing or not, each set in
-    an activation of its own (the variables evaluated again in each). So each validation tests its own
-    cheap check first (a pod that selects no reserved node is admitted before its class is computed),
-    the class (one variable, ``pod_class``) only when a check holds, and each message returns '' unless
-    its validation fails (the route that names the pod's GPU container is read only for a denial)."""
+    What kube-apiserver 1.36 evaluates per pod (docs/architecture.md): the match conditions (every
+    condition of a policy, no short-circuit: the GPU-route catalogue without regular expressions, and
+    whether a validation may deny the pod), then every validation, then **every** messageExpression,
+    passing or not, each set in an activation of its own (the variables evaluated again in each). So
+    each validation tests its own cheap check first (a pod that selects no reserved node is admitted
+    before its class is computed), the class (one variable, ``pod_class``) only when a check holds; and
+    no validation has a messageExpression: each has a static ``message`` (the rule, the reserved label
+    or taint and the fix, rendered from the policy), so for a pod the conditions let through (an inference
+    pod tolerating the reserved taint) the messages' activation evaluates nothing (the apiserver still
+    builds it: its filter converts the pod before looking at the expressions). What a static message
+    cannot say: the pod's class and which container makes it a GPU pod (the webhook's denial says both)."""
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
+    # The engine's words (engine._denied, _reserved_hint): "<class> pods may not use the reserved nodes
+    # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
+    key, value = spec.reserved_nodes.label
+    classes = " or ".join(unreserved)
     advice = (
-        f"move the pod to a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
+        f"to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
         if reserved_class
         else ""
     )
@@ -526,21 +474,21 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
         {"name": "podClass", "expression": pod_class(policy)},
         {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
     ]
-    # (variable name, expression on the new pod, the same on the old pod or None, what, how to fix)
+    # (the engine's rule, expression on the new pod, the same on the old pod or None, what, how to fix)
     checks: list[tuple[str, str, str | None, str, str]] = [
         (
-            "nodeSelectorReserved",
+            "deny-node-selector",
             node_selector_reserved(policy, "object"),
             node_selector_reserved(policy, "oldObject"),
-            "spec.nodeSelector selects the reserved nodes",
+            f"spec.nodeSelector selects {key}={value}",
             "remove the selector",
         ),
         (
-            "affinityReserved",
+            "deny-node-affinity",
             affinity_only_reserved(policy, "object"),
             affinity_only_reserved(policy, "oldObject"),
-            "every term of spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution selects only "
-            "reserved nodes",
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution selects reserved nodes in "
+            "every term",
             "remove that requirement",
         ),
     ]
@@ -548,26 +496,28 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
     if taint is not None:
         checks.append(
             (
-                "tolerationReserved",
+                "deny-toleration",
                 tolerates_reserved(policy),
                 None,
-                f"spec.tolerations tolerate the reserved taint {taint.key}={taint.value}:{taint.effect}",
-                "remove that toleration (an empty key with operator Exists tolerates every taint)",
+                f"spec.tolerations tolerate {taint.key}={taint.value}:{taint.effect} (an empty key with operator "
+                "Exists tolerates every taint)",
+                "remove that toleration",
             )
         )
     checks.append(
         (
-            "optedOutWithNodeName",
+            # The policy's own rule: an opted-out pod never reaches the webhook.
+            "opted-out-with-node-name",
             opted_out_with_node_name("object"),
             opted_out_with_node_name("oldObject"),
-            f"it opts out of the webhook ({OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the webhook "
+            f"the pod opts out of the webhook ({OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the webhook "
             "can check against the reserved nodes",
             f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
         )
     )
     checks.append(
         (
-            "ephemeralOnReserved",
+            "deny-ephemeral-gpu-access",
             f"({ephemeral_gpu_access(policy)}) &&\n{may_be_on_reserved(policy)}",
             None,
             "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
@@ -575,35 +525,21 @@ def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
             "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
         )
     )
-    variables += direct_route_variables(policy)
     validations = []
-    for name, current, before, what, fix in checks:
-        # Inline, not variables: each check is read once per activation (the validations' and the
-        # messages' are two activations, variables are not shared between them), and a variable is one
-        # more program evaluation.
+    for rule, current, before, what, fix in checks:
+        # Inline, not variables: each check is read once, in the validations' activation.
         check = f"({current})"
         # Cheapest first: the check, then the class, then (UPDATE) whether the old pod did the same.
         expression = f"!{check} ||\n!variables.unreservedClass"
-        denied = f"{check} &&\nvariables.unreservedClass"
         if before is not None:
             expression += f" ||\n({_old(before)})"
-            denied += f" &&\n!({_old(before)})"
-        message = (
-            quote("rocm-isolation: a GPU pod of class ")
-            + " + variables.podClass + "
-            + quote(f" may not use the nodes reserved for inference: {what}")
-            + ("" if name == "ephemeralOnReserved" else " + variables.directRoute")
-            + " + "
-            + quote(f"; {advice}{fix}")
-        )
         validations.append(
             {
                 "expression": expression,
-                # Used when messageExpression cannot be evaluated.
-                "message": f"rocm-isolation: the class of this GPU pod may not use the nodes reserved for "
-                f"inference: {what}",
-                # Evaluated for every pod, denied or not: '' (unused) unless the validation fails.
-                "messageExpression": f"{denied} ?\n{message} : ''",
+                # Static: a messageExpression would be evaluated for every pod validated, denied or not
+                # (an activation of its own). The rule is the engine's name for the same denial.
+                "message": f"rocm-isolation: [{rule}] {classes} pods may not use the reserved nodes ({key}={value}): "
+                f"{what}; {advice}{fix}",
                 "reason": "Forbidden",
             }
         )
