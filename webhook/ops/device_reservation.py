@@ -38,8 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.cluster.dra_capacity import device_fields, keep_newest, pool_generation
-from webhook.cluster.inventory import parse_time
-from webhook.core.claims import MODE_CLASSES, MODE_TAINTS, RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
+from webhook.cluster.inventory import parse_time, reserved_for
+from webhook.core.claims import (
+    MODE_CLASSES,
+    MODE_TAINTS,
+    RESERVED_DEVICE_TAINT_EFFECT,
+    RESERVED_DEVICE_TAINT_KEY,
+    MalformedClaim,
+    allocated_results,
+)
 from webhook.core.policy import Policy
 from webhook.deploy import device_classes, device_taint_rules
 from webhook.deploy.device_classes import (
@@ -582,8 +589,8 @@ def holds(
     pods: Iterable[PoolPod],
     uids: Mapping[tuple[str, str], str] | None = None,
 ) -> tuple[list[Hold], list[str]]:
-    """Which pod holds which device: a claim's ``status.allocation.devices.results[]`` (driver, pool,
-    device) are held by the pods in its ``status.reservedFor[]``. Also, notes about claims reserved for
+    """Which pod holds which device: a claim's allocated devices (``claims.allocated_results``) are held by
+    the pods it is reserved for (``inventory.reserved_for``), as the audit reads them. Also, notes about claims reserved for
     pods that are not among the running pods read (finished or deleted meanwhile)."""
     by_key = {d.key: d for devices in published.values() for d in devices}
     by_ref = {(p.namespace, p.name): p for p in pods}
@@ -592,26 +599,19 @@ def holds(
     for claim in claims:
         metadata = _mapping(claim.get("metadata"))
         namespace, claim_name = _text(metadata.get("namespace")), _text(metadata.get("name"))
-        status = _mapping(claim.get("status"))
-        results = _items(_mapping(_mapping(status.get("allocation")).get("devices")).get("results"))
-        devices = [
-            by_key[key]
-            for r in results
-            if isinstance(r, Mapping)
-            and _text(r.get("driver")) == driver
-            and (key := (_text(r.get("pool")), _text(r.get("device")))) in by_key
-        ]
+        try:
+            results = allocated_results(claim)
+        except MalformedClaim:
+            continue
+        devices = [by_key[(pool, name)] for on, pool, name in results if on == driver and (pool, name) in by_key]
         if not devices:
             continue
-        for ref in _items(status.get("reservedFor")):
-            if not isinstance(ref, Mapping) or _text(ref.get("resource")) != "pods" or _text(ref.get("apiGroup")):
-                continue
-            pod_ref = (namespace, _text(ref.get("name")))
+        for pod_name, uid in reserved_for(claim):
+            pod_ref = (namespace, pod_name)
             pod = by_ref.get(pod_ref)
-            uid = _text(ref.get("uid"))
             if pod is None or (uids is not None and uid and uids.get(pod_ref, uid) != uid):
                 notes.append(
-                    f"resourceclaim/{claim_name} -n {namespace} is reserved for pod {pod_ref[1]}, which is not "
+                    f"resourceclaim/{claim_name} -n {namespace} is reserved for pod {pod_name}, which is not "
                     "among the running pods read (finished or deleted meanwhile)"
                 )
                 continue
