@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster_objects import inference_pod, pod
+
 DRIVER = "gpu.amd.com"
 PCI = "resource.kubernetes.io/pciBusID"
+RESERVED_CLASS = "rocm-isolation-reserved"
 
 
 def gpu(name: str, pci_bus_id: str | None, *, beta: bool = False) -> dict[str, Any]:
@@ -94,3 +97,29 @@ def device_class(
     if labels:
         metadata["labels"] = labels
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+
+def chart_class() -> dict[str, Any]:
+    """AMD's chart DeviceClass ``gpu.amd.com`` naming ``amd.com/gpu``, created before ours."""
+    return device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu")
+
+
+def claim_pod(name: str, ns: str, node_name: str, claim: str, *, inference: bool = False) -> dict[str, Any]:
+    """A pod on ``node_name`` using the ResourceClaim ``claim`` (labelled ``app: <name>``)."""
+    make = inference_pod if inference else pod
+    obj = make(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
+    obj["metadata"]["labels"] = {"app": name}
+    return obj
+
+
+def dra_workloads() -> list[dict[str, Any]]:
+    """Pods on DRA nodes dra-a and dra-b with their allocated claims: a training pod on dra-a's gpu-9-137, one
+    on dra-b's gpu-6-134 (shared class), an inference pod on dra-b's gpu-8-136 (reserved class)."""
+    return [
+        held_claim("train-a-gpu", "ml-training", "dra-a", ["gpu-9-137"], pods=["train-a"]),
+        claim_pod("train-a", "ml-training", "dra-a", "train-a-gpu"),
+        held_claim("train-b-gpu", "ml-training", "dra-b", ["gpu-6-134"], pods=["train-b"]),
+        claim_pod("train-b", "ml-training", "dra-b", "train-b-gpu"),
+        held_claim("llm-gpu", "serving", "dra-b", ["gpu-8-136"], pods=["llm-0"], device_class=RESERVED_CLASS),
+        claim_pod("llm-0", "serving", "dra-b", "llm-gpu", inference=True),
+    ]

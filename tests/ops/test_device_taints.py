@@ -16,11 +16,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from cluster_objects import inference_pod, namespace, node, pod
-from dra_objects import device_class, gpu, gpu_slice, held_claim
+from cluster_objects import namespace, node
+from dra_objects import chart_class, dra_workloads, gpu, gpu_slice
 from fake_cluster import FakeCluster
+from test_pool import run, stored_class, writes
 
-from webhook import cli
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes, device_taint_rules
 from webhook.deploy.device_taint_rules import TaintedDevice
@@ -56,13 +56,6 @@ def gpus(node_name: str, slots: tuple[str, ...], *, partitioned: bool = False) -
     return gpu_slice(node_name, *devices)
 
 
-def claim_pod(name: str, ns: str, node_name: str, claim: str, *, inference: bool = False) -> dict[str, Any]:
-    make = inference_pod if inference else pod
-    obj = make(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
-    obj["metadata"]["labels"] = {"app": name}
-    return obj
-
-
 def make_cluster(slots: dict[str, tuple[str, ...]], *, partitioned: str | None = None) -> FakeCluster:
     """DRA nodes publishing GPUs in ``slots`` (``partitioned``: that node's lowest GPU also has a partition),
     a device-plugin node, AMD's chart class; a training pod on dra-a's lowest GPU, one on dra-b's highest, an
@@ -72,13 +65,8 @@ def make_cluster(slots: dict[str, tuple[str, ...]], *, partitioned: str | None =
         namespace("ml-training"),
         namespace("serving", {"rocm-isolation.io/class": "inference"}),
         node("plugin-1"),
-        device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu"),
-        held_claim("train-a-gpu", "ml-training", "dra-a", ["gpu-9-137"], pods=["train-a"]),
-        claim_pod("train-a", "ml-training", "dra-a", "train-a-gpu"),
-        held_claim("train-b-gpu", "ml-training", "dra-b", ["gpu-6-134"], pods=["train-b"]),
-        claim_pod("train-b", "ml-training", "dra-b", "train-b-gpu"),
-        held_claim("llm-gpu", "serving", "dra-b", ["gpu-8-136"], pods=["llm-0"], device_class=RESERVED_CLASS),
-        claim_pod("llm-0", "serving", "dra-b", "llm-gpu", inference=True),
+        chart_class(),
+        *dra_workloads(),
     )
     for name, ids in slots.items():
         fake.add(node(name, allocatable={}), gpus(name, ids, partitioned=name == partitioned))
@@ -107,18 +95,6 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool, "EVICTION_BACKOFF", (0.01, 0.02))
 
 
-def run(cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-    code = cli.main(["pool", *argv, "--kubeconfig", str(kubeconfig)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def writes(cluster: FakeCluster) -> list[Any]:
-    with cluster.lock:
-        return [r for r in cluster.requests if r.method != "GET" and "/configmaps" not in r.path]
-
-
 def steps(cluster: FakeCluster, since: int = 0) -> list[tuple[str, str]]:
     """The writes as (method, what): a rule or class by name (POST: the body's), a node by name."""
     out = []
@@ -134,12 +110,6 @@ def stored_rules(cluster: FakeCluster) -> dict[str, dict[str, Any]]:
         names = [key for key in cluster.store[("resource.k8s.io", "devicetaintrules")]]
     found = {name: cluster.get_object("devicetaintrules", name, group="resource.k8s.io") for name in names}
     return {name: obj for name, obj in found.items() if obj is not None}
-
-
-def stored_class(cluster: FakeCluster, name: str) -> dict[str, Any]:
-    obj = cluster.get_object("deviceclasses", name, group="resource.k8s.io")
-    assert obj is not None, name
-    return obj
 
 
 def labels(cluster: FakeCluster, name: str) -> dict[str, str]:

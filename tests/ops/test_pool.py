@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from cluster_objects import allocated, inference_pod, namespace, node, pod, resource_claim, resource_slice
-from dra_objects import device_class, gpu, gpu_slice, held_claim, node_gpus
+from dra_objects import chart_class, claim_pod, device_class, dra_workloads, gpu, gpu_slice, held_claim, node_gpus
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -612,13 +612,6 @@ class Clock:
         return self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def claim_pod(name: str, ns: str, node_name: str, claim: str, *, inference: bool = False) -> dict[str, Any]:
-    make = inference_pod if inference else pod
-    obj = make(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
-    obj["metadata"]["labels"] = {"app": name}
-    return obj
-
-
 @pytest.fixture
 def dra() -> Iterator[FakeCluster]:
     """Two MI300X nodes whose GPUs AMD's DRA driver publishes (no device plugin), in PCI slots 19, 3b, 4c, 5d;
@@ -634,13 +627,8 @@ def dra() -> Iterator[FakeCluster]:
         node("plugin-1"),
         node_gpus("dra-a", *SLOTS),
         node_gpus("dra-b", *SLOTS),
-        device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu"),
-        held_claim("train-a-gpu", "ml-training", "dra-a", ["gpu-9-137"], pods=["train-a"]),
-        claim_pod("train-a", "ml-training", "dra-a", "train-a-gpu"),
-        held_claim("train-b-gpu", "ml-training", "dra-b", ["gpu-6-134"], pods=["train-b"]),
-        claim_pod("train-b", "ml-training", "dra-b", "train-b-gpu"),
-        held_claim("llm-gpu", "serving", "dra-b", ["gpu-8-136"], pods=["llm-0"], device_class=RESERVED_CLASS),
-        claim_pod("llm-0", "serving", "dra-b", "llm-gpu", inference=True),
+        chart_class(),
+        *dra_workloads(),
     )
     yield fake
     fake.stop()
