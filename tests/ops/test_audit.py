@@ -584,6 +584,16 @@ def test_a_released_reservation_judges_only_the_split_label() -> None:
     assert report.devices is None and "devices" not in report.to_json()["capacity"]
 
 
+def split_inference(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inference pod llm placed on the split node d1 (SPLIT_AFFINITY) and its claim llm-gpu of the
+    reserved class, allocated d1's ``device``."""
+    claims = [{"name": "gpu", "resourceClaimName": "llm-gpu"}]
+    return (
+        held_claim("llm-gpu", "serve", "d1", device, "llm", "rocm-isolation-reserved"),
+        inference_pod("llm", "serve", node="d1", gpus={}, affinity=SPLIT_AFFINITY, resource_claims=claims),
+    )
+
+
 def test_device_holders_are_matched_by_uid_and_inference_on_split_nodes_is_placed() -> None:
     """A claim still reserved for an earlier pod of the same name (another uid) is not the running pod's; an
     inference pod on a split node is where its placement puts it (not inference-pod-outside-reserved-pool)."""
@@ -599,15 +609,7 @@ def test_device_holders_are_matched_by_uid_and_inference_on_split_nodes_is_place
             *reservation_classes(RESERVATION),
             stale,
             pod("trainer", "ml", node="d1", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "old-gpu"}]),
-            held_claim("llm-gpu", "serve", "d1", "gpu-8-136", "llm", "rocm-isolation-reserved"),
-            inference_pod(
-                "llm",
-                "serve",
-                node="d1",
-                gpus={},
-                affinity=SPLIT_AFFINITY,
-                resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}],
-            ),
+            *split_inference("gpu-8-136"),
         )
         report = run(cluster)
     finally:
@@ -669,15 +671,7 @@ def tainted_cluster(version: str = "v1") -> FakeCluster:
         *reservation_classes(BY_TAINTS),
         taint_rule("d1", "gpu-9-137", "0000:03:00.0", version),
         taint_rule("d1", "gpu-8-136", "0000:23:00.0", version),
-        held_claim("llm-gpu", "serve", "d1", "gpu-9-137", "llm", "rocm-isolation-reserved"),
-        inference_pod(
-            "llm",
-            "serve",
-            node="d1",
-            gpus={},
-            affinity=SPLIT_AFFINITY,
-            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}],
-        ),
+        *split_inference("gpu-9-137"),
         held_claim("stray-gpu", "ml", "d1", "gpu-8-136", "trainer-stray", "rocm-isolation-shared"),
         claim_pod("trainer-stray", "ml", "d1", "stray-gpu"),
         held_claim("ok-gpu", "ml", "d1", "gpu-7-135", "trainer-ok", "rocm-isolation-shared"),
