@@ -32,7 +32,7 @@ import builtins
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -232,6 +232,23 @@ class KubeApi:
     def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """One object (or any JSON document the API serves at ``path``)."""
         return self._object("GET", path, query=query)
+
+    def serving_versions(self, group: str, versions: Sequence[str], resource: str) -> tuple[str, ...]:
+        """Which of ``versions`` of ``group`` list ``resource`` in their API discovery (``GET
+        /apis/GROUP/VERSION``), in the order given; a version not served is left out. Raises ``ApiError``
+        (not ``NotFound``) when discovery cannot be read."""
+        found = []
+        for version in versions:
+            try:
+                document = self.get(f"/apis/{group}/{version}")
+            except NotFound:
+                continue
+            resources = document.get("resources")
+            if isinstance(resources, list) and any(
+                isinstance(r, Mapping) and r.get("name") == resource for r in resources
+            ):
+                found.append(version)
+        return tuple(found)
 
     def list(
         self,

@@ -480,33 +480,27 @@ class TaintRuleReading:
 def read_taint_rules(api: KubeApi, warnings: list[str]) -> TaintRuleReading:
     """Our DeviceTaintRules; a refusal (RBAC) is a warning, as for the other DRA reads."""
     group = device_taint_rules.GROUP
-    for version in device_taint_rules.VERSIONS:
-        try:
-            document = api.get(f"/apis/{group}/{version}")
-        except NotFound:
-            continue
-        except Forbidden as err:
-            warnings.append(f"DeviceTaintRules not read (API discovery of {group}/{version}: {err})")
-            return TaintRuleReading(read=False)
-        resources = document.get("resources")
-        if not isinstance(resources, list) or not any(
-            isinstance(r, Mapping) and r.get("name") == device_taint_rules.RESOURCE for r in resources
-        ):
-            continue
-        found: list[dict[str, Any]] = []
-        try:
-            for obj in api.list(api_path(f"{group}/{version}", device_taint_rules.RESOURCE), on_restart=found.clear):
-                if device_taint_rules.is_ours(obj):
-                    found.append(obj)
-        except NotFound:
-            return TaintRuleReading(version=version)
-        except Forbidden as err:
-            warnings.append(
-                f"DeviceTaintRules not read ({err}): the ClusterRole needs get and list on {group} devicetaintrules"
-            )
-            return TaintRuleReading(version=version, read=False)
-        return TaintRuleReading(found, version)
-    return TaintRuleReading()
+    try:
+        versions = api.serving_versions(group, device_taint_rules.VERSIONS, device_taint_rules.RESOURCE)
+    except Forbidden as err:
+        warnings.append(f"DeviceTaintRules not read (API discovery of {group}: {err})")
+        return TaintRuleReading(read=False)
+    if not versions:
+        return TaintRuleReading()
+    version = versions[0]
+    found: list[dict[str, Any]] = []
+    try:
+        for obj in api.list(api_path(f"{group}/{version}", device_taint_rules.RESOURCE), on_restart=found.clear):
+            if device_taint_rules.is_ours(obj):
+                found.append(obj)
+    except NotFound:
+        return TaintRuleReading(version=version)
+    except Forbidden as err:
+        warnings.append(
+            f"DeviceTaintRules not read ({err}): the ClusterRole needs get and list on {group} devicetaintrules"
+        )
+        return TaintRuleReading(version=version, read=False)
+    return TaintRuleReading(found, version)
 
 
 def _rule_node(device: TaintedDevice) -> str:

@@ -876,22 +876,12 @@ def server_version(api: KubeApi) -> tuple[int, int, int] | None:
 
 
 def device_taint_rule_versions(api: KubeApi) -> tuple[str, ...] | None:
-    """The resource.k8s.io versions whose API discovery lists ``devicetaintrules``; None when discovery
-    could not be read."""
-    found = []
-    for version in ("v1", "v1beta2"):
-        try:
-            document = api.get(f"/apis/{dra.GROUP}/{version}")
-        except NotFound:
-            continue
-        except ApiError:
-            return None
-        resources = document.get("resources")
-        if isinstance(resources, list) and any(
-            isinstance(r, Mapping) and r.get("name") == "devicetaintrules" for r in resources
-        ):
-            found.append(version)
-    return tuple(found)
+    """The resource.k8s.io versions whose API discovery lists ``devicetaintrules``, newest first; None when
+    discovery could not be read."""
+    try:
+        return api.serving_versions(device_taint_rules.GROUP, device_taint_rules.VERSIONS, device_taint_rules.RESOURCE)
+    except ApiError:
+        return None
 
 
 def require_v1(state: DraState) -> None:
