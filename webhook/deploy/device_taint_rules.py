@@ -136,3 +136,17 @@ def spec_differs(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool
         or taint_have != dict(_mapping(want.get("taint")))
         or any(annotations.get(k) != v for k, v in wanted.items())
     )
+
+
+def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The PUT body that makes ``current`` say what ``desired`` says (its spec, our labels; its other
+    annotations kept, ``resourceVersion`` as read: 409 when it changed), or None when it already does."""
+    if not spec_differs(current, desired):
+        return None
+    metadata = dict(_mapping(current.get("metadata")))
+    metadata["annotations"] = {
+        **_mapping(metadata.get("annotations")),
+        **_mapping(_mapping(desired.get("metadata")).get("annotations")),
+    }
+    metadata.pop("managedFields", None)  # absent from an update: the apiserver keeps them
+    return {**desired, "metadata": metadata}

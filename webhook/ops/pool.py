@@ -1013,15 +1013,18 @@ def device_plan(
 
 
 @dataclass(frozen=True)
-class ClassWritten:
+class ObjectWritten:
+    """What writing one DeviceClass or DeviceTaintRule did."""
+
     name: str
-    result: str  # created, replaced, unchanged, recreated; conflict, foreign, failed, skipped (not done)
+    # created, replaced, unchanged, recreated, deleted, gone; conflict, foreign, failed, skipped (not done)
+    result: str
     message: str = ""
     object: Mapping[str, Any] | None = None  # as the apiserver answered (or as read, when unchanged)
 
     @property
     def ok(self) -> bool:
-        return self.result in ("created", "replaced", "unchanged", "recreated")
+        return self.result in ("created", "replaced", "unchanged", "recreated", "deleted", "gone")
 
 
 def _class_path(name: str | None = None) -> str:
@@ -1032,40 +1035,70 @@ def _dry_run_query(dry_run: bool) -> dict[str, str] | None:
     return {"dryRun": "All"} if dry_run else None
 
 
-def _read_class(api: KubeApi, name: str) -> dict[str, Any] | None:
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _read(api: KubeApi, path: str) -> dict[str, Any] | None:
     try:
-        return api.get(_class_path(name))
+        return api.get(path)
     except NotFound:
         return None
 
 
-def write_class(
-    api: KubeApi, desired: Mapping[str, Any], current: Mapping[str, Any] | None, *, dry_run: bool
-) -> ClassWritten:
-    """Create the class, or replace it with the ``resourceVersion`` read when it says something else; on
-    409 (changed, or created meanwhile) read it again and retry. Never a class that is not ours."""
+
+def write_owned(
+    api: KubeApi,
+    collection: str,
+    desired: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+    *,
+    ours: Callable[[Mapping[str, Any]], bool],
+    replace_body: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None],
+    dry_run: bool,
+    not_ours: str = "foreign",
+) -> ObjectWritten:
+    """Create an object of ``collection``, or replace it with the ``resourceVersion`` read when it says
+    something else (``replace_body``: the PUT body, None when it already says ``desired``); on 409
+    (changed, or created meanwhile) read it again and retry. Never an object that is not ours."""
     name = str(desired["metadata"]["name"])
+    path = f"{collection}/{name}"
     for _ in range(CONFLICT_RETRIES):
         if current is None:
             try:
-                created = api.post(_class_path(), desired, dry_run=dry_run)
-                return ClassWritten(name, "created", object=created if isinstance(created, Mapping) else None)
+                created = api.post(collection, desired, dry_run=dry_run)
+                return ObjectWritten(name, "created", object=created if isinstance(created, Mapping) else None)
             except Conflict:
-                current = _read_class(api, name)
+                current = _read(api, path)
                 continue
-        if not device_reservation.class_info(current).ours:
-            return ClassWritten(name, "foreign", "created meanwhile by someone else: not ours, not edited")
-        body = device_reservation.replace_body(current, desired)
+        if not ours(current):
+            return ObjectWritten(name, not_ours, "created meanwhile by someone else: not ours, not edited")
+        body = replace_body(current, desired)
         if body is None:
-            return ClassWritten(name, "unchanged", object=current)
+            return ObjectWritten(name, "unchanged", object=current)
         try:
-            replaced = api.request("PUT", _class_path(name), query=_dry_run_query(dry_run), body=body)
-            return ClassWritten(name, "replaced", object=replaced if isinstance(replaced, Mapping) else None)
+            replaced = api.request("PUT", path, query=_dry_run_query(dry_run), body=body)
+            return ObjectWritten(name, "replaced", object=replaced if isinstance(replaced, Mapping) else None)
         except Conflict:
-            current = _read_class(api, name)
+            current = _read(api, path)
         except NotFound:
             current = None
-    return ClassWritten(name, "conflict", f"it kept changing under us ({CONFLICT_RETRIES} conflicts)")
+    return ObjectWritten(name, "conflict", f"it kept changing under us ({CONFLICT_RETRIES} conflicts)")
+
+
+def write_class(
+    api: KubeApi, desired: Mapping[str, Any], current: Mapping[str, Any] | None, *, dry_run: bool
+) -> ObjectWritten:
+    """One of our DeviceClasses written (``write_owned``)."""
+    return write_owned(
+        api,
+        _class_path(),
+        desired,
+        current,
+        ours=lambda obj: device_reservation.class_info(obj).ours,
+        replace_body=device_reservation.replace_body,
+        dry_run=dry_run,
+    )
 
 
 def _loses(ours: Mapping[str, Any] | None, others: Iterable[ClassInfo]) -> ClassInfo | None:
@@ -1084,7 +1117,7 @@ def recreate_class(
     owner: device_reservation.Ownership,
     *,
     dry_run: bool,
-) -> ClassWritten:
+) -> ObjectWritten:
     """Delete our shared class (it is not the one the extended resource maps to, see ``Ownership``) and
     create it again, so that it is the newest class naming the name; on a tie lost by name (same second),
     wait for the next second and do it again."""
@@ -1108,11 +1141,11 @@ def recreate_class(
                 body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions},
             )
         except Conflict:
-            return ClassWritten(name, "conflict", "it changed between the read and the delete: run pool apply again")
+            return ObjectWritten(name, "conflict", "it changed between the read and the delete: run pool apply again")
         except NotFound:
             pass
         if dry_run:
-            return ClassWritten(
+            return ObjectWritten(
                 name,
                 "recreated",
                 f"{why}; the delete was validated, the class still exists: not re-created in a dry run",
@@ -1120,7 +1153,7 @@ def recreate_class(
         try:
             created = api.post(_class_path(), desired)
         except ApiError as err:
-            return ClassWritten(
+            return ObjectWritten(
                 name,
                 "failed",
                 f"deleted but not re-created ({err}): {owner.name} maps to no class until pool apply runs again",
@@ -1129,7 +1162,7 @@ def recreate_class(
         winner = _loses(current, owner.others)
         if winner is None:
             created_at = device_reservation.class_info(current).created
-            return ClassWritten(
+            return ObjectWritten(
                 name,
                 "recreated",
                 f"{why}; now it is the newest class naming {owner.name} (created {created_at}): the scheduler maps "
@@ -1137,7 +1170,7 @@ def recreate_class(
                 current,
             )
         if winner.created_seconds > device_reservation.class_info(current).created_seconds:
-            return ClassWritten(
+            return ObjectWritten(
                 name,
                 "failed",
                 f"re-created, but deviceclass/{winner.name} (created {winner.created}) is newer still: {owner.name} "
@@ -1146,21 +1179,21 @@ def recreate_class(
             )
         why = f"deviceclass/{winner.name} was created the same second and wins the tie by name"
         time.sleep(CREATION_TICK)
-    return ClassWritten(
+    return ObjectWritten(
         name, "failed", f"still tied with another class naming {owner.name} after {RECREATE_ATTEMPTS} attempts", current
     )
 
 
 def write_classes(
-    api: KubeApi, plan: DevicePlan, *, dry_run: bool, ensure_owner: bool, on_written: Callable[[ClassWritten], None]
-) -> list[ClassWritten]:
+    api: KubeApi, plan: DevicePlan, *, dry_run: bool, ensure_owner: bool, on_written: Callable[[ObjectWritten], None]
+) -> list[ObjectWritten]:
     """The reserved class first, then the shared one (not written when the reserved one was not: the shared
     class alone would split the devices differently from the reserved class)."""
     reserved, shared = plan.classes
     written = [write_class(api, reserved.desired, reserved.current, dry_run=dry_run)]
     on_written(written[0])
     if not written[0].ok:
-        skipped = ClassWritten(shared.name, "skipped", f"not written: deviceclass/{reserved.name} was not")
+        skipped = ObjectWritten(shared.name, "skipped", f"not written: deviceclass/{reserved.name} was not")
         on_written(skipped)
         return [*written, skipped]
     result = _write_shared(api, shared, plan.owner, dry_run=dry_run, ensure_owner=ensure_owner)
@@ -1170,7 +1203,7 @@ def write_classes(
 
 def _write_shared(
     api: KubeApi, change: ClassChange, owner: device_reservation.Ownership, *, dry_run: bool, ensure_owner: bool
-) -> ClassWritten:
+) -> ObjectWritten:
     if ensure_owner and change.action == "recreate" and change.current is not None:
         return recreate_class(api, change.desired, change.current, owner, dry_run=dry_run)
     written = write_class(api, change.desired, change.current, dry_run=dry_run)
@@ -1181,67 +1214,35 @@ def _write_shared(
     return written
 
 
-@dataclass(frozen=True)
-class RuleWritten:
-    name: str
-    result: str  # created, replaced, deleted, unchanged, gone; conflict, failed (not done)
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.result in ("created", "replaced", "deleted", "unchanged", "gone")
-
-
-def write_rule(api: KubeApi, change: device_reservation.RuleChange, version: str, *, dry_run: bool) -> RuleWritten:
-    """One DeviceTaintRule created, replaced (``resourceVersion`` as read; 409: read again and retry) or
-    deleted, as the plan says."""
+def write_rule(api: KubeApi, change: device_reservation.RuleChange, version: str, *, dry_run: bool) -> ObjectWritten:
+    """One DeviceTaintRule created or replaced (``write_owned``), or deleted, as the plan says."""
     collection = api_path(f"{dra.GROUP}/{version}", device_taint_rules.RESOURCE)
-    path = api_path(f"{dra.GROUP}/{version}", device_taint_rules.RESOURCE, name=change.name)
     current, desired = change.current, change.desired
     try:
         if desired is None:
             if current is None:
-                return RuleWritten(change.name, "gone")
-            api.request("DELETE", path, query=_dry_run_query(dry_run))
-            return RuleWritten(change.name, "deleted")
-        for _ in range(CONFLICT_RETRIES):
-            if current is None:
-                try:
-                    api.post(collection, desired, dry_run=dry_run)
-                    return RuleWritten(change.name, "created")
-                except Conflict:
-                    current = api.get(path)
-                    continue
-            if not device_taint_rules.is_ours(current):
-                return RuleWritten(change.name, "failed", "created meanwhile by someone else: not ours, not edited")
-            if not device_taint_rules.spec_differs(current, desired):
-                return RuleWritten(change.name, "unchanged")
-            metadata = {
-                **_mapping(current.get("metadata")),
-                "annotations": {
-                    **_mapping(_mapping(current.get("metadata")).get("annotations")),
-                    **desired["metadata"]["annotations"],
-                },
-            }
-            metadata.pop("managedFields", None)
-            body = {**desired, "metadata": metadata}
-            try:
-                api.request("PUT", path, query=_dry_run_query(dry_run), body=body)
-                return RuleWritten(change.name, "replaced")
-            except Conflict:
-                current = api.get(path)
-            except NotFound:
-                current = None
-        return RuleWritten(change.name, "conflict", f"it kept changing under us ({CONFLICT_RETRIES} conflicts)")
+                return ObjectWritten(change.name, "gone")
+            api.request("DELETE", f"{collection}/{change.name}", query=_dry_run_query(dry_run))
+            return ObjectWritten(change.name, "deleted")
+        return write_owned(
+            api,
+            collection,
+            desired,
+            current,
+            ours=device_taint_rules.is_ours,
+            replace_body=device_taint_rules.replace_body,
+            dry_run=dry_run,
+            not_ours="failed",
+        )
     except NotFound:
-        return RuleWritten(change.name, "gone")
+        return ObjectWritten(change.name, "gone")
     except ApiError as err:
-        return RuleWritten(change.name, "failed", str(err))
+        return ObjectWritten(change.name, "failed", str(err))
 
 
 def write_rules(
-    api: KubeApi, plan: DevicePlan, *, delete: bool, dry_run: bool, on_written: Callable[[RuleWritten], None]
-) -> list[RuleWritten]:
+    api: KubeApi, plan: DevicePlan, *, delete: bool, dry_run: bool, on_written: Callable[[ObjectWritten], None]
+) -> list[ObjectWritten]:
     """The rules the plan creates or replaces (``delete`` False: before the classes, so that no device is
     left to training between the two), or deletes (after the classes)."""
     written = []
@@ -1254,15 +1255,7 @@ def write_rules(
     return written
 
 
-def _rule_json(written: RuleWritten) -> dict[str, Any]:
-    return {"name": written.name, "result": written.result, "message": written.message or None}
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _rule_line(written: RuleWritten, dry_run: bool) -> str:
+def _rule_line(written: ObjectWritten, dry_run: bool) -> str:
     what = f"devicetaintrule/{written.name}"
     if written.result in ("created", "replaced", "deleted"):
         return f"{what} {written.result}{' (server dry run)' if dry_run else ''}"
@@ -1271,7 +1264,7 @@ def _rule_line(written: RuleWritten, dry_run: bool) -> str:
     return f"{what} not written: {written.message}"
 
 
-def _class_line(written: ClassWritten, dry_run: bool) -> str:
+def _class_line(written: ObjectWritten, dry_run: bool) -> str:
     suffix = " (server dry run)" if dry_run else ""
     what = f"deviceclass/{written.name}"
     if written.result in ("created", "replaced"):
@@ -1283,7 +1276,7 @@ def _class_line(written: ClassWritten, dry_run: bool) -> str:
     return f"{what} not written: {written.message}"
 
 
-def _written_json(written: ClassWritten) -> dict[str, Any]:
+def _written_json(written: ObjectWritten) -> dict[str, Any]:
     return {"name": written.name, "result": written.result, "message": written.message or None}
 
 
@@ -1361,7 +1354,7 @@ def apply_devices(
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "dryRun": dry_run,
                 "deviceClasses": [_written_json(w) for w in written],
-                "deviceTaintRules": [_rule_json(r) for r in rules],
+                "deviceTaintRules": [_written_json(r) for r in rules],
                 "nodes": _nodes_json(labelled),
                 "evictions": [
                     {
@@ -1450,7 +1443,7 @@ def release_devices(api: KubeApi, policy: Policy, cluster: Cluster, args: argpar
                 "dryRun": dry_run,
                 "plan": {"devices": device_reservation.plan_json(plan)},
                 "deviceClasses": [_written_json(w) for w in written],
-                "deviceTaintRules": [_rule_json(r) for r in rules],
+                "deviceTaintRules": [_written_json(r) for r in rules],
                 "nodes": _nodes_json(labelled),
             }
         )
@@ -1467,7 +1460,7 @@ def write_split(
     dry_run: bool,
     table: bool,
     ensure_owner: bool,
-) -> tuple[list[ClassWritten], list[Written], list[RuleWritten], bool]:
+) -> tuple[list[ObjectWritten], list[Written], list[ObjectWritten], bool]:
     """The plan printed (table), the DeviceTaintRules that taint more devices, the classes, the rules that
     taint fewer (each step only once the one before went through: training is never given a reserved
     device in between), then the split nodes' label: what apply and release share. Also whether
@@ -1477,12 +1470,12 @@ def write_split(
             out.line(line)
         out.line()
 
-    def on_rule(w: RuleWritten) -> None:
+    def on_rule(w: ObjectWritten) -> None:
         if table:
             out.line(_rule_line(w, dry_run))
 
     rules = write_rules(api, plan, delete=False, dry_run=dry_run, on_written=on_rule)
-    written: list[ClassWritten] = []
+    written: list[ObjectWritten] = []
     labelled: list[Written] = []
     if all(r.ok for r in rules):
         written = write_classes(
