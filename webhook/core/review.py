@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import orjson
 
-from webhook.core import pods
+from webhook.core import claims, pods
 from webhook.core.decision import NO_ANNOTATIONS
 
 SUPPORTED_API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -92,9 +92,9 @@ class AdmissionRequest:
     @property
     def is_claim(self) -> bool:
         """A ResourceClaim or ResourceClaimTemplate (resource.k8s.io): steered under device-level reservation."""
-        return self.kind.get("group") == "resource.k8s.io" and self.kind.get("kind") in (
-            "ResourceClaim",
-            "ResourceClaimTemplate",
+        return self.kind.get("group") == claims.GROUP and self.kind.get("kind") in (
+            claims.CLAIM_KIND,
+            claims.TEMPLATE_KIND,
         )
 
     @property
