@@ -33,7 +33,8 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -219,6 +220,57 @@ def release_devices(split: Split) -> str:
     return out
 
 
+def build_split(
+    plane: ControlPlane, kube: Kube, nodes: Sequence[str], training: str, inference: str, admin_access: str
+) -> Split:
+    """What both device modules' clusters start from, on a started control plane: ``nodes`` made DRA-only
+    MI210 nodes, each with the ResourceSlice AMD's driver publishes; AMD's chart DeviceClass; the product's
+    manifests without the MutatingWebhookConfiguration (the webhook is not running: ``running_webhook``
+    installs it); the three namespaces (training: no label, inference, ``adminAccess`` allowed) and their
+    ServiceAccounts; the (pool, device) -> PCI bus ID map read back from the live ResourceSlices."""
+    for node in nodes:
+        make_node(kube, node, MI210_LABELS, gpus=0)
+        # DRA only: no device plugin, so no amd.com/gpu in the node's status at all.
+        gone = {"amd.com/gpu": None}
+        kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
+        kube.apply(amd_resource_slice(node))
+    kube.create(AMD_CHART_CLASS)
+    manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
+    install(plane, manifests)
+    namespaces: dict[str, dict[str, str]] = {
+        training: {},
+        inference: {POLICY.spec.labels.namespace_class: "inference"},
+        admin_access: {"resource.kubernetes.io/admin-access": "true"},
+    }
+    for name, labels in namespaces.items():
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    for name in namespaces:
+        # The controller-manager creates the default ServiceAccount; pod creation needs it.
+        wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
+    pci = {
+        (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
+        for s in kube.list("ResourceSlice")
+        for d in s["spec"]["devices"]
+    }
+    return Split(plane, kube, training, inference, admin_access, pci)
+
+
+def delete_pods(split: Split, *, bound: bool | None = None) -> None:
+    """Force-delete the pods of the split's namespaces (``bound``: only those bound to a node, or not)."""
+    for ns in split.namespaces:
+        for pod_obj in split.kube.list("Pod", ns):
+            if bound is None or bool(pod_obj["spec"].get("nodeName")) == bound:
+                split.kube.delete("Pod", pod_obj["metadata"]["name"], ns, force=True)
+
+
+def delete_claims(split: Split) -> None:
+    """Delete the ResourceClaims and ResourceClaimTemplates of the split's namespaces (not waited for)."""
+    for ns in split.namespaces:
+        for kind in ("ResourceClaim", "ResourceClaimTemplate"):
+            for obj in split.kube.list(kind, ns):
+                split.kube.delete(kind, obj["metadata"]["name"], ns)
+
+
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     loopback_only()
@@ -226,36 +278,10 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     try:
         plane.start()
         kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
-        for node in DRA_NODES:
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            # DRA only: no device plugin, so no amd.com/gpu in the node's status at all.
-            gone = {"amd.com/gpu": None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            kube.apply(amd_resource_slice(node))
         make_node(kube, DEVICE_PLUGIN_NODE, MI210_LABELS, gpus=4)
-        chart_class = kube.create(AMD_CHART_CLASS)
-
         # The webhook is not running: its configuration is installed by TestWithTheWebhookUp only.
-        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
-        install(plane, manifests)
-
-        training, inference, admin_access = "reservation-training", "reservation-inference", "reservation-admin"
-        namespaces: dict[str, dict[str, str]] = {
-            training: {},
-            inference: {POLICY.spec.labels.namespace_class: "inference"},
-            admin_access: {"resource.kubernetes.io/admin-access": "true"},
-        }
-        for name, labels in namespaces.items():
-            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-        for name in namespaces:
-            # The controller-manager creates the default ServiceAccount; pod creation needs it.
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-        pci = {
-            (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
-            for s in kube.list("ResourceSlice")
-            for d in s["spec"]["devices"]
-        }
-        made = Split(plane, kube, training, inference, admin_access, pci)
+        made = build_split(plane, kube, DRA_NODES, "reservation-training", "reservation-inference", "reservation-admin")
+        chart_class = kube.get("DeviceClass", DRIVER)
 
         # What the operator runs: the device-plugin node reserved whole, the DRA nodes split.
         whole = pool(plane, "apply", "--nodes", DEVICE_PLUGIN_NODE).stdout
@@ -287,22 +313,13 @@ def emptied(split: Split) -> Iterator[None]:
     test waited, "get updated claim ... after conflict: not found" in the end, its device held meanwhile)."""
     yield
     kube = split.kube
-    for bound in (False, True):
-        for ns in split.namespaces:
-            for pod_obj in kube.list("Pod", ns):
-                if bool(pod_obj["spec"].get("nodeName")) == bound:
-                    kube.delete("Pod", pod_obj["metadata"]["name"], ns, force=True)
-        if not bound:
-            wait_until(
-                lambda: (
-                    not any(p for ns in split.namespaces for p in kube.list("Pod", ns) if not p["spec"].get("nodeName"))
-                ),
-                what="the waiting pods deleted",
-            )
-    for ns in split.namespaces:
-        for kind in ("ResourceClaim", "ResourceClaimTemplate"):
-            for obj in kube.list(kind, ns):
-                kube.delete(kind, obj["metadata"]["name"], ns)
+    delete_pods(split, bound=False)
+    wait_until(
+        lambda: not any(p for ns in split.namespaces for p in kube.list("Pod", ns) if not p["spec"].get("nodeName")),
+        what="the waiting pods deleted",
+    )
+    delete_pods(split, bound=True)
+    delete_claims(split)
     wait_until(
         lambda: not any(kube.list("ResourceClaim", ns) for ns in split.namespaces),
         timeout=60,
@@ -840,14 +857,13 @@ def _steered_class(split: Split) -> str:
     return template_class(made)
 
 
-@pytest.fixture(scope="class")
-def webhook(split: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+@contextmanager
+def running_webhook(split: Split, directory: Path, answer: Callable[[], str], wanted: str) -> Iterator[Webhook]:
     """The webhook as the session's cluster runs it (conftest.py): ``serve`` with the project's certificates,
-    authenticated as its ServiceAccount (the manifests' RBAC), then the manifests' MutatingWebhookConfiguration.
-    For one class of tests: stopped and its configuration deleted after them, so that every other test of
-    the module proves the apiserver alone."""
+    authenticated as its ServiceAccount (the manifests' RBAC), then the manifests' MutatingWebhookConfiguration,
+    waited for until ``answer()`` (the class a probe is stored with) is ``wanted``. Stopped and its
+    configuration deleted on leaving, so that the apiserver alone holds again."""
     plane = split.plane
-    directory = tmp_path_factory.mktemp("webhook-devices")
     cert_dir = directory / "certs"
     cli("certs", "--out-dir", str(cert_dir), check=True)
     port = free_port()
@@ -860,8 +876,8 @@ def webhook(split: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         last: list[str] = []
 
         def steering() -> bool:
-            last[:] = [_steered_class(split)]
-            return last[0] == SHARED_CLASS
+            last[:] = [answer()]
+            return last[0] == wanted
 
         try:
             wait_until(steering, timeout=60, what="the webhook to steer claims (configured, the reservation cached)")
@@ -871,6 +887,15 @@ def webhook(split: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         plane.processes.stop_one(running.component)
         split.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
+
+
+@pytest.fixture(scope="class")
+def webhook(split: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """The webhook up for one class of tests (``running_webhook``): stopped and its configuration deleted
+    after them, so that every other test of the module proves the apiserver alone."""
+    directory = tmp_path_factory.mktemp("webhook-devices")
+    with running_webhook(split, directory, partial(_steered_class, split), SHARED_CLASS) as running:
+        yield running
 
 
 class TestWithTheWebhookUp:

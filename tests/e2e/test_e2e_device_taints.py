@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -37,22 +36,10 @@ from webhook.core.engine import CLASS_ANNOTATION
 from webhook.deploy import device_classes, device_taint_rules
 from webhook.deploy.reserved_devices import CLAIMS_POLICY, TEMPLATES_POLICY
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
-from .harness import (
-    DRIVER,
-    MI210_LABELS,
-    WEBHOOK_CONFIGURATION,
-    Webhook,
-    cli,
-    install,
-    make_node,
-    render_manifests,
-    service_account_kubeconfig,
-    start_webhook,
-)
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .harness import DRIVER, Webhook
 from .kube import ApiError, Kube, wait_until
 from .test_e2e_device_reservation import (
-    AMD_CHART_CLASS,
     DEVICES,
     PCI_BUS_ID,
     POLICY,
@@ -62,9 +49,12 @@ from .test_e2e_device_reservation import (
     Split,
     allocated,
     amd_resource_slice,
+    build_split,
     claim,
     claim_pod,
     claim_template,
+    delete_claims,
+    delete_pods,
     exactly,
     extended_claim,
     never_scheduled,
@@ -73,6 +63,7 @@ from .test_e2e_device_reservation import (
     pool,
     requested_class,
     reserved_ids,
+    running_webhook,
     shared_ids,
     shown,
     split_label,
@@ -99,30 +90,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     try:
         plane.start()
         kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
-        for node in NODES:
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            gone = {"amd.com/gpu": None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            kube.apply(amd_resource_slice(node))
-        kube.create(AMD_CHART_CLASS)
-        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
-        install(plane, manifests)
-        training, inference, admin_access = "taints-training", "taints-inference", "taints-admin"
-        namespaces: dict[str, dict[str, str]] = {
-            training: {},
-            inference: {"rocm-isolation.io/class": "inference"},
-            admin_access: {"resource.kubernetes.io/admin-access": "true"},
-        }
-        for name, labels in namespaces.items():
-            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-        for name in namespaces:
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-        pci = {
-            (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
-            for s in kube.list("ResourceSlice")
-            for d in s["spec"]["devices"]
-        }
-        yield Split(plane, kube, training, inference, admin_access, pci)
+        yield build_split(plane, kube, NODES, "taints-training", "taints-inference", "taints-admin")
         plane.check_alive()
     finally:
         plane.stop()
@@ -133,13 +101,8 @@ def emptied(cluster: Split) -> Iterator[None]:
     """Each test starts with every device free: its pods, claims and templates deleted after it."""
     yield
     kube = cluster.kube
-    for ns in cluster.namespaces:
-        for pod_obj in kube.list("Pod", ns):
-            kube.delete("Pod", pod_obj["metadata"]["name"], ns, force=True)
-    for ns in cluster.namespaces:
-        for kind in ("ResourceClaim", "ResourceClaimTemplate"):
-            for obj in kube.list(kind, ns):
-                kube.delete(kind, obj["metadata"]["name"], ns)
+    delete_pods(cluster)
+    delete_claims(cluster)
     wait_until(
         lambda: not any(kube.list("ResourceClaim", ns) or kube.list("Pod", ns) for ns in cluster.namespaces),
         timeout=90,
@@ -272,29 +235,15 @@ def test_training_may_not_tolerate_the_reserved_taint(cluster: Split, toleration
 @pytest.fixture(scope="class")
 def webhook(cluster: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """The webhook as the session's cluster runs it, for one class of tests (see test_e2e_device_reservation)."""
-    plane = cluster.plane
     taint_first_node(cluster, 2)
     directory = tmp_path_factory.mktemp("webhook-device-taints")
-    cert_dir = directory / "certs"
-    cli("certs", "--out-dir", str(cert_dir), check=True)
-    port = free_port()
-    configuration = [
-        d for d in render_manifests(cert_dir / "ca.crt", port) if d["kind"] == "MutatingWebhookConfiguration"
-    ]
-    running = start_webhook(plane, directory, service_account_kubeconfig(plane), cert_dir=cert_dir, port=port)
-    try:
-        install(plane, configuration)
 
-        def steered() -> bool:
-            probe = claim_template(cluster.inference, "probe", exactly(DRIVER))
-            stored = cluster.kube.create(probe, dry_run=True)
-            return template_class(stored) == RESERVED_CLASS
+    def steered() -> str:
+        probe = claim_template(cluster.inference, "probe", exactly(DRIVER))
+        return template_class(cluster.kube.create(probe, dry_run=True))
 
-        wait_until(steered, timeout=60, what="the webhook to steer claims (configured, the reservation cached)")
+    with running_webhook(cluster, directory, steered, RESERVED_CLASS) as running:
         yield running
-    finally:
-        plane.processes.stop_one(running.component)
-        cluster.kube.delete("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION)
 
 
 class TestWithTheWebhookUp:
