@@ -185,6 +185,19 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+def resources_served(api: KubeApi, group_version: str) -> frozenset[str] | None:
+    """The resource names API discovery lists for ``group_version`` (``GET /apis/GROUP/VERSION``); None
+    when that version is not served. Raises ``ApiError`` (not ``NotFound``) when discovery cannot be read."""
+    try:
+        document = api.get(f"/apis/{group_version}")
+    except NotFound:
+        return None
+    resources = document.get("resources")
+    return frozenset(
+        str(r.get("name")) for r in (resources if isinstance(resources, list) else []) if isinstance(r, Mapping)
+    )
+
+
 class KubeApi:
     """Raw-JSON requests through an ``ApiClient`` (its host, TLS settings and credentials)."""
 
@@ -234,21 +247,9 @@ class KubeApi:
         return self._object("GET", path, query=query)
 
     def serving_versions(self, group: str, versions: Sequence[str], resource: str) -> tuple[str, ...]:
-        """Which of ``versions`` of ``group`` list ``resource`` in their API discovery (``GET
-        /apis/GROUP/VERSION``), in the order given; a version not served is left out. Raises ``ApiError``
-        (not ``NotFound``) when discovery cannot be read."""
-        found = []
-        for version in versions:
-            try:
-                document = self.get(f"/apis/{group}/{version}")
-            except NotFound:
-                continue
-            resources = document.get("resources")
-            if isinstance(resources, list) and any(
-                isinstance(r, Mapping) and r.get("name") == resource for r in resources
-            ):
-                found.append(version)
-        return tuple(found)
+        """Which of ``versions`` of ``group`` list ``resource`` in their API discovery, in the order given
+        (``resources_served``)."""
+        return tuple(v for v in versions if resource in (resources_served(self, f"{group}/{v}") or ()))
 
     def list(
         self,

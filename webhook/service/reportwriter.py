@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from webhook.cluster.kubeapi import ApiError, KubeApi, NotFound, api_path
+from webhook.cluster.kubeapi import ApiError, KubeApi, NotFound, api_path, resources_served
 from webhook.ops import reports
 from webhook.ops.audit import Finding
 from webhook.ops.reports import ReportApi
@@ -40,12 +40,8 @@ def served(api: KubeApi, candidates: Sequence[ReportApi] = reports.APIS) -> tupl
     discovery). Raises ``ApiError`` when discovery itself cannot be read (not for a group not served)."""
     out = []
     for candidate in candidates:
-        try:
-            document = api.get(f"/apis/{candidate.group_version}")
-        except NotFound:
-            continue
-        names = {str(r.get("name")) for r in document.get("resources") or [] if isinstance(r, dict)}
-        if {candidate.plural, candidate.cluster_plural} <= names:
+        names = resources_served(api, candidate.group_version)
+        if names is not None and {candidate.plural, candidate.cluster_plural} <= names:
             out.append(candidate)
     return tuple(out)
 
