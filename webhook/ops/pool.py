@@ -1046,7 +1046,6 @@ def _read(api: KubeApi, path: str) -> dict[str, Any] | None:
         return None
 
 
-
 def write_owned(
     api: KubeApi,
     collection: str,
