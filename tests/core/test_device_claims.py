@@ -5,34 +5,18 @@ expectations, and decided again to prove the second run changes nothing (reinvoc
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import kubernetes_validate
 import pytest
-import yaml
+
+# The engine's table: the same fixture layout, policies and schema version.
+from test_engine import K8S_VERSION, load_cases, policy_for
 
 from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts
 from webhook.core.device_claims import decide_claim
-from webhook.core.policy import Policy, default_policy, load_policy
-
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-K8S_VERSION = "1.37.0"
-
-
-def load_cases() -> list[Any]:
-    cases = []
-    for path in sorted((FIXTURES / "claims").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}"))
-    return cases
-
-
-def policy_for(case: dict[str, Any]) -> Policy:
-    name = case.get("policy", "default")
-    return default_policy() if name == "default" else load_policy(FIXTURES / "policies" / f"{name}.yaml")
+from webhook.core.policy import default_policy
 
 
 def as_object(case: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +37,7 @@ def run(case: dict[str, Any], obj: dict[str, Any]) -> Decision:
     )
 
 
-@pytest.mark.parametrize("case", load_cases())
+@pytest.mark.parametrize("case", load_cases("claims"))
 def test_decide_claim(case: dict[str, Any]) -> None:
     obj = as_object(case)
     original = copy.deepcopy(obj)

@@ -22,9 +22,10 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 K8S_VERSION = "1.37.0"
 
 
-def load_cases() -> list[Any]:
+def load_cases(folder: str = "engine") -> list[Any]:
+    """The table's cases: every YAML document under ``tests/fixtures/<folder>``, named file:case."""
     cases = []
-    for path in sorted((FIXTURES / "engine").glob("*.yaml")):
+    for path in sorted((FIXTURES / folder).glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}"))
