@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from cluster_objects import device_class, inference_pod, namespace, node, pod, resource_claim
+from cluster_objects import device_class, device_slice, inference_pod, namespace, node, pod, resource_claim
 from fake_cluster import FakeCluster
 
 from webhook.core.policy import default_policy
@@ -144,17 +144,7 @@ def gpu_device(name: str, pci_bus_id: str, *taints: dict[str, Any]) -> dict[str,
 
 def split_node_slice(node_name: str, *devices: dict[str, Any]) -> dict[str, Any]:
     """The node's ResourceSlice of AMD's DRA driver (its pool is named after the node)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node_name}-{DRIVER}-x7k2p"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": list(devices),
-        },
-    }
+    return device_slice(node_name, list(devices), name=f"{node_name}-{DRIVER}-x7k2p", driver=DRIVER)
 
 
 def four_gpus(*taints_of_first: dict[str, Any]) -> list[dict[str, Any]]:

@@ -212,16 +212,30 @@ def allocated(claim: dict[str, Any], pool: str, *devices: str) -> dict[str, Any]
     return claim
 
 
-def resource_slice(node_name: str, *devices: str) -> dict[str, Any]:
-    """A resource.k8s.io/v1 ResourceSlice of AMD's DRA driver: the node's pool (named after it), these devices."""
+def device_slice(
+    node_name: str,
+    devices: list[dict[str, Any]],
+    *,
+    name: str | None = None,
+    generation: int = 1,
+    version: str = "v1",
+    driver: str = "gpu.amd.com",
+) -> dict[str, Any]:
+    """A ResourceSlice of one node's pool, as AMD's DRA driver publishes it (the pool named after the node):
+    every test's slice builder fills in its devices."""
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node_name}-gpu.amd.com"},
+        "metadata": {"name": name or f"{node_name}-{driver}"},
         "spec": {
-            "driver": "gpu.amd.com",
+            "driver": driver,
             "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": d} for d in devices],
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
         },
     }
+
+
+def resource_slice(node_name: str, *devices: str) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceSlice of AMD's DRA driver: the node's pool (named after it), these devices."""
+    return device_slice(node_name, [{"name": d} for d in devices])

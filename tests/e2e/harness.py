@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cluster_objects import device_slice
 
 from webhook.core.claims import device_class_info, device_classes, device_facts
 from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
@@ -421,31 +422,22 @@ def make_node(kube: Kube, name: str, labels: dict[str, str], *, gpus: int = GPUS
 
 def resource_slice(node: str, product: str, device_id: str) -> Obj:
     """What AMD's DRA driver publishes for a node: pool = the node's name, one device per GPU."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": f"gpu-{index}-{128 + index}",
-                    "attributes": {
-                        "type": {"string": "amdgpu"},
-                        "deviceID": {"string": f"0x{device_id}"},
-                        "productName": {"string": product},
-                        "cardIndex": {"int": index},
-                        "renderIndex": {"int": 128 + index},
-                        "driverVersion": {"version": "6.10.5"},
-                    },
-                    "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
-                }
-                for index in range(GPUS_PER_NODE)
-            ],
-        },
-    }
+    devices = [
+        {
+            "name": f"gpu-{index}-{128 + index}",
+            "attributes": {
+                "type": {"string": "amdgpu"},
+                "deviceID": {"string": f"0x{device_id}"},
+                "productName": {"string": product},
+                "cardIndex": {"int": index},
+                "renderIndex": {"int": 128 + index},
+                "driverVersion": {"version": "6.10.5"},
+            },
+            "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
+        }
+        for index in range(GPUS_PER_NODE)
+    ]
+    return device_slice(node, devices, driver=DRIVER)
 
 
 DEVICE_CLASS: Obj = {

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_objects import device_slice
 
 from webhook.core.engine import CLASS_ANNOTATION
 from webhook.core.policy import default_policy
@@ -102,36 +103,23 @@ AMD_CHART_CLASS: Obj = {
 def amd_resource_slice(node: str) -> Obj:
     """What ROCm/k8s-gpu-dra-driver publishes for an MI210 node (cmd/gpu-kubeletplugin/deviceinfo.go, the
     attributes of docs/driver-attributes.md): unqualified names are the driver's domain."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": name,
-                    "attributes": {
-                        "type": {"string": "amdgpu"},
-                        "productName": {"string": "AMD_Instinct_MI210"},
-                        "deviceID": {"string": "0x740f"},
-                        "numaNode": {"int": numa},
-                        "driverVersion": {"version": "6.10.5"},
-                        PCI_BUS_ID: {"string": pci},
-                        "resource.kubernetes.io/pcieRoot": {"string": root},
-                    },
-                    "capacity": {
-                        "memory": {"value": "64Gi"},
-                        "computeUnits": {"value": "104"},
-                        "simdUnits": {"value": "416"},
-                    },
-                }
-                for name, pci, numa, root in GPUS
-            ],
-        },
-    }
+    devices = [
+        {
+            "name": name,
+            "attributes": {
+                "type": {"string": "amdgpu"},
+                "productName": {"string": "AMD_Instinct_MI210"},
+                "deviceID": {"string": "0x740f"},
+                "numaNode": {"int": numa},
+                "driverVersion": {"version": "6.10.5"},
+                PCI_BUS_ID: {"string": pci},
+                "resource.kubernetes.io/pcieRoot": {"string": root},
+            },
+            "capacity": {"memory": {"value": "64Gi"}, "computeUnits": {"value": "104"}, "simdUnits": {"value": "416"}},
+        }
+        for name, pci, numa, root in GPUS
+    ]
+    return device_slice(node, devices, driver=DRIVER)
 
 
 def pool(plane: ControlPlane, *args: str, exit_code: int = 0) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster_objects import inference_pod, pod
+from cluster_objects import device_slice, inference_pod, pod
 
 DRIVER = "gpu.amd.com"
 PCI = "resource.kubernetes.io/pciBusID"
@@ -31,17 +31,14 @@ def gpu_slice(
     name: str | None = None,
 ) -> dict[str, Any]:
     """The ResourceSlice of one node's pool (AMD's driver names the pool after the node)."""
-    return {
-        "apiVersion": f"resource.k8s.io/{version}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name or f"{node}-{driver}-{generation}"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": list(devices),
-        },
-    }
+    return device_slice(
+        node,
+        list(devices),
+        name=name or f"{node}-{driver}-{generation}",
+        generation=generation,
+        version=version,
+        driver=driver,
+    )
 
 
 def node_gpus(node: str, *pci_bus_ids: str) -> dict[str, Any]:
