@@ -16,11 +16,12 @@ so that whatever else the machine does falls on all of them alike:
   bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names, the
   device-level ones, which the apiserver skips while no device reservation exists),
   ``floor`` (``FLOOR_VAP``: one condition, one validation that holds), ``baseline`` (the backstop
-  before issue 27), and ``rocm-isolation-reserved-nodes``, ``-reserved-node-names`` and
-  ``-reserved-device-pods`` alone, now and before (each against the floor: one VAP each); the
-  device-level pods policy alone and the whole backstop again (``product, devices reserved``,
-  ``baseline, devices reserved``) are measured with the reserved DeviceClass present for their rounds
-  (a device reservation applied: the apiserver then evaluates the pods policy's condition for every pod).
+  before issue 27: ``rocm-isolation-reserved-nodes`` by label and taint, ``-reserved-node-names`` by name,
+  one policy since), and ``rocm-isolation-reserved-device-pods`` alone, now and before (against the
+  floor: one VAP each); the device-level pods policy alone and the whole backstop again (``product,
+  devices reserved``, ``baseline, devices reserved``) are measured with the reserved DeviceClass present
+  for their rounds (a device reservation applied: the apiserver then evaluates the pods policy's
+  condition for every pod).
 
 Every round measures GPU pods (one container with ``amd.com/gpu``) and pods that reach no GPU, each
 with the apiserver's own figures from ``/metrics``, subtracted before and after: the time of each
@@ -77,7 +78,7 @@ from tests.e2e.harness import (
 from tests.e2e.kube import ApiError, Kube, Obj, wait_until
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
 from webhook.core.policy import default_policy
-from webhook.deploy import mutating_policy, render, reserved_devices, reserved_names
+from webhook.deploy import mutating_policy, render, reserved_devices
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
 
 CLASS_LABEL = "rocm-isolation.io/class"
@@ -87,7 +88,8 @@ BASELINE_SUFFIX = "-baseline"
 GROUPS = ("map", "vap")
 PLACEMENT = mutating_policy.POLICY_NAME
 NODES = render.RESERVED_NODES_POLICY
-NAMES = reserved_names.POLICY_NAME
+# Before issue 27 the reserved node names had a policy of their own (bench/apiserver_baseline.yaml).
+BASELINE_NAMES = "rocm-isolation-reserved-node-names"
 DEVICES = reserved_devices.POLICY_NAMES
 DEVICE_PODS = reserved_devices.PODS_POLICY
 # The device-level backstop's parameter: the reserved DeviceClass. Without it (no ``pool apply
@@ -145,17 +147,13 @@ GROUP_VARIANTS: dict[str, dict[str, list[str]]] = {
     },
     "vap": {
         "none": [],
-        "product": [NODES, NAMES, *DEVICES],
+        "product": [NODES, *DEVICES],
         "floor": [FLOOR_VAP_NAME],
-        "baseline": _baseline([NODES, NAMES, *DEVICES]),
-        "reserved-nodes": [NODES],
-        "reserved-nodes baseline": _baseline([NODES]),
-        "reserved-node-names": [NAMES],
-        "reserved-node-names baseline": _baseline([NAMES]),
+        "baseline": _baseline([NODES, BASELINE_NAMES, *DEVICES]),
         "reserved-device-pods": [DEVICE_PODS],
         "reserved-device-pods baseline": _baseline([DEVICE_PODS]),
-        "product, devices reserved": [NODES, NAMES, *DEVICES],
-        "baseline, devices reserved": _baseline([NODES, NAMES, *DEVICES]),
+        "product, devices reserved": [NODES, *DEVICES],
+        "baseline, devices reserved": _baseline([NODES, BASELINE_NAMES, *DEVICES]),
     },
 }
 # The variants measured with the reserved DeviceClass present (a device reservation applied).
@@ -312,8 +310,8 @@ class Bench:
     def denied_by(self, policy: str) -> bool:
         """Whether a probe is denied by ``policy`` (a VAP). The backstops' probes opt out of the webhook
         and the MAP (nothing placed) in a training namespace, and select the reserved nodes by label
-        (``rocm-isolation-reserved-nodes``) or by name in ``matchFields`` (``rocm-isolation-reserved-node-names``
-        alone: a ``spec.nodeName`` with the opt-out label is the other policy's denial too), or ask for
+        (``rocm-isolation-reserved-nodes``) or, for the baseline's names policy, by name in ``matchFields``
+        (a ``spec.nodeName`` with the opt-out label is the other baseline policy's denial too), or ask for
         AMD's DeviceClass by its DRA extended resource (``rocm-isolation-reserved-device-pods``, while the
         reserved DeviceClass exists)."""
         if policy == FLOOR_VAP_NAME:
@@ -322,7 +320,7 @@ class Bench:
             # A training pod asking for AMD's own class by its DRA extended resource (reservation active).
             pod = gpu_pod("probe", NAMESPACES["training"], labels={OPT_OUT: "true"})
             pod["spec"]["containers"][0]["resources"] = {"limits": {DRA_PROBE_RESOURCE: "1"}}
-        elif policy.removesuffix(BASELINE_SUFFIX) == NAMES:
+        elif policy.removesuffix(BASELINE_SUFFIX) == BASELINE_NAMES:
             term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [RESERVED_NODES[0]]}]}
             affinity = {
                 "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
@@ -354,7 +352,7 @@ class Bench:
         for policy in GROUP_VARIANTS[group][variant]:
             if group == "map":
                 wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
-            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, NAMES, FLOOR_VAP_NAME) or (
+            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, BASELINE_NAMES, FLOOR_VAP_NAME) or (
                 # Without the reserved DeviceClass the apiserver skips it: nothing to probe.
                 policy.removesuffix(BASELINE_SUFFIX) == DEVICE_PODS and variant in DEVICES_RESERVED
             ):
@@ -558,10 +556,6 @@ RATIOS = {
         ("product / floor", "product", "floor"),
         ("baseline / floor", "baseline", "floor"),
         ("product / baseline", "product", "baseline"),
-        ("reserved-nodes / floor", "reserved-nodes", "floor"),
-        ("reserved-nodes / its baseline", "reserved-nodes", "reserved-nodes baseline"),
-        ("reserved-node-names / floor", "reserved-node-names", "floor"),
-        ("reserved-node-names / its baseline", "reserved-node-names", "reserved-node-names baseline"),
         ("reserved-device-pods / floor", "reserved-device-pods", "floor"),
         ("reserved-device-pods / its baseline", "reserved-device-pods", "reserved-device-pods baseline"),
         ("product, devices reserved / floor", "product, devices reserved", "floor"),

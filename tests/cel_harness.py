@@ -18,14 +18,12 @@ from celpy import celtypes
 from webhook.core import engine
 from webhook.core.decision import Decision, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy, load_policy
-from webhook.deploy import device_classes, render
+from webhook.deploy import device_classes, render, reserved_names, reserved_nodes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REACH_RULES = (engine.DENY_NODE_SELECTOR, engine.DENY_NODE_AFFINITY, engine.DENY_TOLERATION)
-# The policy's validations in order: the engine's rules, then the one only the policy has (an
-# opted-out pod never reaches the webhook, see test_bypass.py).
-OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
-VALIDATION_RULES = (*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL)
+# The rule only the policy has (an opted-out pod never reaches the webhook, see test_bypass.py).
+OPTED_OUT_NODE_NAME = reserved_nodes.OPTED_OUT_NODE_NAME
 # Functions and macros both Kubernetes CEL and cel-python implement, and the one of Kubernetes' list
 # library the messages use (indexOf, implemented below as Kubernetes documents it); nothing else may appear.
 PORTABLE_FUNCTIONS = frozenset({"has", "size", "exists", "all", "matches", "map", "filter", "string", "indexOf"})
@@ -194,9 +192,21 @@ def run_policy(spec: Mapping[str, Any], activation: dict[str, Any]) -> tuple[boo
     return True, failed, messages
 
 
+def reserved_names_params(names: list[str] | None = None) -> dict[str, Any]:
+    """The pod backstop's parameter: the reserved node names ConfigMap, as shipped (no data) or listing ``names``."""
+    meta = {"name": reserved_names.PARAMS_CONFIGMAP, "namespace": reserved_names.NAMESPACE}
+    return {"metadata": meta} if names is None else {"metadata": meta, "data": {n: "x" for n in names}}
+
+
 def pod_activation(
-    case: Mapping[str, Any], pod: Mapping[str, Any], operation: str, sub_resource: str = ""
+    case: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    operation: str,
+    sub_resource: str = "",
+    params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A pod's activation; ``params`` the pod backstop's (default: the reserved node names ConfigMap as
+    shipped, listing none: the engine without node facts)."""
     ns = case["namespace"]["name"]
     old = as_pod(case.get("oldPod"), ns) if operation == "UPDATE" else None
     return {
@@ -204,8 +214,14 @@ def pod_activation(
         "oldObject": cel(old),
         "request": cel(request(operation, ns, ["system:authenticated"], sub_resource)),
         "namespaceObject": cel(namespace_object(case)),
-        "params": cel(None),
+        "params": cel(reserved_names_params() if params is None else params),
     }
+
+
+def rule_of(validation: Mapping[str, Any]) -> str:
+    """The engine's rule a backstop validation enforces, as its static message names it."""
+    message: str = validation["message"]
+    return message.removeprefix("rocm-isolation: [").split("]", 1)[0]
 
 
 def match_conditions_pass(resources: list[dict[str, Any]], pod: Mapping[str, Any], operation: str) -> bool:
@@ -220,8 +236,10 @@ def reserved_nodes_verdict(
     pod: Mapping[str, Any],
     operation: str,
     sub_resource: str = "",
+    params: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], set[str], list[str]]:
-    """(actions of the binding that applies, engine rules of the failed validations, messages)."""
+    """(actions of the binding that applies, engine rules of the failed validations, messages), with
+    ``params`` as in ``pod_activation``."""
     ns = namespace_object(case)
     bindings = [
         find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
@@ -236,10 +254,10 @@ def reserved_nodes_verdict(
     if not applying:
         return [], set(), []
     spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
-    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource))
+    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource, params))
     if not matched:
         return applying[0]["spec"]["validationActions"], set(), []
-    return applying[0]["spec"]["validationActions"], {VALIDATION_RULES[i] for i in failed}, messages
+    return applying[0]["spec"]["validationActions"], {rule_of(spec["validations"][i]) for i in failed}, messages
 
 
 def engine_reach(decision: Decision) -> set[str]:

@@ -35,9 +35,9 @@ import pytest
 import yaml
 from cel_harness import (
     FIXTURES,
+    OPTED_OUT_NODE_NAME,
     PORTABLE_FUNCTIONS,
     REACH_RULES,
-    VALIDATION_RULES,
     as_pod,
     cel,
     decide,
@@ -50,6 +50,7 @@ from cel_harness import (
     policy_for,
     rendered,
     request,
+    reserved_names_params,
     reserved_nodes_verdict,
     run_policy,
     well_formed,
@@ -187,8 +188,11 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     key, value = policy.spec.reserved_nodes.label
     unreserved = [name for name, cls in policy.spec.classes.items() if cls.placement == "unreserved"]
     taint = policy.spec.reserved_nodes.taint
-    assert len(spec["validations"]) == len(VALIDATION_RULES) - (taint is None)
-    rules = [rule for rule in VALIDATION_RULES if taint is not None or rule != engine.DENY_TOLERATION]
+    # By label, taint and opting out, then by the reserved node names of its parameter.
+    rules = [*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL]
+    rules += [engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY, engine.DENY_EPHEMERAL]
+    if taint is None:
+        rules.remove(engine.DENY_TOLERATION)
     for rule, validation in zip(rules, spec["validations"], strict=True):
         assert "messageExpression" not in validation
         message = validation["message"]
@@ -315,12 +319,18 @@ def test_a_training_pod_the_engine_mutated_is_allowed() -> None:
     assert reserved_nodes_verdict(rendered("default"), case, patched, "CREATE")[1] == set()
 
 
-def test_node_names_are_the_documented_gap() -> None:
-    """The policy cannot know which nodes are reserved: a pod pinned by name is left to the engine,
-    whose NotIn requirement makes the kubelet refuse it on a reserved node."""
+def test_node_names_are_denied_from_the_params_and_only_from_them() -> None:
+    """The backstop knows which nodes are reserved from its parameter (the ConfigMap ``serve`` and ``pool``
+    keep in step with the labelled nodes), as the engine knows them from its node cache: listed, a pod
+    pinned by name is denied by both; not listed (the ConfigMap as shipped), neither denies it and the
+    engine's NotIn requirement makes the kubelet refuse it on a reserved node."""
     case = _case("training-nodename-of-a-reserved-node")
-    assert decide(case, nodes_known=True).rule == engine.DENY_NODE_NAME
     pod = as_pod(case["pod"], "research") or {}
+    known = decide(case, nodes_known=True)
+    assert known.rule == engine.DENY_NODE_NAME
+    listed = reserved_names_params(case["reservedNodes"])
+    actions, failed, messages = reserved_nodes_verdict(rendered("default"), case, pod, "CREATE", params=listed)
+    assert actions == ["Deny"] and failed == {engine.DENY_NODE_NAME}, messages
     assert reserved_nodes_verdict(rendered("default"), case, pod, "CREATE")[1] == set()
     unknown = decide(case, nodes_known=False)
     assert unknown.outcome == "patched"

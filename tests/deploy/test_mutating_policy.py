@@ -13,7 +13,7 @@ import yaml
 
 from webhook.core import engine
 from webhook.core.policy import PolicyError, default_policy, load_policy, parse_policy, route_catalogue
-from webhook.deploy import cel, mutating_policy, render
+from webhook.deploy import cel, mutating_policy, render, reserved_nodes
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
@@ -141,7 +141,7 @@ def test_the_class_is_the_backstops() -> None:
     it by (the reserved-nodes backstop, and the names and device backstops through ``class_variables``)."""
     for policy in (default_policy(), load_policy(FIXTURES / "policies" / "engine-aliases.yaml")):
         ours = {v["name"]: v["expression"] for v in mutating_policy.placement_policy_spec(policy)["variables"]}
-        backstop = {v["name"]: v["expression"] for v in cel.reserved_nodes_policy_spec(policy)["variables"]}
+        backstop = {v["name"]: v["expression"] for v in reserved_nodes.policy_spec(policy)["variables"]}
         shared = {v["name"]: v["expression"] for v in mutating_policy.class_variables(policy)}
         assert ours["podClass"] == backstop["podClass"] == shared["podClass"] == cel.pod_class(policy)
 

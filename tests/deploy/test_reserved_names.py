@@ -1,7 +1,8 @@
-"""The reserved-node-names backstop as rendered, its params ConfigMap, and what ``audit`` says when it
-and the labelled nodes disagree (how ``pool`` writes the ConfigMap: tests/ops/test_reserved_names_sync.py).
-The policy's verdicts are judged by the real apiserver in tests/e2e/test_mutating_policy.py; here its CEL is
-evaluated with cel-python on the fixture pods: what its conditions leave out and what its messages cost."""
+"""The reserved node names in the pod backstop (``rocm-isolation-reserved-nodes`` reads them from its params
+ConfigMap), the ConfigMap as shipped, and what ``audit`` says when it and the labelled nodes disagree (how
+``pool`` writes the ConfigMap: tests/ops/test_reserved_names_sync.py). The policy's verdicts are judged by
+the real apiserver in tests/e2e/test_mutating_policy.py; here its CEL is evaluated with cel-python on the
+fixture pods, against the engine with the same reserved nodes known."""
 
 from __future__ import annotations
 
@@ -10,19 +11,32 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from cel_harness import as_pod, cel, decide, evaluate, find, fixture_cases, pod_activation, rendered, well_formed
+from cel_harness import (
+    REACH_RULES,
+    as_pod,
+    decide,
+    evaluate,
+    find,
+    fixture_cases,
+    pod_activation,
+    rendered,
+    reserved_names_params,
+    reserved_nodes_verdict,
+    rule_of,
+    well_formed,
+)
 from celpy import celtypes
 
-from webhook.core.policy import default_policy
+from webhook.core import engine
 from webhook.deploy import cel as cel_module
-from webhook.deploy import render, reserved_names
+from webhook.deploy import render, reserved_names, reserved_nodes
 
 
 @pytest.mark.parametrize(
     ("data", "labelled", "expected"),
     [
         (None, [], []),
-        (None, ["inf-1"], ["is missing"]),
+        (None, ["inf-1"], ["is missing: the apiserver skips the pod backstop"]),
         ({"inf-1": ""}, ["inf-1"], []),
         ({"inf-1": ""}, ["inf-1", "inf-2"], ["inf-2 carry the reserved label but are not in the ConfigMap"]),
         ({"inf-1": "", "old": ""}, ["inf-1"], ["lists old, which no longer carry the reserved label"]),
@@ -37,18 +51,18 @@ def test_audit_reports_when_the_params_and_the_labelled_nodes_disagree(
         assert text in finding
 
 
-def test_the_manifests_bind_the_policy_per_mode_to_the_params_and_allow_when_it_is_missing() -> None:
+def test_one_backstop_policy_bound_per_mode_to_the_params_allowing_when_they_are_missing() -> None:
+    """One policy for labels, taints and names (one conversion and one condition activation per pod, not
+    two); its bindings read the ConfigMap by name and skip the policy while it is missing (``Deny`` would
+    reject every pod of the bound namespaces: the apiserver looks the parameter up before any condition)."""
     resources = render.render(overlay="cert-manager")
-    policy = render._find(resources, "ValidatingAdmissionPolicy", reserved_names.POLICY_NAME)
+    policies = [r["metadata"]["name"] for r in resources if r["kind"] == "ValidatingAdmissionPolicy"]
+    assert reserved_names.PARAMS_CONFIGMAP not in policies, "the names are the reserved-nodes policy's parameter"
+    policy = render._find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)
     assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
     assert policy["spec"]["failurePolicy"] == "Fail"
-    reserved = render._find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)
-    assert policy["spec"]["matchConditions"][0] == reserved["spec"]["matchConditions"][0]
     for mode in render.MODES:
-        binding = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{reserved_names.POLICY_NAME}-{mode}")
-        twin = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
-        assert binding["spec"]["validationActions"] == twin["spec"]["validationActions"]
-        assert binding["spec"]["matchResources"] == twin["spec"]["matchResources"]
+        binding = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
         assert binding["spec"]["paramRef"] == {
             "name": reserved_names.PARAMS_CONFIGMAP,
             "namespace": render.NAMESPACE,
@@ -79,51 +93,28 @@ def test_the_manifests_bind_the_policy_per_mode_to_the_params_and_allow_when_it_
 
 # --- the policy's CEL, evaluated (cel-python; the apiserver judges it in the end-to-end suite) ------
 
-
-def _verdict(
-    pod: dict[str, Any], *, operation: str, old: dict[str, Any] | None = None, sub_resource: str = ""
-) -> list[int]:
-    """The indexes of the failed validations, evaluated as the apiserver does for a namespace of class
-    training (unlabelled: the default class), with the params ConfigMap listing gpu-r1."""
-    import celpy
-
-    env = celpy.Environment()
-    spec = reserved_names.policy_spec(default_policy())
-    namespace = {"metadata": {"name": "research", "labels": {"kubernetes.io/metadata.name": "research"}}}
-    activation: dict[str, Any] = {
-        "object": celpy.json_to_cel(pod),
-        "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation, "namespace": "research", "subResource": sub_resource}),
-        "namespaceObject": celpy.json_to_cel(namespace),
-        "params": celpy.json_to_cel({"data": {"gpu-r1": "rocm-isolation.io/pool=inference"}}),
-    }
-
-    def evaluate(expression: str) -> Any:
-        result = env.program(env.compile(expression)).evaluate(activation)
-        assert not isinstance(result, celpy.CELEvalError), (expression, result)
-        return result
-
-    for condition in spec["matchConditions"]:
-        if not evaluate(condition["expression"]):
-            return []
-    variables: dict[Any, Any] = {}
-    for variable in spec["variables"]:
-        activation["variables"] = celpy.celtypes.MapType(variables)
-        variables[celpy.celtypes.StringType(variable["name"])] = evaluate(variable["expression"])
-    activation["variables"] = celpy.celtypes.MapType(variables)
-    return [i for i, v in enumerate(spec["validations"]) if not evaluate(v["expression"])]
+RESEARCH = {"namespace": {"name": "research", "labels": {}}}  # unlabelled: the default class, training
+LISTING_R1 = reserved_names_params(["gpu-r1"])
 
 
 def _pod(node: str, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "p"}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}], **spec}}
+    body = {"metadata": {"name": "p"}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}], **spec}}
+    return as_pod(body, "research") or {}
+
+
+def _failed(pod: dict[str, Any], operation: str, old: dict[str, Any] | None = None, sub_resource: str = "") -> set[str]:
+    case = {**RESEARCH, "oldPod": old}
+    return reserved_nodes_verdict(rendered("default"), case, pod, operation, sub_resource, params=LISTING_R1)[1]
+
+
+GPU = [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}]
 
 
 def test_a_gpu_pod_naming_a_reserved_node_is_denied_on_create_and_its_updates_are_not() -> None:
-    gpu = [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}]
-    assert _verdict(_pod("gpu-r1", containers=gpu), operation="CREATE") == [0]
-    assert _verdict(_pod("gpu-s1", containers=gpu), operation="CREATE") == []
+    assert _failed(_pod("gpu-r1", containers=GPU), "CREATE") == {engine.DENY_NODE_NAME}
+    assert _failed(_pod("gpu-s1", containers=GPU), "CREATE") == set()
     # A pod admitted before the names were known is not wedged: its updates pass.
-    assert _verdict(_pod("gpu-r1", containers=gpu), operation="UPDATE", old=_pod("gpu-r1", containers=gpu)) == []
+    assert _failed(_pod("gpu-r1", containers=GPU), "UPDATE", old=_pod("gpu-r1", containers=GPU)) == set()
 
 
 def test_a_gpu_debug_container_on_a_pod_bound_to_a_reserved_node_by_name_is_denied() -> None:
@@ -137,59 +128,21 @@ def test_a_gpu_debug_container_on_a_pod_bound_to_a_reserved_node_by_name_is_deni
         ("gpu-s1", debug, False),
         ("gpu-r1", plain, False),
     ):
-        failed = _verdict(
-            _pod(node, ephemeralContainers=added),
-            operation="UPDATE",
-            old=_pod(node),
-            sub_resource="ephemeralcontainers",
-        )
-        assert (failed == [2]) is denied, (node, added, failed)
-        assert failed in ([], [2])
+        failed = _failed(_pod(node, ephemeralContainers=added), "UPDATE", _pod(node), "ephemeralcontainers")
+        assert failed == ({engine.DENY_EPHEMERAL} if denied else set()), (node, added, failed)
     # A privileged debug container that was already there is not judged again.
     before = _pod("gpu-r1", ephemeralContainers=debug)
     after = _pod("gpu-r1", ephemeralContainers=[*debug, {"name": "dbg2", "image": "busybox"}])
-    assert _verdict(after, operation="UPDATE", old=before, sub_resource="ephemeralcontainers") == []
+    assert _failed(after, "UPDATE", before, "ephemeralcontainers") == set()
 
 
-# --- what the apiserver evaluates: the conditions leave out every pod no validation denies ----------
+# --- against the engine, on every fixture pod --------------------------------------------------------
 
 POD_CASES = [case for case in fixture_cases("engine") + fixture_cases("cel/pods") if well_formed(case)]
 # The nodes the params list when a case names none (the fixtures' reserved nodes).
 FIXTURE_RESERVED = ["gpu-r1", "inf-node-1", "inf-node-2", "mi300x-01", "mi300x-02"]
-
-
-def _names_spec(policy_name: str) -> dict[str, Any]:
-    return find(rendered(policy_name), "ValidatingAdmissionPolicy", reserved_names.POLICY_NAME)["spec"]
-
-
-def _evaluated(
-    spec: Mapping[str, Any], case: Mapping[str, Any], pod: Mapping[str, Any], params: Mapping[str, Any]
-) -> tuple[dict[str, bool], list[tuple[bool, str]], list[bool]]:
-    """(each condition's value, each validation's (holds, message), each validation's value for a pod of
-    an unreserved class: the check alone) for ``pod`` under ``case``, as the apiserver evaluates them."""
-    operation = case.get("operation", "CREATE")
-    activation = pod_activation(case, pod, operation, case.get("subResource", ""))
-    activation["params"] = cel(params)
-    conditions = {c["name"]: bool(evaluate(c["expression"], activation)) for c in spec["matchConditions"]}
-    variables: dict[Any, Any] = {}
-    for variable in spec["variables"]:
-        activation["variables"] = celtypes.MapType(variables)
-        variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
-    activation["variables"] = celtypes.MapType(variables)
-    judged = [
-        (bool(evaluate(v["expression"], activation)), str(evaluate(v["messageExpression"], activation)))
-        for v in spec["validations"]
-    ]
-    unreserved = dict(variables)
-    unreserved[celtypes.StringType("unreservedClass")] = celtypes.BoolType(True)
-    activation["variables"] = celtypes.MapType(unreserved)
-    checks = [bool(evaluate(v["expression"], activation)) for v in spec["validations"]]
-    return conditions, judged, checks
-
-
-def _params(names: list[str] | None) -> dict[str, Any]:
-    meta = {"name": reserved_names.PARAMS_CONFIGMAP, "namespace": reserved_names.NAMESPACE}
-    return {"metadata": meta} if names is None else {"metadata": meta, "data": {n: "x" for n in names}}
+# What the backstop denies of what the engine denies with the reserved nodes known.
+PLACEMENT_RULES = {*REACH_RULES, engine.DENY_NODE_NAME}
 
 
 def _sent(case: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -200,39 +153,96 @@ def _sent(case: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [pod] + ([jsonpatch.apply_patch(pod, list(decision.patch))] if decision.patch else [])
 
 
-@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
-def test_the_names_backstops_conditions_hold_exactly_when_a_validation_could_deny_and_messages_only_cost_denials(
+NAMED_CASES = [case for case in POD_CASES if case.get("reservedNodes") and case.get("operation", "CREATE") == "CREATE"]
+
+
+@pytest.mark.parametrize("case", NAMED_CASES, ids=lambda case: case["_id"])
+def test_with_the_names_listed_the_backstop_denies_the_placements_the_engine_denies_knowing_the_nodes(
     case: dict[str, Any],
 ) -> None:
-    """``may-be-denied`` is the validations' checks without the class: it holds exactly when a validation
-    would fail for a pod of an unreserved class, so a pod it leaves out (one activation instead of four)
-    is one no validation denies; and each message is '' exactly when its validation holds (the apiserver
-    evaluates every messageExpression of a pod the conditions hold for). On every fixture pod, as sent and
-    as patched, with the params listing the case's reserved nodes, other nodes, or no data."""
-    spec = _names_spec(case.get("policy", "default"))
+    """The ConfigMap listing the case's reserved nodes (what serve keeps it at) against the engine with the
+    same nodes known: the same placement denials (node name, selector, affinity by label or by name,
+    toleration), on the pod as sent and as the webhook patched it."""
+    decision = decide(case, nodes_known=True)
+    if decision.rule in (engine.RULE_EXCLUDED, engine.RULE_NOT_GPU):
+        return
+    expected = {v.rule for v in decision.violations} & PLACEMENT_RULES
+    params = reserved_names_params(case["reservedNodes"])
+    resources = rendered(case.get("policy", "default"))
+    for pod in _sent(case):
+        failed = reserved_nodes_verdict(resources, case, pod, "CREATE", params=params)[1]
+        assert failed & PLACEMENT_RULES == expected, (failed, expected)
+
+
+def test_the_named_cases_cover_every_denial_by_name() -> None:
+    denied: set[str] = set()
+    for case in NAMED_CASES:
+        params = reserved_names_params(case["reservedNodes"])
+        pod = as_pod(case["pod"], case["namespace"]["name"]) or {}
+        resources = rendered(case.get("policy", "default"))
+        with_names = reserved_nodes_verdict(resources, case, pod, "CREATE", params=params)[1]
+        without = reserved_nodes_verdict(resources, case, pod, "CREATE")[1]
+        denied |= with_names - without
+    assert {engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY} <= denied, denied
+
+
+def _backstop(policy_name: str) -> dict[str, Any]:
+    return find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+
+
+def _evaluated(
+    spec: Mapping[str, Any], case: Mapping[str, Any], pod: Mapping[str, Any], params: Mapping[str, Any]
+) -> tuple[dict[str, bool], list[bool]]:
+    """(each condition's value, each validation's value for a pod of an unreserved class: the check alone)."""
+    operation = case.get("operation", "CREATE")
+    activation = pod_activation(case, pod, operation, case.get("subResource", ""), params)
+    conditions = {c["name"]: bool(evaluate(c["expression"], activation)) for c in spec["matchConditions"]}
+    variables: dict[Any, Any] = {}
+    for variable in spec["variables"]:
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
+    variables[celtypes.StringType("unreservedClass")] = celtypes.BoolType(True)
+    activation["variables"] = celtypes.MapType(variables)
+    return conditions, [bool(evaluate(v["expression"], activation)) for v in spec["validations"]]
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_the_conditions_leave_out_only_pods_no_validation_by_name_denies(case: dict[str, Any]) -> None:
+    """``may-be-denied`` holds whenever a validation's check does (a pod it leaves out costs one activation
+    instead of four, so it must be one no validation denies): on every fixture pod, as sent and as patched,
+    with the params listing the case's reserved nodes, other nodes, or no data."""
+    spec = _backstop(case.get("policy", "default"))
+    terminating = case.get("operation") == "UPDATE" and bool(
+        (case["pod"].get("metadata") or {}).get("deletionTimestamp")
+    )
     for pod in _sent(case):
         for names in (case.get("reservedNodes") or FIXTURE_RESERVED, ["elsewhere"], None):
-            conditions, judged, checks = _evaluated(spec, case, pod, _params(names))
-            for (holds, message), validation in zip(judged, spec["validations"], strict=True):
-                assert (message == "") == holds, (validation["message"], message)
-            assert conditions["may-be-denied"] == (not all(checks)), (names, checks)
-            if not conditions["may-be-denied"]:
-                assert all(holds for holds, _ in judged)
+            conditions, checks = _evaluated(spec, case, pod, reserved_names_params(names))
+            if not conditions["may-be-denied"] and not terminating:
+                assert all(checks), (names, checks)
 
 
-def test_the_fixtures_exercise_every_check_of_the_names_backstop() -> None:
-    spec = _names_spec("default")
+def test_most_fixture_pods_stop_at_the_conditions_and_every_name_check_is_exercised() -> None:
+    spec = _backstop("default")
+    name_rules = {i for i, v in enumerate(spec["validations"]) if "params.data" in v["expression"]}
+    assert {rule_of(spec["validations"][i]) for i in name_rules} == {
+        engine.DENY_NODE_NAME,
+        engine.DENY_NODE_AFFINITY,
+        engine.DENY_EPHEMERAL,
+    }
     failing: set[int] = set()
-    left_out = 0
+    left_out = judged = 0
     for case in POD_CASES:
         if case.get("policy", "default") != "default":
             continue
         for pod in _sent(case):
-            conditions, _, checks = _evaluated(spec, case, pod, _params(case.get("reservedNodes") or FIXTURE_RESERVED))
+            names = case.get("reservedNodes") or FIXTURE_RESERVED
+            conditions, checks = _evaluated(spec, case, pod, reserved_names_params(names))
             failing |= {i for i, holds in enumerate(checks) if not holds}
             left_out += not conditions["may-be-denied"]
-    assert failing == {0, 1, 2}
-    assert left_out > len(POD_CASES) / 2
+            judged += 1
+    assert name_rules <= failing
+    assert left_out > judged / 3, (left_out, judged)
 
 
 def _affinity(*terms: dict[str, Any]) -> dict[str, Any]:
@@ -246,48 +256,53 @@ def _by_name(*names: str) -> dict[str, Any]:
 RESERVED_TERM = {"matchExpressions": [{"key": "rocm-isolation.io/pool", "operator": "In", "values": ["inference"]}]}
 
 
+NODE_NAME, AFFINITY = {engine.DENY_NODE_NAME}, {engine.DENY_NODE_AFFINITY}
+
+
 @pytest.mark.parametrize(
-    ("spec", "judged"),
+    ("spec", "denied", "without_names"),
     [
         # Placed by the scheduler (the webhook's and the MAP's training pods): no node named.
-        ({}, False),
-        ({"affinity": _affinity({"matchExpressions": [{"key": "x", "operator": "In", "values": ["y"]}]})}, False),
-        ({"affinity": _affinity(RESERVED_TERM)}, False),  # by label: rocm-isolation-reserved-nodes' case
-        ({"nodeName": "gpu-s1"}, False),
-        ({"affinity": _affinity(_by_name("gpu-s1"))}, False),  # a DaemonSet's pod on a shared node
-        ({"affinity": _affinity(_by_name("gpu-r1", "gpu-s1"))}, False),
-        ({"affinity": _affinity(_by_name("gpu-r1"), {"matchFields": []}, {})}, True),  # empty terms match nothing
-        ({"affinity": _affinity(_by_name("gpu-r1"), _by_name("gpu-s1"))}, False),
-        ({"affinity": _affinity(_by_name("gpu-r1"), RESERVED_TERM)}, True),
-        ({"affinity": _affinity(_by_name("gpu-r1"))}, True),
-        ({"nodeName": "gpu-r1"}, True),
+        ({}, set(), set()),
+        (
+            {"affinity": _affinity({"matchExpressions": [{"key": "x", "operator": "In", "values": ["y"]}]})},
+            set(),
+            set(),
+        ),
+        ({"affinity": _affinity(RESERVED_TERM)}, AFFINITY, AFFINITY),  # by label: no name needed
+        ({"nodeName": "gpu-s1"}, set(), set()),
+        ({"affinity": _affinity(_by_name("gpu-s1"))}, set(), set()),  # a DaemonSet's pod on a shared node
+        ({"affinity": _affinity(_by_name("gpu-r1", "gpu-s1"))}, set(), set()),
+        ({"affinity": _affinity(_by_name("gpu-r1"), {"matchFields": []}, {})}, AFFINITY, set()),  # empty terms: none
+        ({"affinity": _affinity(_by_name("gpu-r1"), _by_name("gpu-s1"))}, set(), set()),
+        ({"affinity": _affinity(_by_name("gpu-r1"), RESERVED_TERM)}, AFFINITY, set()),
+        ({"affinity": _affinity(_by_name("gpu-r1"))}, AFFINITY, set()),
+        ({"nodeName": "gpu-r1"}, NODE_NAME, set()),
     ],
 )
-def test_the_names_backstop_judges_only_pods_that_name_a_reserved_node(spec: dict[str, Any], judged: bool) -> None:
-    gpu = [{"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": "1"}}}]
-    pod = {"metadata": {"name": "p", "namespace": "research"}, "spec": {"containers": gpu, **spec}}
-    case = {"namespace": {"name": "research", "labels": {}}, "pod": pod}
-    conditions, judged_, _ = _evaluated(_names_spec("default"), case, pod, _params(["gpu-r1"]))
-    assert conditions == {"gpu-pods": True, "may-be-denied": judged}
-    # A training pod (the default class) naming a reserved node is denied, one validation at a time.
-    assert [holds for holds, _ in judged_].count(False) == (1 if judged else 0)
-    # The params without data (nothing synced yet): nothing named is reserved.
-    assert _evaluated(_names_spec("default"), case, pod, _params(None))[0]["may-be-denied"] is False
+def test_the_backstop_judges_only_pods_that_select_or_name_a_reserved_node(
+    spec: dict[str, Any], denied: set[str], without_names: set[str]
+) -> None:
+    """A training pod (the default class) is judged, and denied with the engine's rule, only when it selects
+    a reserved node by label or names one the params list; with the params as shipped (no data: nothing
+    synced yet) only by label."""
+    pod = {"metadata": {"name": "p", "namespace": "research"}, "spec": {"containers": GPU, **spec}}
+    for params, expected in ((LISTING_R1, denied), (reserved_names_params(None), without_names)):
+        conditions, _ = _evaluated(_backstop("default"), RESEARCH, pod, params)
+        assert conditions == {"gpu-pods": True, "may-be-denied": bool(expected)}
+        assert reserved_nodes_verdict(rendered("default"), RESEARCH, pod, "CREATE", params=params)[1] == expected
 
 
 @pytest.mark.parametrize("policy_name", ["default", "engine-all-pods"])
-def test_the_names_backstops_conditions_variables_and_checks(policy_name: str) -> None:
-    """The GPU pods (the reserved-nodes policy's first condition, the same text) and ``may-be-denied``; the
-    class in one variable (the MAP's, ``cel.pod_class``), read only once a check holds; no regex."""
-    spec = _names_spec(policy_name)
-    nodes = find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
-    names = [c["name"] for c in spec["matchConditions"]]
-    assert names == (["may-be-denied"] if policy_name == "engine-all-pods" else ["gpu-pods", "may-be-denied"])
-    if policy_name == "default":
-        assert spec["matchConditions"][0] == nodes["matchConditions"][0]
-    assert [v["name"] for v in spec["variables"]] == ["podClass", "unreservedClass"]
-    assert spec["variables"][0] == nodes["variables"][0]
+def test_the_backstops_name_checks_are_guarded_by_the_params_and_use_no_regex(policy_name: str) -> None:
+    """Every read of the params is guarded (a ConfigMap without data lists no node); the class is one
+    variable (the MAP's) read only once a check holds; no regular expression."""
+    spec = _backstop(policy_name)
     expressions = [c["expression"] for c in spec["matchConditions"]] + [v["expression"] for v in spec["variables"]]
-    expressions += [e for v in spec["validations"] for e in (v["expression"], v["messageExpression"])]
+    expressions += [v["expression"] for v in spec["validations"]]
+    assert all(e.count("in params.data") == e.count("has(params.data) && ") for e in expressions)
+    assert sum("params.data" in v["expression"] for v in spec["validations"]) == 3
+    assert [v["name"] for v in spec["variables"]] == ["podClass", "unreservedClass"]
     assert not any(".matches(" in expression for expression in expressions)
     assert all(v["expression"].startswith("!(") for v in spec["validations"]), "each check first"
+    assert reserved_nodes.PARAM_REF["name"] == reserved_names.PARAMS_CONFIGMAP

@@ -97,8 +97,7 @@ def test_the_backstop_holds_with_the_webhook_configuration_deleted(
     }
     for what, pod in attempts.items():
         message = _denied_by(functools.partial(kube.create, pod, dry_run=True))
-        # Refused by one of the rendered backstop policies (the reserved-nodes policy, or the
-        # reserved-node-names one where the manifests ship it), in the apiserver.
+        # Refused by the rendered backstop policy, in the apiserver.
         assert _by_a_backstop_policy(cluster, message), (what, message)
         assert WEBHOOK_DENIAL not in message, (what, message)
     assert cluster.webhook_reviews() == reviews

@@ -28,7 +28,6 @@ from .controlplane import LOOPBACK
 from .harness import DRIVER, RESERVED_POLICY, WEBHOOK_CONFIGURATION, WEBHOOK_DENIAL, Cluster, cli, metric_value
 from .kube import ApiError, Obj, wait_until
 
-NODE_NAMES_POLICY = "rocm-isolation-reserved-node-names"
 TRAINING = {"rocm-isolation.io/class": "training"}
 POOL_KEY, POOL_VALUE = "rocm-isolation.io/pool", "inference"
 RESERVED_TOLERATION = {"key": "rocm-isolation.io/reserved", "operator": "Exists", "effect": "NoSchedule"}
@@ -350,8 +349,8 @@ def _on_a_reserved_node(cluster: Cluster, ns: str, how: str) -> str:
 
 
 # A pod put on a reserved node by spec.nodeName alone needs no toleration: with the webhook out of the
-# path, the backstop that reads the reserved node names (rocm-isolation-reserved-node-names, its params
-# kept by pool apply) denies the GPU debug container; with a toleration, ephemeralOnReserved does.
+# path, the backstop denies the GPU debug container from the reserved node names (its params ConfigMap,
+# kept by pool apply); with a toleration, from the toleration.
 @pytest.mark.parametrize(
     ("admission", "how"),
     [
@@ -381,10 +380,9 @@ def test_a_privileged_ephemeral_container_on_a_reserved_node_is_denied(
         assert "spec.ephemeralContainers[1].securityContext.privileged" in sysadmin.stderr, sysadmin.stderr
         assert f"runs on the reserved node {live['spec']['nodeName']}" in sysadmin.stderr, sysadmin.stderr
     else:
-        # Tolerated and on a reserved node: both backstops deny (the apiserver names one); by name only: the
-        # one that knows the reserved node names.
-        policies = (RESERVED_POLICY, NODE_NAMES_POLICY) if how == "tolerated" else (NODE_NAMES_POLICY,)
-        assert any(f"ValidatingAdmissionPolicy '{p}'" in sysadmin.stderr for p in policies), sysadmin.stderr
+        # Tolerated and on a reserved node, or named only: the backstop denies (by the toleration, or by the
+        # reserved node names of its params).
+        assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in sysadmin.stderr, sysadmin.stderr
         assert WEBHOOK_DENIAL not in sysadmin.stderr, sysadmin.stderr
         assert "an added ephemeral container reaches the GPUs" in sysadmin.stderr, sysadmin.stderr
     # The same container through a strategic-merge PATCH of the subresource, AMD runtime variable instead.

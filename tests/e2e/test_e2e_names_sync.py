@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from webhook.deploy import reserved_names
+from webhook.deploy import reserved_names, reserved_nodes
 
 from .harness import MI210_LABELS, Cluster, gpu_pod, make_node
 from .kube import ApiError, wait_until
 
 POOL = "rocm-isolation.io/pool"
-NAMES_POLICY = reserved_names.POLICY_NAME
+NAMES_POLICY = reserved_nodes.POLICY_NAME
 
 
 def _names(cluster: Cluster) -> set[str]:
@@ -78,3 +78,35 @@ def test_the_backstop_learns_nodes_reserved_by_any_tool_within_seconds(
         result = cluster.cli("pool", "apply", "--nodes", ",".join(sorted(before)))
         assert result.returncode == 0, result.stdout + result.stderr
         wait_until(lambda: _names(cluster) == before, timeout=15, what="the ConfigMap restored")
+
+
+def test_a_deleted_params_configmap_turns_the_pod_backstop_off_until_pool_apply_writes_it_again(
+    cluster: Cluster, namespace: Callable[..., str]
+) -> None:
+    """The documented trade of one backstop policy (webhook/deploy/reserved_nodes.py): its bindings read
+    the names ConfigMap with parameterNotFoundAction Allow, so while it is deleted the apiserver skips the
+    whole policy (a training pod selecting the reserved nodes by label is admitted with the webhook out of
+    the path), and ``pool apply`` re-creates it (denied again)."""
+    kube = cluster.kube
+    before = _names(cluster)
+    ns = namespace(labels={"rocm-isolation.io/class": "training"})
+    by_label = gpu_pod("by-label", ns, nodeSelector={POOL: "inference"})
+
+    def denied() -> bool:
+        try:
+            kube.create(by_label, dry_run=True)
+        except ApiError as err:
+            assert NAMES_POLICY in err.message, err.message
+            return True
+        return False
+
+    with cluster.without_webhook_configuration():
+        assert denied()
+        kube.delete("ConfigMap", reserved_names.PARAMS_CONFIGMAP, reserved_names.NAMESPACE)
+        try:
+            wait_until(lambda: not denied(), timeout=30, what="the backstop skipped without its parameter")
+        finally:
+            result = cluster.cli("pool", "apply", "--nodes", ",".join(sorted(before)))
+            assert result.returncode == 0, result.stdout + result.stderr
+        assert _names(cluster) == before
+        wait_until(denied, timeout=30, what="the backstop back with its parameter")

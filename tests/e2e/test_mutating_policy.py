@@ -30,7 +30,7 @@ import pytest
 
 from webhook.core import engine
 from webhook.core.policy import default_policy, parse_policy
-from webhook.deploy import mutating_policy, render, reserved_names
+from webhook.deploy import mutating_policy, render, reserved_names, reserved_nodes
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
@@ -234,7 +234,7 @@ def test_with_the_webhook_down_inference_binds_to_reserved_nodes_and_training_to
 def _names_denial(cluster: Cluster, pod: Obj) -> str:
     with pytest.raises(ApiError) as caught:
         cluster.kube.create(pod, dry_run=True)
-    assert f"ValidatingAdmissionPolicy '{reserved_names.POLICY_NAME}'" in caught.value.message, caught.value.message
+    assert f"ValidatingAdmissionPolicy '{reserved_nodes.POLICY_NAME}'" in caught.value.message, caught.value.message
     return caught.value.message
 
 
@@ -259,7 +259,7 @@ def test_reserved_node_names_are_denied_by_the_backstop_after_pool_apply_and_all
     # The session's pool apply wrote the params: the reserved nodes are known to the backstop.
     assert set(RESERVED_NODES) <= set(_params(cluster))
     message = _names_denial(cluster, gpu_pod("named", research, node_name=RESERVED_NODES[0]))
-    assert f"{RESERVED_NODES[0]}, a reserved node, is its spec.nodeName" in message
+    assert "[deny-node-name]" in message and "spec.nodeName names a reserved node" in message, message
     _names_denial(cluster, _pinned("pinned", research, RESERVED_NODES[1]))
 
     node = cluster.pool_nodes[0]
@@ -283,7 +283,7 @@ def _try_denied(cluster: Cluster, pod: Obj) -> bool:
     try:
         cluster.kube.create(pod, dry_run=True)
     except ApiError as err:
-        return reserved_names.POLICY_NAME in err.message
+        return reserved_nodes.POLICY_NAME in err.message
     return False
 
 

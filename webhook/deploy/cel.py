@@ -1,5 +1,6 @@
-"""CEL run by the kube-apiserver itself: the webhook's ``matchConditions`` and the
-ValidatingAdmissionPolicy backstop, generated from the IsolationPolicy so they always agree with it.
+"""CEL run by the kube-apiserver itself: the webhook's ``matchConditions``, the namespace-class guard and
+the building blocks of the backstop (``reserved_nodes``) and the placement MAP, generated from the
+IsolationPolicy so they always agree with it.
 
 Only functions both Kubernetes CEL and cel-python implement are used (``has``, ``in``, ``size``,
 ``all``/``exists``, ``startsWith``/``endsWith``/``contains``, ``matches``, ternaries), so the tests
@@ -8,8 +9,8 @@ evaluation error, and an error in a match condition or a policy with ``failurePo
 reject the request. A regular expression of the policy (resource patterns, glob namespace rules)
 becomes a string comparison where one says the same (``string_test``).
 
-What the policy cannot see that the engine can (documented in docs/operations.md):
-- node labels: ``spec.nodeName`` or ``matchFields metadata.name`` of a reserved node is not caught;
+What CEL cannot see that the engine can (documented in docs/operations.md):
+- node labels: the reserved node names reach the backstop as its parameter (``reserved_names``);
 - glob namespace rules are translated to anchored regular expressions (same meaning for DNS names).
 """
 
@@ -434,150 +435,8 @@ def opted_out_with_node_name(root: str) -> str:
     )
 
 
-def _old(expression: str) -> str:
-    # On UPDATE only a change that newly reaches reserved nodes is denied (ratcheting): pods admitted
-    # before the policy existed can still have their labels or finalizers edited.
-    return f"request.operation == 'UPDATE' &&\n{expression}"
-
-
 # Judged at all: a terminating pod is never scheduled again, its updates (finalizers) are not checked.
 NOT_TERMINATING = "(request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp))"
-
-
-def reserved_nodes_policy_spec(policy: Policy) -> dict[str, Any]:
-    """The ValidatingAdmissionPolicy spec that keeps non-inference GPU pods off reserved nodes.
-
-    What kube-apiserver 1.36 evaluates per pod (docs/architecture.md): the match conditions (every
-    condition of a policy, no short-circuit: the GPU-route catalogue without regular expressions, and
-    whether a validation may deny the pod), then every validation, then **every** messageExpression,
-    passing or not, each set in an activation of its own (the variables evaluated again in each). So
-    each validation tests its own cheap check first (a pod that selects no reserved node is admitted
-    before its class is computed), the class (one variable, ``pod_class``) only when a check holds; and
-    no validation has a messageExpression: each has a static ``message`` (the rule, the reserved label
-    or taint and the fix, rendered from the policy), so for a pod the conditions let through (an inference
-    pod tolerating the reserved taint) the messages' activation evaluates nothing (the apiserver still
-    builds it: its filter converts the pod before looking at the expressions). What a static message
-    cannot say: the pod's class and which container makes it a GPU pod (the webhook's denial says both)."""
-    spec = policy.spec
-    unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
-    reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
-    # The engine's words (engine._denied, _reserved_hint): "<class> pods may not use the reserved nodes
-    # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
-    key, value = spec.reserved_nodes.label
-    classes = " or ".join(unreserved)
-    advice = (
-        f"to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
-        if reserved_class
-        else ""
-    )
-    variables = [
-        {"name": "podClass", "expression": pod_class(policy)},
-        {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
-    ]
-    # (the engine's rule, expression on the new pod, the same on the old pod or None, what, how to fix)
-    checks: list[tuple[str, str, str | None, str, str]] = [
-        (
-            "deny-node-selector",
-            node_selector_reserved(policy, "object"),
-            node_selector_reserved(policy, "oldObject"),
-            f"spec.nodeSelector selects {key}={value}",
-            "remove the selector",
-        ),
-        (
-            "deny-node-affinity",
-            affinity_only_reserved(policy, "object"),
-            affinity_only_reserved(policy, "oldObject"),
-            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution selects reserved nodes in "
-            "every term",
-            "remove that requirement",
-        ),
-    ]
-    taint = spec.reserved_nodes.taint
-    if taint is not None:
-        checks.append(
-            (
-                "deny-toleration",
-                tolerates_reserved(policy),
-                None,
-                f"spec.tolerations tolerate {taint.key}={taint.value}:{taint.effect} (an empty key with operator "
-                "Exists tolerates every taint)",
-                "remove that toleration",
-            )
-        )
-    checks.append(
-        (
-            # The policy's own rule: an opted-out pod never reaches the webhook.
-            "opted-out-with-node-name",
-            opted_out_with_node_name("object"),
-            opted_out_with_node_name("oldObject"),
-            f"the pod opts out of the webhook ({OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the webhook "
-            "can check against the reserved nodes",
-            f"remove the {OPT_OUT_LABEL} label or spec.nodeName",
-        )
-    )
-    checks.append(
-        (
-            "deny-ephemeral-gpu-access",
-            f"({ephemeral_gpu_access(policy)}) &&\n{may_be_on_reserved(policy)}",
-            None,
-            "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
-            "of a pod that may be on a reserved node",
-            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
-        )
-    )
-    validations = []
-    for rule, current, before, what, fix in checks:
-        # Inline, not variables: each check is read once, in the validations' activation.
-        check = f"({current})"
-        # Cheapest first: the check, then the class, then (UPDATE) whether the old pod did the same.
-        expression = f"!{check} ||\n!variables.unreservedClass"
-        if before is not None:
-            expression += f" ||\n({_old(before)})"
-        validations.append(
-            {
-                "expression": expression,
-                # Static: a messageExpression would be evaluated for every pod validated, denied or not
-                # (an activation of its own). The rule is the engine's name for the same denial.
-                "message": f"rocm-isolation: [{rule}] {classes} pods may not use the reserved nodes ({key}={value}): "
-                f"{what}; {advice}{fix}",
-                "reason": "Forbidden",
-            }
-        )
-    out: dict[str, Any] = {
-        "failurePolicy": "Fail",
-        "matchConstraints": {
-            "resourceRules": [
-                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
-                # kubectl debug: the one subresource that adds containers to a running pod.
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["UPDATE"],
-                    "resources": ["pods/ephemeralcontainers"],
-                },
-            ]
-        },
-    }
-    # The GPU pods (the names backstop's condition, the same text), and only those that a validation
-    # may deny: a pod that selects no reserved node, tolerates no reserved taint, does not opt out with
-    # a node name and adds no ephemeral container (every training pod the webhook or the MAP placed) is
-    # excluded here, in the conditions' activation, before the validations', the messages' and the
-    # audit annotations' three. Both conditions are evaluated in that one activation (a policy's
-    # conditions are never short-circuited).
-    reachable = [
-        node_selector_reserved(policy, "object"),
-        affinity_only_reserved(policy, "object"),
-        *([tolerates_any_reserved(policy)] if taint is not None else []),
-        opted_out_with_node_name("object"),
-        "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
-    ]
-    may_be_denied = f"{NOT_TERMINATING} && (\n" + " ||\n".join(f"({test})" for test in reachable) + ")"
-    conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": gpu_pod(policy)}]
-    conditions.append({"name": "may-be-denied", "expression": may_be_denied})
-    out["matchConditions"] = conditions
-    out["variables"] = variables
-    out["validations"] = validations
-    return out
 
 
 def namespace_label_keys(policy: Policy) -> list[str]:

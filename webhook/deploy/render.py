@@ -24,7 +24,7 @@ from cryptography import x509
 
 from webhook import __version__
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
-from webhook.deploy import cel, mutating_policy, reserved_devices, reserved_names
+from webhook.deploy import cel, mutating_policy, reserved_devices, reserved_nodes
 
 NAMESPACE = "rocm-isolation-system"
 APP_NAME = "rocm-isolation-webhook"
@@ -32,10 +32,9 @@ POLICY_CONFIGMAP = "rocm-isolation-policy"
 POLICY_KEY = "policy.yaml"
 WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
 WEBHOOK_NAME = "pods.rocm-isolation.io"
-RESERVED_NODES_POLICY = "rocm-isolation-reserved-nodes"
+RESERVED_NODES_POLICY = reserved_nodes.POLICY_NAME
 NAMESPACE_CLASS_POLICY = "rocm-isolation-namespace-class"
 PLACEMENT_POLICY = mutating_policy.POLICY_NAME
-RESERVED_NODE_NAMES_POLICY = reserved_names.POLICY_NAME
 POD_WEBHOOK = "pods.rocm-isolation.io"
 CLAIM_WEBHOOK = "claims.rocm-isolation.io"
 CLASS_LABEL_EDITORS = cel.CLASS_LABEL_EDITORS
@@ -48,7 +47,7 @@ DEFAULT_OVERLAY = "cert-manager"
 MONITORING_OVERLAY = "monitoring"
 MODES = ("enforce", "warn", "audit")
 # What a ValidatingAdmissionPolicyBinding does in each policy mode (audit: record only, never deny).
-MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
+MODE_ACTIONS = reserved_nodes.MODE_ACTIONS
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 _KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 _KUSTOMIZATION_KEYS = frozenset({"apiVersion", "kind", "resources", "patches"})
@@ -232,29 +231,6 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         # The claims webhook keeps its own matchConditions (manifests/base/mutatingwebhookconfiguration.yaml).
         {"op": "add", "path": "/webhooks/1/namespaceSelector", "value": {"matchExpressions": [excluded]}},
     ]
-    reserved: list[Resource] = [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": _metadata(RESERVED_NODES_POLICY),
-            "spec": cel.reserved_nodes_policy_spec(policy),
-        }
-    ]
-    for mode in MODES:
-        reserved.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": _metadata(f"{RESERVED_NODES_POLICY}-{mode}"),
-                "spec": {
-                    "policyName": RESERVED_NODES_POLICY,
-                    "validationActions": MODE_ACTIONS[mode],
-                    "matchResources": {
-                        "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
-                    },
-                },
-            }
-        )
     guard = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -262,7 +238,7 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "spec": cel.namespace_class_policy_spec(policy),
     }
     placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
-    node_names = reserved_names.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
+    reserved = reserved_nodes.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
     devices = reserved_devices.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
@@ -271,7 +247,6 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "generated-reserved-nodes-policy.yaml": _GENERATED_HEADER + dump(reserved),
         "generated-namespace-class-policy.yaml": _GENERATED_HEADER + dump([guard]),
         "generated-placement-policy.yaml": _GENERATED_HEADER + dump(placement),
-        "generated-reserved-node-names-policy.yaml": _GENERATED_HEADER + dump(node_names),
         "generated-reserved-devices-policy.yaml": _GENERATED_HEADER + dump(devices),
     }
 
@@ -293,14 +268,6 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
         hook["namespaceSelector"] = {"matchExpressions": [excluded]}
         if hook["name"] == POD_WEBHOOK:
             hook["matchConditions"] = cel.webhook_match_conditions(policy)
-    reserved = _find(resources, "ValidatingAdmissionPolicy", RESERVED_NODES_POLICY)
-    reserved["spec"] = cel.reserved_nodes_policy_spec(policy)
-    for mode in MODES:
-        binding = _find(resources, "ValidatingAdmissionPolicyBinding", f"{RESERVED_NODES_POLICY}-{mode}")
-        binding["spec"]["validationActions"] = MODE_ACTIONS[mode]
-        binding["spec"]["matchResources"] = {
-            "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
-        }
     guard = _find(resources, "ValidatingAdmissionPolicy", NAMESPACE_CLASS_POLICY)
     guard["spec"] = cel.namespace_class_policy_spec(policy)
     _find(resources, "MutatingAdmissionPolicy", PLACEMENT_POLICY)["spec"] = mutating_policy.placement_policy_spec(
@@ -309,7 +276,7 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
     _find(resources, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"] = mutating_policy.binding_spec(
         policy, excluded
     )
-    for module in (reserved_names, reserved_devices):
+    for module in (reserved_nodes, reserved_devices):
         for generated in module.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata):
             _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
 

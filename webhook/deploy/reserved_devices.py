@@ -37,12 +37,12 @@ from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
 from webhook.deploy import mutating_policy
 from webhook.deploy.cel import quote, str_list
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
+from webhook.deploy.reserved_nodes import MODE_ACTIONS
 
 CLAIMS_POLICY = "rocm-isolation-reserved-device-claims"
 TEMPLATES_POLICY = "rocm-isolation-reserved-device-claim-templates"
 PODS_POLICY = "rocm-isolation-reserved-device-pods"
 POLICY_NAMES = (CLAIMS_POLICY, TEMPLATES_POLICY, PODS_POLICY)
-MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
 
 _ACTIVE = (
     f"has(params.metadata.labels) && {quote(STATE_LABEL)} in params.metadata.labels && "

@@ -1,0 +1,291 @@
+"""The pod backstop: the ValidatingAdmissionPolicy ``rocm-isolation-reserved-nodes``, which keeps GPU pods
+of the classes that may not use reserved nodes (``placement: unreserved``, e.g. training) off them in the
+apiserver, webhook up or down.
+
+It denies such a pod that reaches a reserved node by the reserved label (``spec.nodeSelector``, required
+node affinity), by tolerating the reserved taint, by naming a reserved node (``spec.nodeName``,
+``matchFields metadata.name``), an opted-out pod that names any node, and a GPU debug container added to
+a pod that may be on a reserved node. The reserved node names come from its parameter, the ConfigMap
+``rocm-isolation-system/rocm-isolation-reserved-node-names`` (``reserved_names``: one key per node, kept
+in step with the labelled nodes by ``serve`` and ``pool``).
+
+One policy, not one for labels and one for names (as up to issue 27): kube-apiserver 1.36 pays, per
+policy that matches a pod, a conversion of the pod to v1, a namespace lookup and an activation for the
+match conditions (the pod converted to unstructured again), before any CEL runs. Every GPU pod pays
+that once instead of twice. The trade: the bindings read the ConfigMap with ``parameterNotFoundAction:
+Allow`` (``Deny`` would reject every pod of the bound namespaces, GPU or not: the apiserver looks the
+parameter up before the match conditions), so while it is deleted the whole pod backstop is off; the
+webhook still enforces everything. It is shipped with the manifests, only an administrator of
+``rocm-isolation-system`` can delete it (who can already change the policy itself there); ``serve`` logs
+it and counts it (``rocm_isolation_reserved_names_syncs_total{result="missing"}``, alert
+``RocmIsolationBackstopParamsMissing``), ``audit`` reports it, ``pool apply`` or re-applying the
+manifests re-creates it.
+
+What the apiserver evaluates per pod (docs/architecture.md): both match conditions in one activation (no
+short-circuit), then, for a pod they hold for, every validation, every messageExpression and the audit
+annotations, each set in an activation of its own. So the second condition, ``may-be-denied``, is
+exactly "a validation could deny this pod" without its class (which a match condition cannot compute:
+``namespaceObject`` is null there): a training pod the webhook or the MAP placed stops at the conditions;
+an inference pod (it tolerates the reserved taint) is judged. Each validation tests its own check before
+the class (one variable, ``cel.pod_class``, the MAP's); the messages are static (a messageExpression
+would be evaluated for every judged pod, denied or not): the rule, the reserved label or taint and the
+fix, rendered from the policy. What a static message cannot say: the pod's class, which node, and which
+container makes it a GPU pod (the webhook's denial says all three).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from webhook.core import engine
+from webhook.core.policy import Policy
+from webhook.deploy import cel, reserved_names
+from webhook.deploy.cel import REQUIRED, quote, str_list
+
+POLICY_NAME = "rocm-isolation-reserved-nodes"
+MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
+PARAM_REF: dict[str, str] = {
+    "name": reserved_names.PARAMS_CONFIGMAP,
+    "namespace": reserved_names.NAMESPACE,
+    "parameterNotFoundAction": "Allow",
+}
+OPTED_OUT_NODE_NAME = "opted-out-with-node-name"
+
+
+def _reserved_name(name: str) -> str:
+    """``name`` is a reserved node: a key of the params ConfigMap (a ConfigMap without data lists none)."""
+    return f"(has(params.data) && {name} in params.data)"
+
+
+ON_RESERVED_NODE = f"has(object.spec.nodeName) && {_reserved_name('object.spec.nodeName')}"
+
+
+def _affinity_by_name(policy: Policy) -> str:
+    """Required node affinity whose every live term selects reserved nodes, by their label or by
+    ``matchFields metadata.name`` of reserved nodes only, at least one by name (the label-only case is
+    ``cel.affinity_only_reserved``)."""
+    key, value = policy.spec.reserved_nodes.label
+    terms = f"object.spec.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
+    by_label = (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {quote(key)} && e.operator == 'In' "
+        f"&& has(e.values) && size(e.values) > 0 && e.values.all(v, v == {quote(value)})))"
+    )
+    by_name = (
+        "(has(t.matchFields) && t.matchFields.exists(f, f.key == 'metadata.name' && f.operator == 'In' && "
+        f"has(f.values) && size(f.values) > 0 && f.values.all(v, {_reserved_name('v')})))"
+    )
+    return (
+        f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+        f"has(object.spec.affinity.nodeAffinity.{REQUIRED}) && has({terms}) &&\n"
+        f"{terms}.exists(t, {cel.LIVE_TERM} && {by_name}) &&\n"
+        f"{terms}.all(t, !{cel.LIVE_TERM} || {by_label} || {by_name})"
+    )
+
+
+# (the engine's rule, expression on the new pod, the same on the old pod or None, what, how to fix)
+Check = tuple[str, str, str | None, str, str]
+
+
+def _label_checks(policy: Policy) -> list[Check]:
+    """What the pod tells by itself: the reserved label, the reserved taint, opting out with a node name,
+    a GPU debug container on a pod that may be on a reserved node. Judged on CREATE and UPDATE (a
+    scheduling-gated pod may gain node affinity; only what an update introduces is denied), never for a
+    terminating pod."""
+    spec = policy.spec
+    key, value = spec.reserved_nodes.label
+    checks: list[Check] = [
+        (
+            engine.DENY_NODE_SELECTOR,
+            cel.node_selector_reserved(policy, "object"),
+            cel.node_selector_reserved(policy, "oldObject"),
+            f"spec.nodeSelector selects {key}={value}",
+            "remove the selector",
+        ),
+        (
+            engine.DENY_NODE_AFFINITY,
+            cel.affinity_only_reserved(policy, "object"),
+            cel.affinity_only_reserved(policy, "oldObject"),
+            f"spec.affinity.nodeAffinity.{REQUIRED} selects reserved nodes in every term",
+            "remove that requirement",
+        ),
+    ]
+    taint = spec.reserved_nodes.taint
+    if taint is not None:
+        checks.append(
+            (
+                engine.DENY_TOLERATION,
+                cel.tolerates_reserved(policy),
+                None,
+                f"spec.tolerations tolerate {taint.key}={taint.value}:{taint.effect} (an empty key with operator "
+                "Exists tolerates every taint)",
+                "remove that toleration",
+            )
+        )
+    checks += [
+        (
+            # The policy's own rule: an opted-out pod never reaches the webhook.
+            OPTED_OUT_NODE_NAME,
+            cel.opted_out_with_node_name("object"),
+            cel.opted_out_with_node_name("oldObject"),
+            f"the pod opts out of the webhook ({cel.OPT_OUT_LABEL}=true) and sets spec.nodeName, which only the "
+            "webhook can check against the reserved nodes",
+            f"remove the {cel.OPT_OUT_LABEL} label or spec.nodeName",
+        ),
+        (
+            engine.DENY_EPHEMERAL,
+            f"({cel.ephemeral_gpu_access(policy)}) &&\n{cel.may_be_on_reserved(policy)}",
+            None,
+            "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
+            "of a pod that may be on a reserved node",
+            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+        ),
+    ]
+    return checks
+
+
+def _name_checks(policy: Policy) -> list[Check]:
+    """What only the reserved node names tell (the params): ``spec.nodeName`` (the scheduler, and with it
+    the NoSchedule taint, is skipped; the kubelet does not check NoSchedule) or ``matchFields`` naming a
+    reserved node, on CREATE (neither can change afterwards: binding goes through pods/binding), and a
+    GPU debug container added to a pod bound to one by name."""
+    params = f"ConfigMap {reserved_names.NAMESPACE}/{reserved_names.PARAMS_CONFIGMAP}"
+    return [
+        (
+            engine.DENY_NODE_NAME,
+            f"request.operation == 'CREATE' && {ON_RESERVED_NODE}",
+            None,
+            f"spec.nodeName names a reserved node (listed in the {params})",
+            "remove spec.nodeName",
+        ),
+        (
+            engine.DENY_NODE_AFFINITY,
+            f"request.operation == 'CREATE' && {_affinity_by_name(policy)}",
+            None,
+            f"every term of spec.affinity.nodeAffinity.{REQUIRED} selects reserved nodes, one at least by name "
+            f"(matchFields metadata.name of nodes listed in the {params})",
+            "remove that requirement",
+        ),
+        (
+            engine.DENY_EPHEMERAL,
+            f"({cel.ephemeral_gpu_access(policy)}) &&\n{ON_RESERVED_NODE}",
+            None,
+            "an added ephemeral container reaches the GPUs (privileged, or the AMD container runtime's variables) "
+            "of the reserved node the pod is bound to (spec.nodeName)",
+            "debug with an unprivileged ephemeral container, or from a copy of the pod (kubectl debug --copy-to)",
+        ),
+    ]
+
+
+def checks(policy: Policy) -> list[Check]:
+    """The validations' checks in order (tests map a failed validation to its rule with it)."""
+    return _label_checks(policy) + _name_checks(policy)
+
+
+def policy_spec(policy: Policy) -> dict[str, Any]:
+    spec = policy.spec
+    unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
+    reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
+    # The engine's words (engine._denied, _reserved_hint): "<class> pods may not use the reserved nodes
+    # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
+    key, value = spec.reserved_nodes.label
+    classes = " or ".join(unreserved)
+    advice = (
+        f"to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
+        if reserved_class
+        else ""
+    )
+    validations = []
+    for rule, current, before, what, fix in checks(policy):
+        # Inline, not variables: each check is read once, in the validations' activation. Cheapest first:
+        # the check, then the class, then (UPDATE) whether the old pod did the same.
+        expression = f"!({current}) ||\n!variables.unreservedClass"
+        if before is not None:
+            # On UPDATE only a change that newly reaches reserved nodes is denied (ratcheting): pods
+            # admitted before the policy existed can still have their labels or finalizers edited.
+            expression += f" ||\n(request.operation == 'UPDATE' &&\n{before})"
+        validations.append(
+            {
+                "expression": expression,
+                "message": f"rocm-isolation: [{rule}] {classes} pods may not use the reserved nodes ({key}={value}): "
+                f"{what}; {advice}{fix}",
+                "reason": "Forbidden",
+            }
+        )
+    # Only the pods a validation may deny: the checks without the class. The label checks leave a
+    # terminating pod's update out (it is never scheduled again; finalizers); the name checks are
+    # CREATE or pods/ephemeralcontainers only.
+    by_label = [
+        cel.node_selector_reserved(policy, "object"),
+        cel.affinity_only_reserved(policy, "object"),
+        *([cel.tolerates_any_reserved(policy)] if spec.reserved_nodes.taint is not None else []),
+        cel.opted_out_with_node_name("object"),
+        "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
+    ]
+    by_name = [current for _, current, _, _, _ in _name_checks(policy)]
+    may_be_denied = (
+        f"({cel.NOT_TERMINATING} && (\n"
+        + " ||\n".join(f"({test})" for test in by_label)
+        + ")) ||\n"
+        + " ||\n".join(f"({test})" for test in by_name)
+    )
+    conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": cel.gpu_pod(policy)}]
+    conditions.append({"name": "may-be-denied", "expression": may_be_denied})
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
+                # kubectl debug: the one subresource that adds containers to a running pod.
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["pods/ephemeralcontainers"],
+                },
+            ]
+        },
+        "matchConditions": conditions,
+        "variables": [
+            {"name": "podClass", "expression": cel.pod_class(policy)},
+            {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
+        ],
+        "validations": validations,
+    }
+
+
+def resources(
+    policy: Policy,
+    *,
+    excluded: dict[str, Any],
+    mode_selector: Callable[[Policy, str], dict[str, Any]],
+    metadata: Callable[[str], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The policy and one binding per mode (the namespaces of that effective mode), each reading the
+    reserved node names from the ConfigMap ``reserved_names.PARAMS_CONFIGMAP``."""
+    out: list[dict[str, Any]] = [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": metadata(POLICY_NAME),
+            "spec": policy_spec(policy),
+        }
+    ]
+    for mode, actions in MODE_ACTIONS.items():
+        out.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": metadata(f"{POLICY_NAME}-{mode}"),
+                "spec": {
+                    "policyName": POLICY_NAME,
+                    "validationActions": actions,
+                    "paramRef": dict(PARAM_REF),
+                    "matchResources": {
+                        "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
+                    },
+                },
+            }
+        )
+    return out
