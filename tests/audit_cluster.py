@@ -258,3 +258,55 @@ def running_devices() -> Iterator[FakeCluster]:
     populate_devices(cluster)
     yield cluster
     cluster.stop()
+
+
+# -- whole and split nodes side by side -------------------------------------------------------------
+
+# Eight GPUs of an MI300X node, in PCI order; a split keeps the first two for inference.
+EIGHT_SLOTS = tuple(f"0000:{bus}:00.0" for bus in ("03", "23", "43", "63", "83", "a3", "c3", "e3"))
+RESERVE_TWO = DeviceReservation(2, EIGHT_SLOTS[:2])
+
+
+def eight_gpus(node_name: str) -> dict[str, Any]:
+    """The ResourceSlice of a node with eight GPUs (gpu-0 in the lowest PCI slot)."""
+    return split_node_slice(node_name, *(gpu_device(f"gpu-{i}", pci) for i, pci in enumerate(EIGHT_SLOTS)))
+
+
+def populate_mixed(fake: FakeCluster) -> None:
+    """A whole reserved node r1 (device plugin, 8 GPUs), a shared node s1 (device plugin, 8 GPUs) and a node
+    d1 split by pool apply --devices-per-node 2 (DRA, 8 GPUs: gpu-0 and gpu-1 reserved):
+
+    - on r1 an inference pod requesting 2 amd.com/gpu, on s1 a training pod requesting 2;
+    - on d1 an inference pod whose claim holds the reserved gpu-0, and a training pod asking for amd.com/gpu 1
+      through the claim the scheduler made for the extended resource (the shared gpu-5): its GPU is in its
+      resources and in that claim, one GPU."""
+    fake.add(
+        node("r1", reserved=True),
+        node("s1"),
+        node("d1", labels=SPLIT_LABELS, allocatable={}),
+        eight_gpus("d1"),
+        namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
+        *reservation_classes(RESERVE_TWO),
+    )
+    made = "trainer-split-extended-resources-q8n4z"
+    trainer = pod("trainer-split", "ml", node="d1", gpus={"amd.com/gpu": "1"})
+    trainer["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": made,
+        "requestMappings": [{"containerName": "trainer", "resourceName": "amd.com/gpu", "requestName": "container-0"}],
+    }
+    fake.add(
+        held_claim("llm-split-gpu", "serve", "d1", "gpu-0", "llm-split", "rocm-isolation-reserved"),
+        held_claim(made, "ml", "d1", "gpu-5", "trainer-split", "rocm-isolation-shared"),
+        inference_pod("llm", "serve", node="r1"),
+        inference_pod(
+            "llm-split",
+            "serve",
+            node="d1",
+            gpus={},
+            affinity=SPLIT_AFFINITY,
+            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-split-gpu"}],
+        ),
+        pod("trainer", "ml", node="s1"),
+        trainer,
+    )

@@ -19,6 +19,7 @@ from audit_cluster import (
     TOLERATE_ALL,
     four_gpus,
     held_claim,
+    populate_mixed,
     reservation_classes,
     running,
     running_devices,
@@ -439,9 +440,21 @@ def test_device_findings_name_what_to_fix(devices_fake: FakeCluster) -> None:
 
 def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
     capacity = run(devices_fake).to_json()["capacity"]
-    # The whole-node pools say what they said before (the split nodes are no reserved nodes).
     assert set(capacity) == {"reserved", "shared", "devices"}
-    assert capacity["shared"]["nodes"] == 4 and capacity["shared"]["gpusAllocatable"] == 15
+    # No node is reserved whole: the reserved pool is the split nodes' reserved GPUs, the shared pool their
+    # shared ones; every split node counts in both pools, its GPUs allocated on each side as requested there.
+    assert capacity["reserved"] == {
+        "nodes": 4,
+        "gpusAllocatable": 7,
+        "gpusRequested": {"inference": 1, "training": 1},
+        "pendingPods": {},
+    }
+    assert capacity["shared"] == {
+        "nodes": 4,
+        "gpusAllocatable": 8,
+        "gpusRequested": {"training": 1, "unclassified": 1},
+        "pendingPods": {},
+    }
     no_gpus: dict[str, dict[str, int]] = {"reserved": {}, "shared": {}}
     assert capacity["devices"] == {
         "driver": "gpu.amd.com",
@@ -471,6 +484,84 @@ def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
             },
         ],
     }
+
+
+def mixed_report() -> audit.Report:
+    cluster = FakeCluster().start()
+    try:
+        populate_mixed(cluster)
+        return run(cluster)
+    finally:
+        cluster.stop()
+
+
+def test_a_split_nodes_gpus_count_in_the_pool_of_their_side() -> None:
+    """One model of capacity: the whole reserved node's GPUs and the split node's reserved ones are the reserved
+    pool, the split node's shared GPUs are the shared pool's; what is allocated on a side is requested there,
+    one GPU per PCI bus ID (the extended resource's GPU once, not in the pod's resources and in its claim)."""
+    report = mixed_report()
+    assert keyed(report) == set()
+    capacity = report.to_json()["capacity"]
+    assert capacity["reserved"] == {
+        "nodes": 2,  # r1 whole, d1 split
+        "gpusAllocatable": 8 + 2,
+        "gpusRequested": {"inference": 2 + 1},
+        "pendingPods": {},
+    }
+    assert capacity["shared"] == {
+        "nodes": 2,  # s1, d1 split
+        "gpusAllocatable": 8 + 6,
+        "gpusRequested": {"training": 2 + 1},
+        "pendingPods": {},
+    }
+    devices = capacity["devices"]
+    assert (devices["reservedDevices"], devices["sharedDevices"]) == (2, 6)
+    assert devices["devicesAllocated"] == {"reserved": {"inference": 1}, "shared": {"training": 1}}
+
+
+def test_the_pool_table_shows_the_split_nodes_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = FakeCluster().start()
+    try:
+        populate_mixed(cluster)
+        code, out, _ = cli_run(cluster, tmp_path, capsys)
+    finally:
+        cluster.stop()
+    assert code == audit.EXIT_CLEAN
+    rows = {
+        line.split()[0]: line.split()[:4] for line in out.splitlines() if line.split()[:1] in (["reserved"], ["shared"])
+    }
+    assert rows == {
+        "reserved": ["reserved", "2", "10", "inference=3"],
+        "shared": ["shared", "2", "14", "training=3"],
+    }
+
+
+def test_a_node_reserved_whole_is_never_split() -> None:
+    """A node labelled for the reserved pool that publishes the driver's devices (pool apply refuses to split
+    it; labelled by hand): the taint keeps every other class off all its GPUs, so all of them are the reserved
+    pool's, and it is no split node."""
+    cluster = FakeCluster().start()
+    try:
+        cluster.add(
+            node("r-dra", reserved=True, allocatable={}),
+            node("d1", labels=SPLIT_LABELS, allocatable={}),
+            split_node_slice("r-dra", *four_gpus()),
+            split_node_slice("d1", *four_gpus()),
+            namespace("serve", {"rocm-isolation.io/class": "inference"}),
+            *reservation_classes(RESERVATION),
+            held_claim("llm-gpu", "serve", "r-dra", "gpu-6-134", "llm", "rocm-isolation-shared"),
+            inference_pod(
+                "llm", "serve", node="r-dra", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}]
+            ),
+        )
+        capacity = run(cluster).to_json()["capacity"]
+    finally:
+        cluster.stop()
+    assert (capacity["reserved"]["nodes"], capacity["reserved"]["gpusAllocatable"]) == (2, 4 + 2)
+    assert capacity["reserved"]["gpusRequested"] == {"inference": 1}
+    assert (capacity["shared"]["nodes"], capacity["shared"]["gpusAllocatable"]) == (1, 2)
+    assert [n["name"] for n in capacity["devices"]["nodes"]] == ["d1"]
+    assert (capacity["devices"]["reservedDevices"], capacity["devices"]["sharedDevices"]) == (2, 2)
 
 
 def test_no_device_capacity_without_an_active_reservation(fake: FakeCluster) -> None:

@@ -93,6 +93,30 @@ def test_publish_exports_the_split_devices_while_a_reservation_is_active() -> No
     assert sample(metrics, allocated, pool="reserved", **{"class": "inference"}) is None
 
 
+def test_the_pool_gauges_count_a_split_nodes_gpus_on_their_side() -> None:
+    """Device-level reservation only (no node reserved whole): the reserved pool's allocatable GPUs are the
+    split nodes' reserved GPUs (RocmIsolationReservedPoolEmpty reads them), the GPUs allocated there are
+    requested in it (RocmIsolationReservedPoolSaturated); pool = whole reserved nodes + split reserved GPUs."""
+    devices = running_devices()
+    cluster = next(devices)
+    try:
+        document = run_audit(KubeApi(cluster.api_client()), POLICY).to_json()
+    finally:
+        next(devices, None)
+    metrics = Metrics()
+    publish(document, metrics)
+    for pool, gpus in (("reserved", 7), ("shared", 8)):
+        assert sample(metrics, "rocm_isolation_pool_gpus_allocatable", pool=pool) == gpus
+        assert sample(metrics, "rocm_isolation_pool_split_devices", pool=pool) == gpus
+        assert sample(metrics, "rocm_isolation_pool_nodes", pool=pool) == 4  # a split node is in both pools
+    requested = "rocm_isolation_pool_gpus_requested"
+    assert sample(metrics, requested, pool="reserved", **{"class": "inference"}) == 1
+    assert sample(metrics, requested, pool="reserved", **{"class": "training"}) == 1
+    assert sample(metrics, requested, pool="shared", **{"class": "training"}) == 1
+    assert sample(metrics, requested, pool="shared", **{"class": "unclassified"}) == 1
+    assert sample(metrics, requested, pool="shared", **{"class": "inference"}) is None
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0

@@ -180,10 +180,17 @@ def claim_names(pod: Mapping[str, Any], *, extended: bool = True) -> list[str]:
     names += [
         str(c.get("resourceClaimName")) for c in status.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")
     ]
-    made = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    made = extended_resource_claim(pod)
     if made and extended:
-        names.append(str(made))
+        names.append(made)
     return names
+
+
+def extended_resource_claim(pod: Mapping[str, Any]) -> str:
+    """The ResourceClaim the scheduler made for the pod's DRA extended resources (``status.
+    extendedResourceClaimStatus``): the devices behind the GPUs of its resources. "" when none."""
+    made = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    return str(made) if made else ""
 
 
 def reserved_for(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -413,16 +420,22 @@ class Snapshot:
                         dra_capacity.allocated(gpu, by_device)
                     )
 
-    def dra_gpus_held(self, pod: Mapping[str, Any], counted: set[dra_capacity.Slot]) -> int:
+    def dra_gpus_held(
+        self,
+        pod: Mapping[str, Any],
+        counted: set[dra_capacity.Slot],
+        skip: frozenset[tuple[str, str]] = frozenset(),
+    ) -> int:
         """The GPU slots a pod holds through its claims that are not yet in ``counted`` (added to it): a
         claim several pods share counts once. The claim the scheduler made for DRA extended resources is
-        left out: those GPUs are in the pod's resources (``gpu_request``)."""
+        left out: those GPUs are in the pod's resources (``gpu_request``). So are the slots of the
+        (driver, pool)s in ``skip`` (counted otherwise: the audit's split nodes)."""
         held = self.claim_slots.get(str((pod.get("metadata") or {}).get("namespace", "")))
         if not held:
             return 0
         new: set[dra_capacity.Slot] = set()
         for claim in claim_names(pod, extended=False):
-            new |= held.get(claim, frozenset()) - counted
+            new |= {slot for slot in held.get(claim, frozenset()) - counted if (slot.driver, slot.pool) not in skip}
         counted |= new
         return len(new)
 

@@ -31,7 +31,16 @@ from typing import Any, Final, TextIO, get_args
 import yaml
 
 from webhook.cluster import dra_capacity
-from webhook.cluster.inventory import POOLS, NodeInfo, PodInfo, Pool, Snapshot, claim_names, pod_info
+from webhook.cluster.inventory import (
+    POOLS,
+    NodeInfo,
+    PodInfo,
+    Pool,
+    Snapshot,
+    claim_names,
+    extended_resource_claim,
+    pod_info,
+)
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound, api_path
 from webhook.core import engine, patch
 from webhook.core.claims import MODE_CLASSES, MODE_TAINTS, RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
@@ -226,7 +235,12 @@ _STATES: Final = (RESERVED, SHARED)
 class SplitNodeCapacity:
     """A split node's GPUs under device-level reservation (one per PCI bus ID, partitions counting as their
     GPU; a device without one counts alone and is always shared), and the GPUs the claims of its pods were
-    allocated, per side and class of the pods holding them."""
+    allocated, per side and class of the pods holding them.
+
+    The physical GPU is the unit on both sides and in the pools they add to, not the ``dra_capacity`` slot:
+    the reservation is made and enforced per PCI bus ID (``--devices-per-node N`` reserves N of them; the
+    classes select, the rules taint, every device of a reserved ID), so a partition is always on its GPU's
+    side, N reads as N, and what is allocated is counted in the same unit as what is allocatable."""
 
     reserved: int = 0
     shared: int = 0
@@ -251,6 +265,24 @@ class DeviceCapacity:
     def clear_allocated(self) -> None:
         for node in self.nodes.values():
             node.allocated.clear()
+
+    def add_allocatable(self, pools: Mapping[Pool, PoolCapacity]) -> None:
+        """Each split node counts in both pools (it has GPUs on both sides): its reserved GPUs are the
+        reserved pool's, its shared ones the shared pool's."""
+        for node in self.nodes.values():
+            sides: tuple[tuple[Pool, int], ...] = (("reserved", node.reserved), ("shared", node.shared))
+            for pool, gpus in sides:
+                pools[pool].nodes += 1
+                pools[pool].gpus_allocatable += gpus
+
+    def add_requested(self, pools: Mapping[Pool, PoolCapacity]) -> None:
+        """The GPUs allocated on each side are requested in that side's pool, per class (the side's names
+        are the pools')."""
+        allocated = self.totals()[2]
+        for pool in POOLS:
+            requested = pools[pool].gpus_requested
+            for cls, count in allocated[pool].items():
+                requested[cls] = requested.get(cls, 0) + count
 
     def totals(self) -> tuple[int, int, dict[str, dict[str, int]]]:
         allocated: dict[str, dict[str, int]] = {state: {} for state in _STATES}
@@ -613,6 +645,9 @@ class DeviceAudit:
     def _capacity(self, reservation: DeviceReservation) -> DeviceCapacity:
         capacity = DeviceCapacity(self.policy.spec.reserved_devices.driver, reservation)
         for name in self.split_nodes():
+            node = self.nodes.get(name)
+            if node is not None and node.labelled:
+                continue  # reserved whole (pool apply never splits it): the taint keeps others off all its GPUs
             devices = self.published.get(name, ())
             split = device_reservation.NodeSplit(name, devices, (), reservation, reservation)
             capacity.nodes[name] = SplitNodeCapacity(
@@ -846,6 +881,30 @@ class DeviceAudit:
 
     # -- pods ---------------------------------------------------------------------------------------------
 
+    def _entries(self, namespace: str, name: str, uid: str) -> list[tuple[str, tuple[Device, ...]]]:
+        """The pod's claims holding the driver's devices, and those devices (a claim reserved for an earlier
+        pod of the same name, another uid, is not its)."""
+        return [
+            (claim, devices)
+            for claim, holder, devices in self.held.get((namespace, name), ())
+            if not holder or not uid or holder == uid
+        ]
+
+    def split_pools(self) -> frozenset[tuple[str, str]]:
+        """(driver, pool) of the split nodes' devices: ``pod`` counts what is allocated there, per side."""
+        if self.capacity is None:
+            return frozenset()
+        driver = self.policy.spec.reserved_devices.driver
+        return frozenset((driver, d.pool) for name in self.capacity.nodes for d in self.published.get(name, ()))
+
+    def counts_claim(self, namespace: str, name: str, uid: str, claim: str) -> bool:
+        """Whether ``pod`` counts the devices of the pod's ``claim`` (allocated on a split node)."""
+        nodes = self.capacity.nodes if self.capacity is not None else {}
+        return any(
+            found == claim and any(d.node in nodes for d in devices)
+            for found, devices in self._entries(namespace, name, uid)
+        )
+
     def pod(self, pod: Mapping[str, Any], namespace: str, decision: Decision) -> Finding | None:
         """Counts the devices the pod holds in the capacity; a finding when it is of a class other than
         inference and holds reserved ones."""
@@ -853,11 +912,7 @@ class DeviceAudit:
             return None
         metadata = pod.get("metadata") or {}
         name, uid = str(metadata.get("name", "")), str(metadata.get("uid", ""))
-        entries = [
-            (claim, devices)
-            for claim, holder, devices in self.held.get((namespace, name), ())
-            if not holder or not uid or holder == uid
-        ]
+        entries = self._entries(namespace, name, uid)
         if not entries:
             return None
         class_name = decision.workload_class or UNCLASSIFIED
@@ -935,6 +990,8 @@ class PodAudit:
     gpu_namespaces: set[str] = field(default_factory=set)
     # The DRA GPU slots already counted as requested (a claim several pods share counts once).
     dra_counted: set[dra_capacity.Slot] = field(default_factory=set)
+    # The split nodes' pools of the reservation driver: counted per side by ``devices``, not as slots.
+    split_pools: frozenset[tuple[str, str]] = field(init=False)
     _start: tuple[list[Finding], int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -944,6 +1001,7 @@ class PodAudit:
         key, value = split_label(self.policy)
         split = {name for name, node in self.snapshot.nodes.items() if node.labels.get(key) == value}
         self.inference_nodes = self.reserved | split
+        self.split_pools = self.devices.split_pools() if self.devices is not None else frozenset()
         self._start = (list(self.report.findings), 0)
 
     def restart(self) -> None:
@@ -991,9 +1049,10 @@ class PodAudit:
         self.gpu_namespaces.add(namespace)
         class_name = decision.workload_class or UNCLASSIFIED
         if _running(info):
-            requested = self._requested(info.node)
-            gpus = info.gpus + self.snapshot.dra_gpus_held(pod, self.dra_counted)
-            requested[class_name] = requested.get(class_name, 0) + gpus
+            gpus = self._resource_gpus(pod, info) + self.snapshot.dra_gpus_held(pod, self.dra_counted, self.split_pools)
+            if gpus:
+                requested = self._requested(info.node)
+                requested[class_name] = requested.get(class_name, 0) + gpus
         elif info.pending:
             placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
             pool: Pool = "reserved" if placement == "reserved" else "shared"
@@ -1032,10 +1091,19 @@ class PodAudit:
             )
         )
         # Taken all the same: capacity counts them, as class unclassified.
-        gpus = self.snapshot.dra_gpus_held(pod, self.dra_counted) if _running(pod_info(pod, self.policy)) else 0
+        running = _running(pod_info(pod, self.policy))
+        gpus = self.snapshot.dra_gpus_held(pod, self.dra_counted, self.split_pools) if running else 0
         if gpus:
             requested = self._requested(node)
             requested[UNCLASSIFIED] = requested.get(UNCLASSIFIED, 0) + gpus
+
+    def _resource_gpus(self, pod: Mapping[str, Any], info: PodInfo) -> int:
+        """The GPUs of the pod's resources, unless they are the devices of its extended resources' claim on a
+        split node (counted per side by ``devices``)."""
+        made = extended_resource_claim(pod)
+        if made and self.devices is not None and self.devices.counts_claim(info.namespace, info.name, info.uid, made):
+            return 0
+        return info.gpus
 
     def _requested(self, node: str) -> dict[str, int]:
         """GPUs requested per class in the pool of ``node`` (shared when the node is unknown)."""
@@ -1126,10 +1194,6 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
     for node in snapshot.nodes.values():
         report.findings.extend(judge_node(node, policy))
-        if node.labelled or node.gpus:
-            capacity = report.capacity[node.pool]
-            capacity.nodes += 1
-            capacity.gpus_allocatable += node.gpus
     _judge_reserved_node_names(api, [n.name for n in snapshot.nodes.values() if n.labelled], report)
     # A namespace being deleted is not judged itself (its pods are).
     namespaces = {name: labels for name, labels in snapshot.namespaces.items() if name not in snapshot.terminating}
@@ -1140,10 +1204,20 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     report.warnings.extend(devices.warnings)
     report.findings.extend(devices.findings())
     report.devices = devices.capacity
+    split = devices.capacity.nodes if devices.capacity is not None else {}
+    for node in snapshot.nodes.values():
+        if node.name not in split and (node.labelled or node.gpus):
+            capacity = report.capacity[node.pool]
+            capacity.nodes += 1
+            capacity.gpus_allocatable += node.gpus
     pods = PodAudit(snapshot, report, devices if devices.capacity is not None else None)
     with _collector_paused():
         for pod in Snapshot.pods(api, on_restart=pods.restart):
             pods.add(pod)
+    if devices.capacity is not None:
+        # One model: the split nodes' sides in the pools (pool = whole nodes + the split nodes' side).
+        devices.capacity.add_allocatable(report.capacity)
+        devices.capacity.add_requested(report.capacity)
     for name, labels in sorted(namespaces.items()):
         explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
         if explicit or name in pods.gpu_namespaces:
