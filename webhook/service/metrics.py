@@ -136,21 +136,24 @@ class Metrics:
         )
         self.pool_nodes = Gauge(
             f"{PREFIX}_pool_nodes",
-            "Nodes per pool (reserved, shared) at the last audit.",
+            "Nodes per pool (reserved, shared) at the last audit; a node split by device-level reservation counts "
+            "in both.",
             ["pool"],
             registry=r,
             multiprocess_mode="livemax",
         )
         self.pool_gpus_allocatable = Gauge(
             f"{PREFIX}_pool_gpus_allocatable",
-            "Allocatable GPUs (amd.com/gpu and partitions, or the GPU slots of DRA ResourceSlices) per pool at the last audit.",
+            "Allocatable GPUs (amd.com/gpu and partitions, or the GPU slots of DRA ResourceSlices) per pool at the last "
+            "audit; a split node's GPUs (one per PCI bus ID) count in the pool of their side.",
             ["pool"],
             registry=r,
             multiprocess_mode="livemax",
         )
         self.pool_gpus_requested = Gauge(
             f"{PREFIX}_pool_gpus_requested",
-            "GPUs requested by pods bound to the pool's nodes, by workload class, at the last audit.",
+            "GPUs requested by pods bound to the pool's nodes, by workload class, at the last audit; on a split "
+            "node, the GPUs allocated to claims count in the pool of their side.",
             ["pool", "class"],
             registry=r,
             multiprocess_mode="livemax",
@@ -171,7 +174,8 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         # Device-level reservation (pool apply --devices-per-node N): the split nodes' GPUs, absent while none
-        # is active. pool is the side of the split: reserved (inference) or shared.
+        # is active. pool is the side of the split: reserved (inference) or shared. They are part of the pool
+        # gauges above: pool_gpus_allocatable{pool} = the whole nodes' GPUs + pool_split_devices{pool}.
         self.pool_split_devices = Gauge(
             f"{PREFIX}_pool_split_devices",
             "GPUs of the split nodes of the active device-level reservation, reserved or shared, at the last audit.",
