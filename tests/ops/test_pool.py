@@ -1050,6 +1050,35 @@ def test_status_shows_the_devices_reserved_and_shared_and_who_holds_them(
     assert [(r.method, r.path) for r in writes(dra)[before:]] == [("PUT", f"{DEVICE_CLASSES}/{SHARED_CLASS}")]
 
 
+def test_status_counts_the_split_nodes_gpus_in_the_pool_of_their_side(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the audit counts them: a split node's reserved GPUs are the reserved pool's, its shared ones the
+    shared pool's, one per PCI bus ID, and a pod's GPUs are requested on the side they were allocated from."""
+    assert run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")[0] == 0
+    code, out, _ = run(dra, tmp_path, capsys, "status", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    # dra-a and dra-b split (2 of 4 GPUs reserved each), plugin-1 shared (8 GPUs); train-a holds a reserved GPU
+    assert doc["reserved"] == {
+        "nodes": 2,
+        "gpusAllocatable": 4,
+        "gpusRequested": 2,
+        "gpusFree": 2,
+        "podsByClass": {"inference": {"pods": 1, "gpus": 1}, "training": {"pods": 1, "gpus": 1}},
+    }
+    assert doc["shared"] == {
+        "nodes": 3,
+        "gpusAllocatable": 8 + 2 + 2,
+        "gpusRequested": 1,
+        "gpusFree": 11,
+        "podsByClass": {"training": {"pods": 1, "gpus": 1}},
+    }
+    code, out, _ = run(dra, tmp_path, capsys, "status")
+    assert "Reserved: 2 nodes, 4 GPUs allocatable, 2 requested (inference 1 pod / 1 GPU, training 1 pod / 1 GPU)" in out
+    assert "Shared: 3 nodes, 12 GPUs allocatable, 1 requested (training 1 pod / 1 GPU)" in out
+
+
 def test_the_device_plan_shown_in_operations_md_is_this_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -540,11 +540,6 @@ def _rule_node(device: TaintedDevice) -> str:
     return device.node or device.pool
 
 
-def _gpu(device: Device) -> str:
-    """What one GPU is for counting: its PCI bus ID (partitions share their GPU's), else the device itself."""
-    return device.pci_bus_id or f"{device.pool}/{device.name}"
-
-
 def _device_text(device: Device) -> str:
     pci = f"PCI bus ID {device.pci_bus_id}" if device.pci_bus_id else "no PCI bus ID"
     return f"{device.name} ({pci}, node {device.node}, pool {device.pool})"
@@ -923,7 +918,9 @@ class DeviceAudit:
                 state = device_state(device, self.reservation)
                 node = self.capacity.nodes.get(device.node)
                 if node is not None:
-                    node.allocated.setdefault(state, {}).setdefault(class_name, set()).add(_gpu(device))
+                    node.allocated.setdefault(state, {}).setdefault(class_name, set()).add(
+                        device_reservation.gpu_key(device)
+                    )
                 if state == RESERVED:
                     on_reserved.append(device)
             if on_reserved:

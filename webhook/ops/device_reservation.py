@@ -34,7 +34,7 @@ the shared class (one update event) exactly when that list changed, and write no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook.cluster.dra_capacity import device_fields, keep_newest, pool_generation
@@ -158,6 +158,12 @@ def published_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[
 def gpu_ids(devices: Iterable[Device]) -> tuple[str, ...]:
     """The node's GPUs as their distinct PCI bus IDs, lowest first (partitions carry their GPU's ID)."""
     return tuple(sorted({d.pci_bus_id for d in devices if d.pci_bus_id}, key=pci_sort_key))
+
+
+def gpu_key(device: Device) -> str:
+    """What one GPU of a node is for counting: its PCI bus ID (partitions share their GPU's), else the
+    device itself."""
+    return device.pci_bus_id or f"{device.pool}/{device.name}"
 
 
 def gpu_count(devices: Sequence[Device]) -> int:
@@ -1198,6 +1204,42 @@ def device_status(
     return DeviceStatus(
         devices.driver, devices.reserved_class_name, reservation, foreign, published, tuple(held), owner, tuple(stale)
     )
+
+
+@dataclass(frozen=True)
+class SplitCapacity:
+    """The split nodes' share of the pools in ``pool status``, as the audit counts it: per side (reserved,
+    shared), their GPUs (one per PCI bus ID) and the pods holding GPUs there, each with its GPUs on that side
+    (a GPU several pods hold counts for the first)."""
+
+    nodes: frozenset[str]
+    gpus: Mapping[str, int]
+    pods: Mapping[str, tuple[PoolPod, ...]]
+
+
+def split_capacity(status: DeviceStatus, nodes: Iterable[str]) -> SplitCapacity:
+    reservation = status.reservation
+    names = frozenset(nodes)
+    gpus = {
+        state: sum(
+            NodeSplit(name, status.published.get(name, ()), (), reservation, RELEASED_RESERVATION).count(
+                state, reservation
+            )
+            for name in names
+        )
+        for state in (RESERVED, SHARED)
+    }
+    counted: set[tuple[str, str]] = set()
+    pods: dict[str, list[PoolPod]] = {RESERVED: [], SHARED: []}
+    for hold in status.held:
+        mine: dict[str, set[tuple[str, str]]] = {}
+        for device in hold.devices:
+            if device.node in names:
+                mine.setdefault(device_state(device, reservation), set()).add((device.node, gpu_key(device)))
+        for state, found in mine.items():
+            pods[state].append(replace(hold.pod, gpus=len(found - counted)))
+            counted |= found
+    return SplitCapacity(names, gpus, {state: tuple(found) for state, found in pods.items()})
 
 
 def _holders(status: DeviceStatus) -> dict[tuple[str, str], list[PoolPod]]:

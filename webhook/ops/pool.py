@@ -49,12 +49,15 @@ from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
 from webhook.deploy import device_classes, device_taint_rules, reserved_names
 from webhook.ops import device_reservation, reserved_names_sync
 from webhook.ops.device_reservation import (
+    RESERVED,
+    SHARED,
     ClassChange,
     ClassInfo,
     Device,
     DevicePlan,
     DeviceStatus,
     PublishedDevices,
+    SplitCapacity,
     SubsetError,
 )
 from webhook.ops.eviction import EvictionResult, evict_pods, eviction_body
@@ -676,6 +679,26 @@ def node_state(node: PoolNode, reservation: Reservation) -> str:
     return f"taint without label: inference placement cannot select it (pool apply or release --nodes {node.name})"
 
 
+def _split_capacity(
+    cluster: Cluster,
+    reservation: Reservation,
+    whole: set[str],
+    devices: DeviceStatus | None,
+    split_value: str | None,
+) -> SplitCapacity:
+    """The split nodes of an active device reservation (publishing the driver's devices, or labelled split;
+    never a node reserved whole) and their share of each pool, as the audit counts them."""
+    if devices is None or devices.reservation is None or not devices.reservation.active:
+        return SplitCapacity(frozenset(), {RESERVED: 0, SHARED: 0}, {RESERVED: (), SHARED: ()})
+    labelled = {
+        n.name
+        for n in cluster.nodes
+        if split_value is not None and device_reservation.split_labelled(n, reservation, split_value)
+    }
+    chosen = device_reservation.split_nodes(devices.published, devices.reservation) | labelled
+    return device_reservation.split_capacity(devices, chosen - whole)
+
+
 def _by_class(pods: Iterable[PoolPod]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for pod in pods:
@@ -707,15 +730,31 @@ def status(
     requested: dict[str, int] = {}
     for pod in cluster.pods:
         requested[pod.node] = requested.get(pod.node, 0) + pod.gpus
+    split = _split_capacity(cluster, reservation, names, devices, split_value)
     on_reserved = [p for p in cluster.pods if p.node in names]
-    shared_nodes = [n for n in cluster.nodes if n.name not in names and n.gpus > 0]
+    pooled = names | split.nodes
+    shared_nodes = [n for n in cluster.nodes if n.name not in pooled and n.gpus > 0]
     shared_names = {n.name for n in shared_nodes}
-    on_shared = [p for p in cluster.pods if p.node in shared_names]
-    reserved_cap = Capacity(
-        len(names), sum(n.gpus for n in members if n.name in names), sum(p.gpus for p in on_reserved)
-    )
-    shared_cap = Capacity(len(shared_nodes), sum(n.gpus for n in shared_nodes), sum(p.gpus for p in on_shared))
+    # A split node's pods that hold none of the driver's GPUs count in the shared pool with their own.
+    held = {(p.namespace, p.name) for pods in split.pods.values() for p in pods}
+    on_shared = [
+        p
+        for p in cluster.pods
+        if p.node in shared_names or (p.node in split.nodes and (p.namespace, p.name) not in held)
+    ]
     strays = sorted((p for p in on_reserved if not p.inference), key=lambda p: (p.node, p.namespace, p.name))
+    on_reserved += split.pods[RESERVED]
+    on_shared += split.pods[SHARED]
+    reserved_cap = Capacity(
+        len(names) + len(split.nodes),
+        sum(n.gpus for n in members if n.name in names) + split.gpus[RESERVED],
+        sum(p.gpus for p in on_reserved),
+    )
+    shared_cap = Capacity(
+        len(shared_nodes) + len(split.nodes),
+        sum(n.gpus for n in shared_nodes) + split.gpus[SHARED],
+        sum(p.gpus for p in on_shared),
+    )
     if args.output == "json":
         out.json(
             {
