@@ -168,6 +168,16 @@ def held_claim(
     return claim
 
 
+def split_inference(device: str, name: str = "llm") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inference pod ``name`` placed on the split node d1 (SPLIT_AFFINITY) and its claim ``name``-gpu of
+    the reserved class, allocated d1's ``device``."""
+    claims = [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]
+    return (
+        held_claim(f"{name}-gpu", "serve", "d1", device, name, "rocm-isolation-reserved"),
+        inference_pod(name, "serve", node="d1", gpus={}, affinity=SPLIT_AFFINITY, resource_claims=claims),
+    )
+
+
 def reservation_classes(reservation: DeviceReservation, created: str = "2026-11-01T09:00:00Z") -> list[dict[str, Any]]:
     """The two DeviceClasses pool apply writes (webhook.deploy.device_classes), as read back."""
     found = device_classes.classes(default_policy(), reservation)
@@ -296,17 +306,9 @@ def populate_mixed(fake: FakeCluster) -> None:
         "requestMappings": [{"containerName": "trainer", "resourceName": "amd.com/gpu", "requestName": "container-0"}],
     }
     fake.add(
-        held_claim("llm-split-gpu", "serve", "d1", "gpu-0", "llm-split", "rocm-isolation-reserved"),
+        *split_inference("gpu-0", "llm-split"),
         held_claim(made, "ml", "d1", "gpu-5", "trainer-split", "rocm-isolation-shared"),
         inference_pod("llm", "serve", node="r1"),
-        inference_pod(
-            "llm-split",
-            "serve",
-            node="d1",
-            gpus={},
-            affinity=SPLIT_AFFINITY,
-            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-split-gpu"}],
-        ),
         pod("trainer", "ml", node="s1"),
         trainer,
     )

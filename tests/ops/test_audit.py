@@ -14,7 +14,6 @@ import pytest
 import yaml
 from audit_cluster import (
     RESERVATION,
-    SPLIT_AFFINITY,
     SPLIT_LABELS,
     TOLERATE_ALL,
     four_gpus,
@@ -23,6 +22,7 @@ from audit_cluster import (
     reservation_classes,
     running,
     running_devices,
+    split_inference,
     split_node_slice,
 )
 from cluster_objects import (
@@ -673,16 +673,6 @@ def test_a_released_reservation_judges_only_the_split_label() -> None:
     [finding] = report.findings
     assert "device reservation is released" in finding.message and "pool release --devices --all" in finding.message
     assert report.devices is None and "devices" not in report.to_json()["capacity"]
-
-
-def split_inference(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The inference pod llm placed on the split node d1 (SPLIT_AFFINITY) and its claim llm-gpu of the
-    reserved class, allocated d1's ``device``."""
-    claims = [{"name": "gpu", "resourceClaimName": "llm-gpu"}]
-    return (
-        held_claim("llm-gpu", "serve", "d1", device, "llm", "rocm-isolation-reserved"),
-        inference_pod("llm", "serve", node="d1", gpus={}, affinity=SPLIT_AFFINITY, resource_claims=claims),
-    )
 
 
 def test_device_holders_are_matched_by_uid_and_inference_on_split_nodes_is_placed() -> None:

@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from audit_cluster import running_devices
@@ -69,15 +70,20 @@ def test_publish_exports_the_fixed_metric_names(fake: FakeCluster) -> None:
     assert sample(metrics, "rocm_isolation_pool_pending_pods", pool="reserved", **{"class": "inference"}) is None
 
 
-def test_publish_exports_the_split_devices_while_a_reservation_is_active() -> None:
-    """Device-level reservation: the split nodes' reserved and shared GPUs, and the GPUs allocated per side
-    and class; absent once no reservation is active (the next publication clears them)."""
+def device_report() -> dict[str, Any]:
+    """The JSON report of the audit of the device-level reservation's cluster (tests/audit_cluster.py)."""
     devices = running_devices()
     cluster = next(devices)
     try:
-        document = run_audit(KubeApi(cluster.api_client()), POLICY).to_json()
+        return run_audit(KubeApi(cluster.api_client()), POLICY).to_json()
     finally:
         next(devices, None)
+
+
+def test_publish_exports_the_split_devices_while_a_reservation_is_active() -> None:
+    """Device-level reservation: the split nodes' reserved and shared GPUs, and the GPUs allocated per side
+    and class; absent once no reservation is active (the next publication clears them)."""
+    document = device_report()
     metrics = Metrics()
     publish(document, metrics)
     assert sample(metrics, "rocm_isolation_pool_split_devices", pool="reserved") == 7
@@ -97,14 +103,8 @@ def test_the_pool_gauges_count_a_split_nodes_gpus_on_their_side() -> None:
     """Device-level reservation only (no node reserved whole): the reserved pool's allocatable GPUs are the
     split nodes' reserved GPUs (RocmIsolationReservedPoolEmpty reads them), the GPUs allocated there are
     requested in it (RocmIsolationReservedPoolSaturated); pool = whole reserved nodes + split reserved GPUs."""
-    devices = running_devices()
-    cluster = next(devices)
-    try:
-        document = run_audit(KubeApi(cluster.api_client()), POLICY).to_json()
-    finally:
-        next(devices, None)
     metrics = Metrics()
-    publish(document, metrics)
+    publish(device_report(), metrics)
     for pool, gpus in (("reserved", 7), ("shared", 8)):
         assert sample(metrics, "rocm_isolation_pool_gpus_allocatable", pool=pool) == gpus
         assert sample(metrics, "rocm_isolation_pool_split_devices", pool=pool) == gpus
