@@ -29,6 +29,7 @@ No kubelet: pods are bound and stay ``Pending``; a device is held by a claim's a
 from __future__ import annotations
 
 import calendar
+import json
 import os
 import re
 import subprocess
@@ -664,6 +665,38 @@ def test_inference_claims_and_pods_get_reserved_devices_only(split: Split) -> No
         assert_placed_for_inference(split, kube.get("Pod", name, ns))
     kube.create(pod(ns, "implicit-reserved-3", resource))
     never_scheduled(split, ns, "implicit-reserved-3")
+
+
+def test_the_audit_counts_each_side_of_the_split_nodes_in_its_pool(split: Split) -> None:
+    """``audit`` on what the real scheduler allocated: the reserved pool is the device-plugin node reserved
+    whole and the split nodes' reserved GPUs, the shared pool their shared GPUs (every split node in both);
+    an inference claim's reserved devices are requested in the reserved pool, a training ``amd.com/gpu: 2``
+    pod's devices (its scheduler-made claim) in the shared pool, once."""
+    ns = split.inference
+    split.kube.create(claim_template(ns, "reserved-pair", exactly(RESERVED_CLASS, count=2)))
+    split.kube.create(claim_pod(ns, "llm", template="reserved-pair"))
+    split.kube.create(pod(split.training, "amd-gpu", {DEVICES.extended_resource_name: "2"}))
+    assert allocated(split, ns, "llm").pcis <= reserved_ids(2)
+    assert allocated(split, split.training, "amd-gpu").pcis <= shared_ids(2)
+    result = cli("audit", "-o", "json", kubeconfig=split.plane.admin_kubeconfig)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    capacity = json.loads(result.stdout)["capacity"]
+    per_node = len(GPUS)
+    assert capacity["reserved"] == {
+        "nodes": 1 + len(DRA_NODES),
+        "gpusAllocatable": per_node + 2 * len(DRA_NODES),
+        "gpusRequested": {"inference": 2},
+        "pendingPods": {},
+    }
+    assert capacity["shared"] == {
+        "nodes": len(DRA_NODES),
+        "gpusAllocatable": (per_node - 2) * len(DRA_NODES),
+        "gpusRequested": {"training": 2},
+        "pendingPods": {},
+    }
+    devices = capacity["devices"]
+    assert (devices["reservedDevices"], devices["sharedDevices"]) == (2 * len(DRA_NODES), 2 * len(DRA_NODES))
+    assert devices["devicesAllocated"] == {"reserved": {"inference": 2}, "shared": {"training": 2}}
 
 
 def test_the_whole_reserved_device_plugin_node_takes_inference_and_no_training(split: Split) -> None:

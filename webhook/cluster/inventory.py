@@ -6,7 +6,8 @@ Pure functions over raw API objects (dicts exactly as the apiserver returns them
 - A node is in the **reserved** pool when it carries the policy's reserved label
   (``reservedNodes.nodeSelector``): the label is what the inference placement requires. Every other
   node is **shared**. Its GPUs are its allocatable GPU resources (``amd.com/gpu`` and the partition
-  resources of the policy's ``scope``), one per device or partition.
+  resources of the policy's ``scope``), one per device or partition. (A node split by device-level
+  reservation is shared here; ``audit`` and ``pool status`` count its reserved GPUs in the reserved pool.)
 - A pod's GPU request is its *effective* request, computed as the scheduler does
   (``computePodResourceRequest``): the larger of the sum over its containers (and restartable
   "sidecar" init containers) and the largest init container (plus the sidecars started before
