@@ -38,10 +38,11 @@ def _once_unless_benchmarking(request: pytest.FixtureRequest) -> None:
 
 # scenario -> (allowed, rule, number of patch operations)
 EXPECTED: dict[str, tuple[bool, str, int]] = {
-    "inference-small": (True, "mutated", 6),
-    "training-small": (True, "mutated", 4),
+    # Every mutated pod: the placement's and the record's operations, the placed label one of them.
+    "inference-small": (True, "mutated", 7),
+    "training-small": (True, "mutated", 5),
     "training-denied": (False, "deny-node-selector", 0),
-    "large": (True, "mutated", 40),
+    "large": (True, "mutated", 41),
     "non-gpu": (True, "not-gpu-pod", 0),
 }
 
@@ -69,8 +70,8 @@ def test_decide_scenario(benchmark: Any, name: str) -> None:
 def test_decide_pod_size(benchmark: Any, containers: int) -> None:
     decision = benchmark(_call(reviews.sized_pod(containers)))
     assert decision.allowed
-    # One env operation per container, one per affinity term (8), the two annotations.
-    assert len(decision.patch) == containers + 8 + 2
+    # One env operation per container, one per affinity term (8), the two annotations, the placed label.
+    assert len(decision.patch) == containers + 8 + 3
 
 
 @pytest.mark.parametrize("rules", [1, 10, 100, 1000])

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from webhook.core.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
-from webhook.core.engine import decide
+from webhook.core.engine import PLACED_LABEL, decide
 from webhook.core.policy import Policy, default_policy, load_policy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -132,3 +132,25 @@ def test_every_deny_rule_has_a_case() -> None:
 
     covered = {case.values[0]["expect"].get("rule") for case in load_cases()}
     assert set(DENY_RULES) <= covered, set(DENY_RULES) - covered
+
+
+def test_the_placed_label_is_never_a_spread_peer_selector() -> None:
+    """The placement policy runs before the webhook and writes the placed label (the class, not the
+    workload): the spread the webhook adds selects its peers without it, or every inference pod of the
+    namespace would count as a peer. (Not an engine fixture: the placement policy skips a pod created
+    with the label, so the MAP-vs-engine suites leave such pods out by construction.)"""
+    pod = {
+        "metadata": {"generateName": "embed-", "labels": {"app": "embed", PLACED_LABEL: "inference"}},
+        "spec": {"containers": [{"name": "server", "image": "vllm", "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+    }
+    decision = decide(
+        operation="CREATE",
+        pod=pod,
+        namespace=NamespaceFacts("serving", {"rocm-isolation.io/class": "inference"}),
+        nodes=NodeFacts(frozenset()),
+        policy=default_policy(),
+    )
+    patched = jsonpatch.apply_patch(pod, list(decision.patch))
+    [spread] = patched["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"] == {"matchLabels": {"app": "embed"}}
+    assert patched["metadata"]["labels"][PLACED_LABEL] == "inference"

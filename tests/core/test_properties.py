@@ -28,7 +28,7 @@ from referencing import Registry, Resource
 
 from webhook.core.decision import ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.core.device_claims import DENY_RESERVED_CLASS, DENY_RESERVED_TOLERATION, decide_claim
-from webhook.core.engine import DENY_CLASS, DENY_RESERVED_DEVICES, DENY_RULES, DENY_TOLERATION, decide
+from webhook.core.engine import DENY_CLASS, DENY_RESERVED_DEVICES, DENY_RULES, DENY_TOLERATION, decide, records_only
 from webhook.core.policy import Policy, WorkloadClass
 
 K8S_VERSION = "1.37.0"
@@ -316,7 +316,7 @@ def check_create(
     elif decision.allowed and decision.mode != "audit" and decision.workload_class is not None:
         annotations = patched["metadata"].get("annotations") or {}
         assert annotations.get(S.CLASS_LABEL) == decision.workload_class
-        if any(not op["path"].startswith("/metadata/annotations") for op in decision.patch):
+        if not all(records_only(op) for op in decision.patch):
             assert "rocm-isolation.io/mutations" in annotations
     return decision, patched
 

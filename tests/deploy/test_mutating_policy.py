@@ -180,18 +180,20 @@ def test_the_binding_leaves_out_exactly_the_namespaces_whose_mode_is_audit(
     assert (mode != "audit") is mutates
 
 
-def test_the_binding_skips_excluded_namespaces_and_opted_out_pods() -> None:
+def test_the_binding_skips_excluded_namespaces_opted_out_and_placed_pods() -> None:
+    """The webhook's objectSelector, and pods placed already: the second pass of the mutating chain (the
+    placed label written in the first) costs the policy no CEL. The webhook itself does not skip them."""
     policy = default_policy()
     excluded = render.excluded_namespaces_selector(policy)
     spec = mutating_policy.binding_spec(policy, excluded)
     assert spec["matchResources"]["namespaceSelector"]["matchExpressions"][0] == excluded
-    assert spec["matchResources"]["objectSelector"] == {
-        "matchExpressions": [{"key": cel.OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]}]
-    }
+    opted_out = {"key": cel.OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]}
+    placed = {"key": engine.PLACED_LABEL, "operator": "DoesNotExist"}
+    assert spec["matchResources"]["objectSelector"] == {"matchExpressions": [opted_out, placed]}
     webhook = render._find(
         render.render(overlay="cert-manager"), "MutatingWebhookConfiguration", render.WEBHOOK_CONFIGURATION
     )
-    assert webhook["webhooks"][0]["objectSelector"] == spec["matchResources"]["objectSelector"]
+    assert webhook["webhooks"][0]["objectSelector"] == {"matchExpressions": [opted_out]}
 
 
 def test_a_class_without_requirements_or_tolerations_only_gets_its_annotation() -> None:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from webhook.core.engine import PLACED_LABEL
+
 from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, WEBHOOK_NAMESPACE, Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until
 
@@ -94,6 +96,13 @@ def test_the_backstop_holds_with_the_webhook_configuration_deleted(
         "opted-out-with-node-name": gpu_pod(
             "opted-out", ns, labels={"rocm-isolation.io/ignore": "true"}, node_name=cluster.reserved[0]
         ),
+        # The placed label makes the placement policy skip a pod; the backstop never reads it.
+        "placed-label-with-toleration": gpu_pod(
+            "placed",
+            ns,
+            labels={PLACED_LABEL: "inference"},
+            tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}],
+        ),
     }
     for what, pod in attempts.items():
         message = _denied_by(functools.partial(kube.create, pod, dry_run=True))
@@ -108,6 +117,28 @@ def test_the_backstop_holds_with_the_webhook_configuration_deleted(
         gpu_pod("server", inference, tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}]),
         dry_run=True,
     )
+
+
+def test_a_pod_created_with_the_placed_label_is_placed_by_the_webhook_and_skipped_by_the_policy(
+    cluster: Cluster, namespace: Callable[..., str]
+) -> None:
+    """The placed label is what lets the placement policy's binding skip the second pass of the mutating
+    chain in Go. A pod's author who sets it (here with the wrong class) skips the policy: the webhook, which
+    does not read it, still places the pod and corrects the label; with the webhook out of the path the pod
+    is admitted unplaced (``audit``: pod-missing-mutations), and a training pod so labelled is still judged
+    by the backstop (above)."""
+    serving = namespace("serving", labels={"rocm-isolation.io/class": "inference"})
+    labelled = gpu_pod("pre-labelled", serving, labels={"app": "llm", PLACED_LABEL: "training"})
+    placed = cluster.kube.create(labelled, dry_run=True)
+    assert placed["metadata"]["labels"][PLACED_LABEL] == "inference"
+    assert placed["spec"]["affinity"]["nodeAffinity"], placed["spec"]
+    with cluster.without_webhook_configuration():
+        unplaced = cluster.kube.create(labelled, dry_run=True)
+        assert "affinity" not in unplaced["spec"], unplaced["spec"]
+        assert unplaced["metadata"]["labels"][PLACED_LABEL] == "training"
+        by_policy = cluster.kube.create(gpu_pod("by-policy", serving), dry_run=True)
+        assert by_policy["metadata"]["labels"][PLACED_LABEL] == "inference"
+        assert by_policy["spec"]["affinity"]["nodeAffinity"], by_policy["spec"]
 
 
 def test_the_backstop_denies_on_update_too_without_the_webhook(

@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from test_dryrun import CLASS, POOL, load_all, mutate, stderr_lines
 
 from webhook.core.decision import NodeFacts
+from webhook.core.engine import PLACED_LABEL
 from webhook.core.policy import default_policy
 from webhook.offline import dryrun, workloads
 
@@ -857,7 +858,10 @@ def test_each_core_controller_template_gets_the_spread_its_pods_will_get() -> No
     cron = spread_of(cron_template)
     assert cron["labelSelector"] == {}
     assert set(cron["matchLabelKeys"]) == job_keys
-    assert cron_template["metadata"] == {"annotations": {CLASS: "inference", "rocm-isolation.io/mutations": ANY_LIST}}
+    assert cron_template["metadata"] == {
+        "annotations": {CLASS: "inference", "rocm-isolation.io/mutations": ANY_LIST},
+        "labels": {PLACED_LABEL: "inference"},
+    }
     daemon = spread_of(by_kind["DaemonSet"]["spec"]["template"])
     assert set(daemon["matchLabelKeys"]) == {"controller-revision-hash", "pod-template-generation"}
     legacy = spread_of(by_kind["ReplicaSet"]["spec"]["template"])

@@ -28,6 +28,11 @@ from webhook.core.policy import Mode, Policy, PolicySpec, Taint, WorkloadClass, 
 
 CLASS_ANNOTATION = "rocm-isolation.io/class"
 MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
+# The class a pod was placed as, by the webhook or the placement MutatingAdmissionPolicy: a label, so that
+# the policy's binding skips, in Go, a pod already placed (in the apiserver's second pass of the mutating
+# chain it would otherwise evaluate its match condition again). Nothing trusts it: a pod created with it
+# is still placed by the webhook and judged by the backstop; it is left out of topology spread selectors.
+PLACED_LABEL = "rocm-isolation.io/placed"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 KFD_TOPOLOGY_PATH = "/sys/class/kfd/kfd/topology/nodes"
@@ -755,14 +760,28 @@ def _plan(
     _plan_spread(review, cls, labels)
     _plan_env(review, plan, gpu)
     _plan_kfd_mount(review, cls, gpu)
-    # The class annotation lands even when nothing else changes; the list of what was done only
-    # when something was (so that a reinvocation on our own output yields no operation).
+    # The class annotation and the placed label land even when nothing else changes; the list of what
+    # was done only when something was (so that a reinvocation on our own output yields no operation).
     entries = {CLASS_ANNOTATION: class_name}
     if review.operations:
         recorded = _recorded_mutations(review.metadata.get("annotations"), review.done)
         if recorded is not None:
             entries[MUTATIONS_ANNOTATION] = recorded
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
+    review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "labels"), {PLACED_LABEL: class_name}))
+
+
+_PLACED_POINTER = patch.pointer("metadata", "labels", PLACED_LABEL)
+
+
+def records_only(operation: Mapping[str, Any]) -> bool:
+    """Whether a patch operation only records what was decided (the class and mutations annotations, the
+    placed label) rather than changing how the pod runs or where."""
+    path = str(operation["path"])
+    if path.startswith("/metadata/annotations") or path == _PLACED_POINTER:
+        return True
+    value = operation.get("value")
+    return path == "/metadata/labels" and isinstance(value, Mapping) and set(value) == {PLACED_LABEL}
 
 
 def _recorded_mutations(annotations: Any, done: list[str]) -> str | None:
@@ -902,9 +921,12 @@ def _plan_spread(review: _Review, cls: WorkloadClass, labels: Mapping[str, str])
 
 def _spread_selector(policy: Policy, labels: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """The spread constraint's matchLabels and matchLabelKeys: per-pod identity labels left out,
-    revision and controller-instance labels as keys (``spec.spreadSelector``)."""
+    revision and controller-instance labels as keys (``spec.spreadSelector``); our placed label left out
+    (it names the class, not the workload's peers, and the placement policy may have written it first)."""
     excluded, by_key = _spread_keys(policy)
-    match_labels = {key: value for key, value in labels.items() if key not in excluded and key not in by_key}
+    match_labels = {
+        key: value for key, value in labels.items() if key not in excluded and key not in by_key and key != PLACED_LABEL
+    }
     return match_labels, [key for key in by_key if key in labels]
 
 

@@ -18,14 +18,17 @@ webhook is called:
   tolerations unless the pod has the same one (``engine._plan_tolerations``);
 - the class annotation ``rocm-isolation.io/class``, and ``node-affinity`` / ``tolerations`` in the
   ``rocm-isolation.io/mutations`` record when it changes them (the webhook merges its own entries into
-  that value, ``engine._recorded_mutations``; both append only what is missing).
+  that value, ``engine._recorded_mutations``; both append only what is missing), and the placed label
+  ``rocm-isolation.io/placed`` (the class), which the webhook writes too.
 
 What it costs is the apiserver's, per pod (kube-apiserver 1.36's code, docs/architecture.md, "What the
 apiserver evaluates per pod"): every mutation evaluation converts the pod for CEL and runs a JSON round
 trip of the pod whatever the patch, and any evaluated mutation asks for a second pass of the mutating
-chain. So the policy is **one** mutation (the three parts' operations concatenated, each computed on
-the pod as it arrives: none reads what another writes), with ``reinvocationPolicy: Never`` (evaluated
-once per pod; its one match condition is evaluated again in the second pass), one variable (the class),
+chain. So the policy is **one** mutation (the parts' operations concatenated, each computed on the
+pod as it arrives: none reads what another writes), with ``reinvocationPolicy: Never`` (evaluated once
+per pod) and a binding that skips, in Go, a pod carrying the placed label (``engine.PLACED_LABEL``, which
+this policy and the webhook write: in the second pass not even the match condition is evaluated), one
+variable (the class),
 **one** match condition (the apiserver evaluates all of a policy's conditions: the cheapest test first,
 no regular expression where a string comparison says the same), and plain ``dyn`` maps as patch values
 (the pod's typed ``Object.spec...{}`` literals are converted again at every nesting level). The common
@@ -333,6 +336,18 @@ def _annotation_operations(class_name: str, adds_affinity: str | None, adds_tole
     return f"!has({annotations}) ? {new} :\n{class_op} +\n{record_op}"
 
 
+def _label_operations(class_name: str) -> str:
+    """The placed label (``engine.PLACED_LABEL``): the binding skips a pod that carries it, so the second
+    pass of the mutating chain does not evaluate this policy's match condition again."""
+    labels = "object.metadata.labels"
+    key = engine.PLACED_LABEL
+    return (
+        f"!has({labels}) ? [{_operation('add', '/metadata/labels', _literal({key: class_name}))}] :\n"
+        f"({quote(key)} in {labels} && {labels}[{quote(key)}] == {quote(class_name)} ? [] : "
+        f"[{_operation('add', patch.pointer('metadata', 'labels', key), quote(class_name))}])"
+    )
+
+
 # --- the policy -----------------------------------------------------------------------------------
 
 
@@ -348,7 +363,7 @@ def _class_operations(policy: Policy, class_name: str) -> str:
         "size(a) > 0" if affinity is not None else None,
         "size(w) > 0" if tolerations is not None else None,
     )
-    body = f"({annotations})"
+    body = f"({annotations}) + ({_label_operations(class_name)})"
     if affinity is not None:
         body += " + a"
     if tolerations is not None:
@@ -438,13 +453,20 @@ def mutating_modes_selector(policy: Policy) -> dict[str, Any]:
 
 def binding_spec(policy: Policy, excluded: dict[str, Any]) -> dict[str, Any]:
     """Bound where the webhook mutates: not the excluded namespaces (``excluded``: the webhook's own
-    namespaceSelector requirement), not in ``audit`` mode, not the pods opted out of the webhook."""
+    namespaceSelector requirement), not in ``audit`` mode, not the pods opted out of the webhook, not the
+    pods placed already (``engine.PLACED_LABEL``)."""
     return {
         "policyName": POLICY_NAME,
         "matchResources": {
             "namespaceSelector": {"matchExpressions": [excluded, mutating_modes_selector(policy)]},
             "objectSelector": {
-                "matchExpressions": [{"key": cel.OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]}]
+                "matchExpressions": [
+                    {"key": cel.OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]},
+                    # Placed already: in the second pass of the mutating chain (this policy or the webhook
+                    # wrote it in the first), or by a pod's author, for whom the webhook still places and
+                    # the backstop still judges (neither reads it).
+                    {"key": engine.PLACED_LABEL, "operator": "DoesNotExist"},
+                ]
             },
         },
     }

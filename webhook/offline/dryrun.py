@@ -655,7 +655,7 @@ def _patched(
 ) -> Outcome:
     """The object with ``operations`` applied, or denied as the apiserver would when they do not apply."""
     try:
-        output = jsonpatch.apply_patch(doc.body, operations)
+        output, operations = _with_missing_maps(doc.body, operations)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
         # The apiserver fails the request when a webhook's patch does not apply.
         return Outcome(
@@ -673,6 +673,39 @@ def _patched(
         message=message,
         patch=tuple(operations),
     )
+
+
+def _with_missing_maps(
+    body: Mapping[str, Any], operations: Sequence[Mapping[str, Any]]
+) -> tuple[Any, list[dict[str, Any]]]:
+    """``body`` patched, and the operations that did it: an ``add`` into object members that the body
+    lacks (a template without ``metadata.labels``, which the engine saw on the pod its controller makes)
+    is preceded by ``add``s of those members as empty objects: a patch must create what it fills in."""
+    output: Any = jsonpatch.apply_patch(body, [])
+    done: list[dict[str, Any]] = []
+    for operation in operations:
+        wanted = [dict(operation)]
+        if operation["op"] == "add":
+            wanted[:0] = _missing_parents(output, operation["path"].split("/")[1:-1])
+        output = jsonpatch.apply_patch(output, wanted, in_place=True)
+        done.extend(wanted)
+    return output, done
+
+
+def _missing_parents(document: Any, tokens: list[str]) -> list[dict[str, Any]]:
+    """``add``s of empty objects for the object members along ``tokens`` that ``document`` lacks."""
+    node = document
+    for depth, token in enumerate(tokens):
+        key = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping):
+            if key not in node:
+                return [patch.add("/" + "/".join(tokens[: end + 1]), {}) for end in range(depth, len(tokens))]
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return []  # not an object: the patch fails as the apiserver's would
+    return []
 
 
 @dataclass(frozen=True)
@@ -728,7 +761,7 @@ def _created_metadata(
         return rest
     relative = [{**op, "path": op["path"].removeprefix("/metadata")} for op in inside]
     try:
-        metadata = jsonpatch.apply_patch({}, relative)
+        metadata, _ = _with_missing_maps({}, relative)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
         out.append(patch.add(pointer, {}))
         return list(operations)

@@ -958,8 +958,9 @@ def _running(info: PodInfo) -> bool:
 
 def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
-    tolerations, topology-spread, env, kfd-topology-mount); empty when only annotations differ."""
-    if not any(not str(op["path"]).startswith(_ANNOTATIONS) for op in decision.patch):
+    tolerations, topology-spread, env, kfd-topology-mount); empty when only the records differ (the class
+    and mutations annotations, the placed label: pods admitted before it existed lack it)."""
+    if all(engine.records_only(op) for op in decision.patch):
         return []
     for op in decision.patch:
         value = op.get("value")
