@@ -19,6 +19,7 @@ from cel_harness import (
     find,
     fixture_cases,
     pod_activation,
+    policy_for,
     rendered,
     reserved_names_params,
     reserved_nodes_verdict,
@@ -28,6 +29,7 @@ from cel_harness import (
 from celpy import celtypes
 
 from webhook.core import engine
+from webhook.core.policy import Policy
 from webhook.deploy import cel as cel_module
 from webhook.deploy import render, reserved_names, reserved_nodes
 
@@ -186,6 +188,12 @@ def test_the_named_cases_cover_every_denial_by_name() -> None:
     assert {engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY} <= denied, denied
 
 
+def _gpu(policy: Policy, case: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """In the backstop's scope: a GPU pod (the second half of its condition)."""
+    activation = pod_activation(case, pod, case.get("operation", "CREATE"), case.get("subResource", ""))
+    return policy.spec.scope.all_pods or bool(evaluate(cel_module.gpu_pod(policy), activation))
+
+
 def _backstop(policy_name: str) -> dict[str, Any]:
     return find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
 
@@ -208,17 +216,18 @@ def _evaluated(
 
 @pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
 def test_the_conditions_leave_out_only_pods_no_validation_by_name_denies(case: dict[str, Any]) -> None:
-    """``may-be-denied`` holds whenever a validation's check does (a pod it leaves out costs one activation
-    instead of four, so it must be one no validation denies): on every fixture pod, as sent and as patched,
-    with the params listing the case's reserved nodes, other nodes, or no data."""
+    """``may-be-denied`` holds for a GPU pod whenever a validation's check does (a pod it leaves out costs
+    one activation instead of four, so it must be one no validation denies): on every fixture pod, as sent
+    and as patched, with the params listing the case's reserved nodes, other nodes, or no data."""
     spec = _backstop(case.get("policy", "default"))
+    policy = policy_for(case)
     terminating = case.get("operation") == "UPDATE" and bool(
         (case["pod"].get("metadata") or {}).get("deletionTimestamp")
     )
     for pod in _sent(case):
         for names in (case.get("reservedNodes") or FIXTURE_RESERVED, ["elsewhere"], None):
             conditions, checks = _evaluated(spec, case, pod, reserved_names_params(names))
-            if not conditions["may-be-denied"] and not terminating:
+            if not conditions["may-be-denied"] and _gpu(policy, case, pod) and not terminating:
                 assert all(checks), (names, checks)
 
 
@@ -289,7 +298,7 @@ def test_the_backstop_judges_only_pods_that_select_or_name_a_reserved_node(
     pod = {"metadata": {"name": "p", "namespace": "research"}, "spec": {"containers": GPU, **spec}}
     for params, expected in ((LISTING_R1, denied), (reserved_names_params(None), without_names)):
         conditions, _ = _evaluated(_backstop("default"), RESEARCH, pod, params)
-        assert conditions == {"gpu-pods": True, "may-be-denied": bool(expected)}
+        assert conditions == {"may-be-denied": bool(expected)}
         assert reserved_nodes_verdict(rendered("default"), RESEARCH, pod, "CREATE", params=params)[1] == expected
 
 

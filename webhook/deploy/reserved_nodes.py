@@ -21,12 +21,13 @@ it and counts it (``rocm_isolation_reserved_names_syncs_total{result="missing"}`
 ``RocmIsolationBackstopParamsMissing``), ``audit`` reports it, ``pool apply`` or re-applying the
 manifests re-creates it.
 
-What the apiserver evaluates per pod (docs/architecture.md): both match conditions in one activation (no
-short-circuit), then, for a pod they hold for, every validation, every messageExpression and the audit
-annotations, each set in an activation of its own. So the second condition, ``may-be-denied``, is
-exactly "a validation could deny this pod" without its class (which a match condition cannot compute:
-``namespaceObject`` is null there): a training pod the webhook or the MAP placed stops at the conditions;
-an inference pod (it tolerates the reserved taint) is judged. Each validation tests its own check before
+What the apiserver evaluates per pod (docs/architecture.md): its match conditions in one activation (all
+of them: no short-circuit between conditions, hence one), then, for a pod they hold for, every
+validation, every messageExpression and the audit annotations, each set in an activation of its own. So
+its one condition, ``may-be-denied``, is "a validation could deny this pod" without its class (which a
+match condition cannot compute: ``namespaceObject`` is null there), then "it is a GPU pod": a training
+pod the webhook or the MAP placed, and most pods without GPU, stop at its first half; an inference pod
+(it tolerates the reserved taint) is judged. Each validation tests its own check before
 the class (one variable, ``cel.pod_class``, the MAP's); the messages are static (a messageExpression
 would be evaluated for every judged pod, denied or not): the rule, the reserved label or taint and the
 fix, rendered from the policy. What a static message cannot say: the pod's class, which node, and which
@@ -229,8 +230,10 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         + ")) ||\n"
         + " ||\n".join(f"({test})" for test in by_name)
     )
-    conditions = [] if spec.scope.all_pods else [{"name": "gpu-pods", "expression": cel.gpu_pod(policy)}]
-    conditions.append({"name": "may-be-denied", "expression": may_be_denied})
+    # One condition, the cheapest test first: a pod that selects, tolerates and names no reserved node (a
+    # training pod the webhook or the MAP placed, most pods without GPU) stops before the GPU-route scan.
+    if not spec.scope.all_pods:
+        may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
@@ -246,7 +249,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
                 },
             ]
         },
-        "matchConditions": conditions,
+        "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
         "variables": [
             {"name": "podClass", "expression": cel.pod_class(policy)},
             {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
