@@ -37,7 +37,7 @@ from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
 from webhook.deploy import mutating_policy
 from webhook.deploy.cel import quote, str_list
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
-from webhook.deploy.reserved_nodes import MODE_ACTIONS
+from webhook.deploy.reserved_nodes import with_mode_bindings
 
 CLAIMS_POLICY = "rocm-isolation-reserved-device-claims"
 TEMPLATES_POLICY = "rocm-isolation-reserved-device-claim-templates"
@@ -264,33 +264,11 @@ def resources(
     mode_selector: Callable[[Policy, str], dict[str, Any]],
     metadata: Callable[[str], dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Each policy and one binding per mode (the namespaces of that effective mode), each reading the
-    reserved DeviceClass as its parameter."""
+    """Each policy and its bindings, reading the reserved DeviceClass as their parameter."""
+    param_ref = {"name": policy.spec.reserved_devices.reserved_class_name, "parameterNotFoundAction": "Allow"}
     out: list[dict[str, Any]] = []
-    reserved_class = policy.spec.reserved_devices.reserved_class_name
     for name, spec in policy_specs(policy).items():
-        out.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": metadata(name),
-                "spec": spec,
-            }
+        out += with_mode_bindings(
+            name, spec, param_ref, policy, excluded=excluded, mode_selector=mode_selector, metadata=metadata
         )
-        for mode, actions in MODE_ACTIONS.items():
-            out.append(
-                {
-                    "apiVersion": "admissionregistration.k8s.io/v1",
-                    "kind": "ValidatingAdmissionPolicyBinding",
-                    "metadata": metadata(f"{name}-{mode}"),
-                    "spec": {
-                        "policyName": name,
-                        "validationActions": actions,
-                        "paramRef": {"name": reserved_class, "parameterNotFoundAction": "Allow"},
-                        "matchResources": {
-                            "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
-                        },
-                    },
-                }
-            )
     return out

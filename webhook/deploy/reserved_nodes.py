@@ -265,14 +265,37 @@ def resources(
     mode_selector: Callable[[Policy, str], dict[str, Any]],
     metadata: Callable[[str], dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """The policy and one binding per mode (the namespaces of that effective mode), each reading the
-    reserved node names from the ConfigMap ``reserved_names.PARAMS_CONFIGMAP``."""
+    """The policy and its bindings, reading the reserved node names from the ConfigMap
+    ``reserved_names.PARAMS_CONFIGMAP``."""
+    return with_mode_bindings(
+        POLICY_NAME,
+        policy_spec(policy),
+        PARAM_REF,
+        policy,
+        excluded=excluded,
+        mode_selector=mode_selector,
+        metadata=metadata,
+    )
+
+
+def with_mode_bindings(
+    name: str,
+    spec: dict[str, Any],
+    param_ref: dict[str, str],
+    policy: Policy,
+    *,
+    excluded: dict[str, Any],
+    mode_selector: Callable[[Policy, str], dict[str, Any]],
+    metadata: Callable[[str], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and one binding per mode (the namespaces of that effective mode, none
+    excluded), each taking ``param_ref`` as the policy's parameter."""
     out: list[dict[str, Any]] = [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",
-            "metadata": metadata(POLICY_NAME),
-            "spec": policy_spec(policy),
+            "metadata": metadata(name),
+            "spec": spec,
         }
     ]
     for mode, actions in MODE_ACTIONS.items():
@@ -280,11 +303,11 @@ def resources(
             {
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": metadata(f"{POLICY_NAME}-{mode}"),
+                "metadata": metadata(f"{name}-{mode}"),
                 "spec": {
-                    "policyName": POLICY_NAME,
+                    "policyName": name,
                     "validationActions": actions,
-                    "paramRef": dict(PARAM_REF),
+                    "paramRef": dict(param_ref),
                     "matchResources": {
                         "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
                     },
