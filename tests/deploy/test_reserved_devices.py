@@ -71,11 +71,11 @@ from webhook.core.device_claims import (
 from webhook.core.policy import Policy, default_policy, load_policy
 from webhook.deploy.reserved_devices import (
     CLAIMS_POLICY,
-    MODE_ACTIONS,
     PODS_POLICY,
     POLICY_NAMES,
     TEMPLATES_POLICY,
 )
+from webhook.deploy.reserved_nodes import MODE_ACTIONS
 
 CLASS = "rocm-isolation.io/class"
 MODE = "rocm-isolation.io/mode"
