@@ -69,13 +69,13 @@ from webhook.core.device_claims import (
     decide_claim,
 )
 from webhook.core.policy import Policy, default_policy, load_policy
+from webhook.deploy.render import MODE_ACTIONS
 from webhook.deploy.reserved_devices import (
     CLAIMS_POLICY,
     PODS_POLICY,
     POLICY_NAMES,
     TEMPLATES_POLICY,
 )
-from webhook.deploy.reserved_nodes import MODE_ACTIONS
 
 CLASS = "rocm-isolation.io/class"
 MODE = "rocm-isolation.io/mode"

@@ -47,7 +47,7 @@ DEFAULT_OVERLAY = "cert-manager"
 MONITORING_OVERLAY = "monitoring"
 MODES = ("enforce", "warn", "audit")
 # What a ValidatingAdmissionPolicyBinding does in each policy mode (audit: record only, never deny).
-MODE_ACTIONS = reserved_nodes.MODE_ACTIONS
+MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 _KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 _KUSTOMIZATION_KEYS = frozenset({"apiVersion", "kind", "resources", "patches"})
@@ -215,6 +215,40 @@ def _metadata(name: str, namespace: str | None = None) -> dict[str, Any]:
     return out
 
 
+def backstop_resources(
+    policy: Policy, excluded: dict[str, Any], policies: list[tuple[str, dict[str, Any], dict[str, str]]]
+) -> list[Resource]:
+    """Each backstop ValidatingAdmissionPolicy and one binding per mode (the namespaces of that effective
+    mode, none excluded), each taking the policy's parameter."""
+    out: list[Resource] = []
+    for name, spec, param_ref in policies:
+        out.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": _metadata(name),
+                "spec": spec,
+            }
+        )
+        for mode in MODES:
+            out.append(
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingAdmissionPolicyBinding",
+                    "metadata": _metadata(f"{name}-{mode}"),
+                    "spec": {
+                        "policyName": name,
+                        "validationActions": MODE_ACTIONS[mode],
+                        "paramRef": dict(param_ref),
+                        "matchResources": {
+                            "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
+                        },
+                    },
+                }
+            )
+    return out
+
+
 def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
     """The base's policy-dependent files, as plain kustomize sees them (``manifests`` rewrites the same
     fields from whatever policy it is given)."""
@@ -238,8 +272,8 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "spec": cel.namespace_class_policy_spec(policy),
     }
     placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
-    reserved = reserved_nodes.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
-    devices = reserved_devices.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata)
+    reserved = backstop_resources(policy, excluded, reserved_nodes.policies(policy))
+    devices = backstop_resources(policy, excluded, reserved_devices.policies(policy))
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
         "generated-webhook-scope.yaml": _GENERATED_HEADER
@@ -277,7 +311,7 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
         policy, excluded
     )
     for module in (reserved_nodes, reserved_devices):
-        for generated in module.resources(policy, excluded=excluded, mode_selector=mode_selector, metadata=_metadata):
+        for generated in backstop_resources(policy, excluded, module.policies(policy)):
             _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
 
 

@@ -37,7 +37,6 @@ from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
 from webhook.deploy import mutating_policy
 from webhook.deploy.cel import quote, str_list
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
-from webhook.deploy.reserved_nodes import with_mode_bindings
 
 CLAIMS_POLICY = "rocm-isolation-reserved-device-claims"
 TEMPLATES_POLICY = "rocm-isolation-reserved-device-claim-templates"
@@ -257,18 +256,8 @@ def policy_specs(policy: Policy) -> dict[str, dict[str, Any]]:
     }
 
 
-def resources(
-    policy: Policy,
-    *,
-    excluded: dict[str, Any],
-    mode_selector: Callable[[Policy, str], dict[str, Any]],
-    metadata: Callable[[str], dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """Each policy and its bindings, reading the reserved DeviceClass as their parameter."""
+def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """(name, spec, parameter) of each policy, all reading the reserved DeviceClass; ``render`` binds them per
+    mode."""
     param_ref = {"name": policy.spec.reserved_devices.reserved_class_name, "parameterNotFoundAction": "Allow"}
-    out: list[dict[str, Any]] = []
-    for name, spec in policy_specs(policy).items():
-        out += with_mode_bindings(
-            name, spec, param_ref, policy, excluded=excluded, mode_selector=mode_selector, metadata=metadata
-        )
-    return out
+    return [(name, spec, param_ref) for name, spec in policy_specs(policy).items()]

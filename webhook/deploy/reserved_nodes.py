@@ -36,7 +36,6 @@ container makes it a GPU pod (the webhook's denial says all three).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from webhook.core import engine
@@ -45,7 +44,6 @@ from webhook.deploy import cel, reserved_names
 from webhook.deploy.cel import REQUIRED, quote, str_list
 
 POLICY_NAME = "rocm-isolation-reserved-nodes"
-MODE_ACTIONS: dict[str, list[str]] = {"enforce": ["Deny"], "warn": ["Warn", "Audit"], "audit": ["Audit"]}
 PARAM_REF: dict[str, str] = {
     "name": reserved_names.PARAMS_CONFIGMAP,
     "namespace": reserved_names.NAMESPACE,
@@ -258,60 +256,6 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     }
 
 
-def resources(
-    policy: Policy,
-    *,
-    excluded: dict[str, Any],
-    mode_selector: Callable[[Policy, str], dict[str, Any]],
-    metadata: Callable[[str], dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """The policy and its bindings, reading the reserved node names from the ConfigMap
-    ``reserved_names.PARAMS_CONFIGMAP``."""
-    return with_mode_bindings(
-        POLICY_NAME,
-        policy_spec(policy),
-        PARAM_REF,
-        policy,
-        excluded=excluded,
-        mode_selector=mode_selector,
-        metadata=metadata,
-    )
-
-
-def with_mode_bindings(
-    name: str,
-    spec: dict[str, Any],
-    param_ref: dict[str, str],
-    policy: Policy,
-    *,
-    excluded: dict[str, Any],
-    mode_selector: Callable[[Policy, str], dict[str, Any]],
-    metadata: Callable[[str], dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """A ValidatingAdmissionPolicy and one binding per mode (the namespaces of that effective mode, none
-    excluded), each taking ``param_ref`` as the policy's parameter."""
-    out: list[dict[str, Any]] = [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": metadata(name),
-            "spec": spec,
-        }
-    ]
-    for mode, actions in MODE_ACTIONS.items():
-        out.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": metadata(f"{name}-{mode}"),
-                "spec": {
-                    "policyName": name,
-                    "validationActions": actions,
-                    "paramRef": dict(param_ref),
-                    "matchResources": {
-                        "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
-                    },
-                },
-            }
-        )
-    return out
+def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """(name, spec, parameter) of the policy; ``render`` binds it per mode."""
+    return [(POLICY_NAME, policy_spec(policy), PARAM_REF)]
