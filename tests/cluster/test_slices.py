@@ -1,4 +1,4 @@
-"""The GPU slots DRA drivers publish per node, and those a claim's allocation takes."""
+"""The one ResourceSlice reader: the GPUs DRA drivers publish per node, and those a claim's allocation takes."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ from typing import Any
 
 import yaml
 
-from webhook.cluster.dra_capacity import PublishedGpus, Slot, allocated
+from webhook.cluster.slices import Gpu, PublishedDevices, allocated_gpus
 
 FIXTURE = yaml.safe_load((Path(__file__).parents[1] / "fixtures/cluster/resource-slices.yaml").read_text())
 GPU_DRIVERS = frozenset({"gpu.amd.com"})
 
 
-def published(slices: list[dict[str, Any]]) -> PublishedGpus:
-    found = PublishedGpus(GPU_DRIVERS)
+def published(slices: list[dict[str, Any]]) -> PublishedDevices:
+    found = PublishedDevices(GPU_DRIVERS)
     for resource_slice in slices:
         found.add(resource_slice)
     return found
 
 
-def test_slots_per_node() -> None:
-    assert published(FIXTURE["slices"]).per_node() == FIXTURE["expected"]
+def test_gpus_per_node() -> None:
+    assert published(FIXTURE["slices"]).gpus_per_node() == FIXTURE["expected"]
 
 
 def test_the_order_slices_are_listed_in_does_not_matter() -> None:
@@ -30,14 +30,14 @@ def test_the_order_slices_are_listed_in_does_not_matter() -> None:
     for seed in range(20):
         slices = list(FIXTURE["slices"])
         random.Random(seed).shuffle(slices)
-        assert published(slices).per_node() == FIXTURE["expected"], seed
+        assert published(slices).gpus_per_node() == FIXTURE["expected"], seed
 
 
 def test_a_restarted_list_forgets_what_it_read() -> None:
     found = published(FIXTURE["slices"])
     found.clear()
     found.add(FIXTURE["slices"][0])
-    assert found.per_node() == {"r-dra": 8}
+    assert found.gpus_per_node() == {"r-dra": 8}
 
 
 def test_malformed_slices_are_skipped_not_fatal() -> None:
@@ -64,11 +64,11 @@ def test_malformed_slices_are_skipped_not_fatal() -> None:
             },
         ]
     )
-    assert found.per_node() == {}
+    assert found.gpus_per_node() == {}
 
 
 def test_allocated_devices_count_in_the_slots_they_were_published_in() -> None:
-    slots = published(FIXTURE["slices"]).slots()
+    gpus = published(FIXTURE["slices"]).gpus_by_result()
     # Two partition modes of the same GPU are one slot (they are mutually exclusive), a plain device is
     # its own, and a device no slice publishes any more still counts (its own slot).
     results = [
@@ -78,9 +78,9 @@ def test_allocated_devices_count_in_the_slots_they_were_published_in() -> None:
         ("gpu.amd.com", "r-dra", "gpu-3"),
         ("gpu.amd.com", "r-dra", "gone-7"),
     ]
-    assert allocated(results, slots) == {
-        Slot("gpu.amd.com", "auto", "counters:gpu-0-mutex"),
-        Slot("gpu.amd.com", "auto", "counters:gpu-1-mutex"),
-        Slot("gpu.amd.com", "r-dra", "gpu-3"),
-        Slot("gpu.amd.com", "r-dra", "gone-7"),
+    assert allocated_gpus(results, gpus) == {
+        Gpu("gpu.amd.com", "auto", "counters:gpu-0-mutex"),
+        Gpu("gpu.amd.com", "auto", "counters:gpu-1-mutex"),
+        Gpu("gpu.amd.com", "r-dra", "r-dra/gpu-3"),
+        Gpu("gpu.amd.com", "r-dra", "r-dra/gone-7"),
     }
