@@ -84,3 +84,52 @@ def test_allocated_devices_count_in_the_slots_they_were_published_in() -> None:
         Gpu("gpu.amd.com", "r-dra", "r-dra/gpu-3"),
         Gpu("gpu.amd.com", "r-dra", "r-dra/gone-7"),
     }
+
+
+def _slice(node: str, *devices: dict[str, Any], driver: str = "gpu.amd.com") -> dict[str, Any]:
+    return {
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1}, "devices": list(devices)}
+    }
+
+
+def _device(name: str, bus: str = "", **more: Any) -> dict[str, Any]:
+    attributes = {"resource.kubernetes.io/pciBusID": {"string": bus}} if bus else {}
+    return {"name": name, "attributes": attributes, **more}
+
+
+def test_devices_sharing_a_pci_bus_id_are_one_gpu_whether_or_not_they_consume_counters() -> None:
+    # Where the readers disagreed: the whole-node count took each partition of a pre-partitioned GPU as a
+    # GPU, the device reservation one per PCI bus ID. One per PCI bus ID: a partition is on its GPU's side.
+    found = published(
+        [
+            _slice(
+                "n1",
+                _device("gpu-0-cpx-0", "0000:11:00.0"),
+                _device("gpu-0-cpx-1", "0000:11:00.0"),
+                _device("gpu-1", "0000:22:00.0"),
+                _device("no-bus-id"),
+            )
+        ]
+    )
+    assert found.gpus_per_node() == {"n1": 3}
+    gpus = found.gpus_by_result()
+    assert gpus[("gpu.amd.com", "n1", "gpu-0-cpx-0")] == gpus[("gpu.amd.com", "n1", "gpu-0-cpx-1")]
+    assert [d.name for d in found.per_node("gpu.amd.com")["n1"]] == ["gpu-0-cpx-0", "gpu-0-cpx-1", "gpu-1", "no-bus-id"]
+
+
+def test_a_tainted_device_still_counts_and_its_taints_are_read() -> None:
+    taint = {"key": "gpu.amd.com/unhealthy", "effect": "NoExecute"}
+    found = published(
+        [_slice("n1", _device("gpu-0", "0000:11:00.0", taints=[taint]), _device("gpu-1", "0000:22:00.0"))]
+    )
+    assert found.gpus_per_node() == {"n1": 2}
+    assert found.tainted("gpu.amd.com") == {("n1", "gpu-0"): (("gpu.amd.com/unhealthy", "", "NoExecute"),)}
+
+
+def test_drivers_are_kept_apart() -> None:
+    found = PublishedDevices(frozenset({"gpu.amd.com", "other.example.com"}))
+    found.add(_slice("n1", _device("gpu-0", "0000:11:00.0")))
+    found.add(_slice("n1", _device("x-0"), driver="other.example.com"))
+    assert [d.name for d in found.per_node("gpu.amd.com")["n1"]] == ["gpu-0"]
+    assert found.gpus_per_node(frozenset({"gpu.amd.com"})) == {"n1": 1}
+    assert found.gpus_per_node() == {"n1": 2}

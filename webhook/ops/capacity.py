@@ -235,12 +235,12 @@ class CapacityModel:
 
     def pool_nodes(self, side: str) -> list[NodeCapacity]:
         """The nodes with GPUs on ``side``: the nodes reserved whole (with or without GPUs) or the shared
-        nodes with GPUs, and every split node (it has GPUs on both sides)."""
+        nodes with GPUs, and every split node (it has GPUs on both sides; one our DeviceTaintRules name is
+        split even when its Node is gone)."""
         return [
             node
             for _, node in sorted(self.nodes.items())
-            if node.known
-            and (node.split or (node.whole == side and (side == RESERVED or node.side(side).capacity > 0)))
+            if node.split or (node.known and node.whole == side and (side == RESERVED or node.side(side).capacity > 0))
         ]
 
     def sides(self, side: str) -> Iterable[Side]:
