@@ -142,7 +142,7 @@ class PodAudit:
             return
         cls = self.policy.spec.classes.get(class_name)
         inference = cls is not None and cls.placement == "reserved"
-        holder = Holder(info.namespace, info.name, class_name, inference=inference, uid=info.uid)
+        holder = Holder(info.namespace, info.name, class_name, inference=inference, uid=info.uid, created=info.created)
         self.capacity.add_pod(
             holder,
             info.node,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Final
 
 from webhook.cluster.slices import Device, Gpu, gpu_of
@@ -81,7 +82,8 @@ class Holder:
     class_name: str  # "" when the policy does not classify it (out of scope, excluded namespace)
     inference: bool = False
     uid: str = ""
-    borrower: bool = False
+    borrower: bool = False  # core/lending.is_borrower: a training pod at the borrowers' PriorityClass
+    created: datetime | None = None
 
     @property
     def ref(self) -> tuple[str, str]:
