@@ -301,7 +301,9 @@ def partition_device(name: str, pci_bus_id: str | None, compute: str = "cpx", me
     )
 
 
-def drm_gpus(*pci_bus_ids: str | None, first: int = 9, taints_of_first: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def drm_gpus(
+    *pci_bus_ids: str | None, first: int = 9, taints_of_first: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """One GPU per PCI bus ID, named by DRM minors as AMD's driver does (card, renderD: ``gpu-9-137`` in the
     first slot, then ``gpu-8-136``...): names that do not follow the PCI order."""
     return [
