@@ -26,12 +26,11 @@ from cluster_objects import (
     namespace,
     node,
     pod,
+    reservation_classes,
     resource_claim,
 )
 from fake_cluster import FakeCluster
 
-from webhook.core.policy import default_policy
-from webhook.deploy import device_classes
 from webhook.deploy.device_classes import DeviceReservation
 
 UNHEALTHY = {"key": "amd-gpu-unhealthy", "value": "gpu-3", "effect": "NoSchedule"}
@@ -157,15 +156,6 @@ def split_inference(device: str, name: str = "llm") -> tuple[dict[str, Any], dic
         held_claim(f"{name}-gpu", "serve", "d1", [device], pods=[name], device_class=RESERVED_CLASS),
         claim_pod(name, "serve", "d1", f"{name}-gpu", inference=True, affinity=SPLIT_AFFINITY),
     )
-
-
-def reservation_classes(reservation: DeviceReservation, created: str = "2026-11-01T09:00:00Z") -> list[dict[str, Any]]:
-    """The two DeviceClasses pool apply writes (webhook.deploy.device_classes), as read back."""
-    found = device_classes.classes(default_policy(), reservation)
-    for obj in found:
-        obj["metadata"]["creationTimestamp"] = created
-        obj["metadata"]["uid"] = f"uid-class-{obj['metadata']['name']}"
-    return found
 
 
 def populate_devices(fake: FakeCluster) -> None:

@@ -25,6 +25,8 @@ import yaml
 from fake_cluster import fixture
 
 from webhook.core.policy import Policy, default_policy, default_policy_text, parse_policy
+from webhook.deploy import device_classes
+from webhook.deploy.device_classes import DeviceReservation
 
 DRIVER = "gpu.amd.com"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -248,6 +250,17 @@ def device_class(
 def chart_class(created: str | None = "2026-11-01T00:00:00Z", selector: str = ONLY_AMD) -> dict[str, Any]:
     """AMD's chart DeviceClass ``gpu.amd.com`` naming ``amd.com/gpu`` (``created``: read back, before ours)."""
     return device_class(DRIVER, selector, "amd.com/gpu", created=created)
+
+
+def reservation_classes(
+    reservation: DeviceReservation, created: str = "2026-11-01T09:00:00Z", policy: Policy | None = None
+) -> list[dict[str, Any]]:
+    """The two DeviceClasses pool apply writes (webhook.deploy.device_classes), as read back."""
+    found = device_classes.classes(policy or default_policy(), reservation)
+    for obj in found:
+        obj["metadata"]["creationTimestamp"] = created
+        obj["metadata"]["uid"] = f"uid-class-{obj['metadata']['name']}"
+    return found
 
 
 def allocated(claim: dict[str, Any], pool: str, *devices: str) -> dict[str, Any]:
