@@ -20,6 +20,7 @@ from cluster_objects import (
     device_class,
     device_slice,
     drm_gpus,
+    extended_resource_pod,
     gpu_device,
     held_claim,
     inference_pod,
@@ -246,11 +247,7 @@ def populate_mixed(fake: FakeCluster) -> None:
         *reservation_classes(RESERVE_TWO),
     )
     made = "trainer-split-extended-resources-q8n4z"
-    trainer = pod("trainer-split", "ml", node="d1", gpus={"amd.com/gpu": "1"})
-    trainer["status"]["extendedResourceClaimStatus"] = {
-        "resourceClaimName": made,
-        "requestMappings": [{"containerName": "trainer", "resourceName": "amd.com/gpu", "requestName": "container-0"}],
-    }
+    trainer = extended_resource_pod("trainer-split", "ml", "d1", made)
     fake.add(
         *split_inference("gpu-0", "llm-split"),
         held_claim(made, "ml", "d1", ["gpu-5"], pods=["trainer-split"], device_class=SHARED_CLASS),

@@ -472,6 +472,28 @@ def claim_pod(
     return obj
 
 
+def extended_resource_pod(
+    name: str,
+    namespace: str,
+    node_name: str,
+    claim: str,
+    gpus: int = 1,
+    *,
+    inference: bool = False,
+    resource: str = "amd.com/gpu",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """A pod asking for ``gpus`` of the DRA extended resource ``resource`` and the ResourceClaim ``claim`` the
+    scheduler made for it (``status.extendedResourceClaimStatus``, KEP-5004)."""
+    make = inference_pod if inference else pod
+    obj = make(name, namespace, node=node_name, gpus={resource: str(gpus)}, **kwargs)
+    obj["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": claim,
+        "requestMappings": [{"containerName": "trainer", "resourceName": resource, "requestName": "container-0"}],
+    }
+    return obj
+
+
 # --- objects as a client creates them (the e2e suite) --------------------------------------------------------
 
 

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies.
+"""Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies, and random
+clusters for the capacity model (``random_clusters``: a ``RandomCluster`` of raw objects, self-tested in
+tests/test_strategies_cluster.py).
 
 Shared by the property suite (tests/core/test_properties.py) and the service/fuzz suites. Everything
 generated here is what a real kube-apiserver could send in an AdmissionReview: label keys and
@@ -835,14 +837,21 @@ def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool
     kinds = draw(st.lists(st.sampled_from(NODE_KINDS), min_size=1, max_size=max_nodes))
     serial = iter(range(10_000))
 
-    def add_pod(node_name: str | None, gpus: dict[str, str], claim: str | None = None) -> dict[str, Any]:
+    def add_pod(
+        node_name: str | None, gpus: int = 0, claim: str | None = None, extended: bool = False
+    ) -> dict[str, Any]:
+        """A pod of a random namespace's class on ``node_name``: asking for ``gpus`` amd.com/gpu of the device
+        plugin, or holding ``claim`` (``extended``: the one the scheduler made for ``gpus`` amd.com/gpu)."""
         ns = draw(st.sampled_from(sorted(CLUSTER_NAMESPACES)))
-        name = f"p{next(serial)}"
-        make = co.inference_pod if CLUSTER_NAMESPACES[ns] == "inference" else co.pod
-        kwargs: dict[str, Any] = {"node": node_name, "gpus": gpus}
-        if claim is not None:
-            kwargs["resource_claims"] = [{"name": "gpu", "resourceClaimName": claim}]
-        obj = make(name, ns, **kwargs)
+        name, inference = f"p{next(serial)}", CLUSTER_NAMESPACES[ns] == "inference"
+        if claim is None:
+            make = co.inference_pod if inference else co.pod
+            obj = make(name, ns, node=node_name, gpus={"amd.com/gpu": str(gpus)} if gpus else {})
+        elif extended:
+            assert node_name is not None
+            obj = co.extended_resource_pod(name, ns, node_name, claim, gpus, inference=inference)
+        else:
+            obj = co.claim_pod(name, ns, node_name, claim, inference=inference)
         pods.append(obj)
         return obj
 
@@ -857,7 +866,7 @@ def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool
                 if want > free:
                     break
                 free -= want
-                add_pod(name, {"amd.com/gpu": str(want)} if want else {})
+                add_pod(name, want)
             continue
         split = kind == "split" or (kind == "autopartition" and draw(st.booleans()))
         nodes.append(co.node(name, labels=co.SPLIT_LABELS if split else None, allocatable={}))
@@ -884,18 +893,8 @@ def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool
             if not held:
                 break
             claim_name = f"c{next(serial)}"
-            extended = draw(st.integers(0, 3)) == 0
-            holder = add_pod(
-                name, {"amd.com/gpu": str(len(held))} if extended else {}, None if extended else claim_name
-            )
+            holder = add_pod(name, len(held), claim_name, extended=draw(st.integers(0, 3)) == 0)
             ns, pod_name = holder["metadata"]["namespace"], holder["metadata"]["name"]
-            if extended:
-                holder["status"]["extendedResourceClaimStatus"] = {
-                    "resourceClaimName": claim_name,
-                    "requestMappings": [
-                        {"containerName": "trainer", "resourceName": "amd.com/gpu", "requestName": "container-0"}
-                    ],
-                }
             device_class = draw(st.sampled_from([co.RESERVED_CLASS, co.SHARED_CLASS, co.DRIVER]))
             claims.append(co.held_claim(claim_name, ns, name, held, pods=[pod_name], device_class=device_class))
         for gpu in gpus:
@@ -908,10 +907,10 @@ def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool
                 if taints:
                     device["taints"] = taints
         for _ in range(draw(st.integers(0, 1))):
-            add_pod(name, {})  # a pod without a GPU on a GPU node
+            add_pod(name)  # a pod without a GPU on a GPU node
 
     for _ in range(draw(st.integers(0, 2))):
-        add_pod(None, {"amd.com/gpu": str(draw(st.integers(1, 4)))})  # pending: unbound, nothing allocated
+        add_pod(None, draw(st.integers(1, 4)))  # pending: unbound, nothing allocated
 
     classes = [co.chart_class()]
     if any(n["metadata"]["labels"].get(co.POOL_LABEL) == co.SPLIT_LABELS[co.POOL_LABEL] for n in nodes):
