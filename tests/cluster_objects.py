@@ -72,6 +72,15 @@ def node(
     return obj
 
 
+def dra_node(name: str, *, split: bool = False, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A node running AMD's DRA driver and no device plugin: no ``amd.com/`` resource in its capacity or
+    allocatable; ``split``: labelled by the device-level reservation (``SPLIT_LABELS``)."""
+    obj = node(name, labels={**(SPLIT_LABELS if split else {}), **(labels or {})}, allocatable={})
+    status = obj["status"]
+    status["capacity"] = {k: v for k, v in status["capacity"].items() if not k.startswith("amd.com/")}
+    return obj
+
+
 def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "kind": "Namespace",

@@ -869,7 +869,7 @@ def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool
                 add_pod(name, want)
             continue
         split = kind == "split" or (kind == "autopartition" and draw(st.booleans()))
-        nodes.append(co.node(name, labels=co.SPLIT_LABELS if split else None, allocatable={}))
+        nodes.append(co.dra_node(name, split=split))
         gpus = _dra_gpus(draw, kind, draw(st.integers(2, 8)))
         if kind == "autopartition":
             node_slices = co.autopartition_slices(name, [g.pci for g in gpus])

@@ -90,6 +90,7 @@ def check(cluster: RandomCluster, *, shared_devices: bool = False) -> None:
             assert (CONFLICT_TAINT in device.get("taints", [])) == other_mode, (node_name, name)
     for name, node in nodes.items():
         plugin = node["status"]["allocatable"].get("amd.com/gpu")
+        assert node["status"]["capacity"].get("amd.com/gpu") == plugin
         assert (plugin is None) == (name in devices or name.startswith(("dra", "split", "autopartition")))
         if plugin is not None:
             requested = sum(gpu_requests(p) for p in cluster.pods if p["spec"].get("nodeName") == name)
@@ -170,3 +171,35 @@ def test_the_objects_pass_the_kubernetes_schema(cluster: RandomCluster) -> None:
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
     for obj in cluster.slices:
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+# --- the builders it uses ------------------------------------------------------------------------------
+
+
+def test_autopartition_slices_publish_counters_apart_and_every_layout_of_every_gpu() -> None:
+    counters, devices = co.autopartition_slices("n", ["0000:03:00.0", None])
+    assert (
+        counters["spec"]["pool"] == devices["spec"]["pool"] == {"name": "n", "generation": 1, "resourceSliceCount": 2}
+    )
+    assert "devices" not in counters["spec"]
+    assert [c["name"] for c in counters["spec"]["sharedCounters"]] == ["gpu-0-mutex", "gpu-1-mutex"]
+    names = [d["name"] for d in devices["spec"]["devices"]]
+    assert names == [f"gpu-{i}-{layout}" for i in (0, 1) for layout in ("spx-nps1", "dpx-nps2", "cpx-nps1", "cpx-nps4")]
+    first, last = devices["spec"]["devices"][0], devices["spec"]["devices"][-1]
+    assert (
+        first["attributes"][co.PCI_BUS_ID] == {"string": "0000:03:00.0"}
+        and first["attributes"]["type"]["string"] == "amdgpu"
+    )
+    assert co.PCI_BUS_ID not in last["attributes"] and last["attributes"]["type"]["string"] == "amdgpu-partition"
+    assert last["consumesCounters"] == [{"counterSet": "gpu-1-mutex", "counters": {"partition-mode": {"value": "1"}}}]
+    assert last["capacity"] == {"partitions": {"value": "8"}}
+    for obj in (counters, devices):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def test_the_policy_builder_merges_overrides_into_the_shipped_default() -> None:
+    assert co.policy() is default_policy()
+    changed = co.policy({"spec": {"mode": "audit", "excludedNamespaces": ["kube-system"]}})
+    assert changed.spec.mode == "audit" and changed.spec.excluded_namespaces == ["kube-system"]
+    assert changed.spec.classes == default_policy().spec.classes
+    assert changed.spec.reserved_devices == default_policy().spec.reserved_devices
