@@ -659,9 +659,9 @@ def test_pool_status_the_audit_and_the_gauges_give_one_inventory(split: Split) -
     from webhook.service.metrics import Metrics
 
     ns = split.inference
-    split.kube.create(claim_template(ns, "reserved-one", exactly(RESERVED_CLASS, count=1)))
-    split.kube.create(claim_pod(ns, "llm", template="reserved-one"))
-    split.kube.create(pod(split.training, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+    split.kube.create(new_claim_template("reserved-one", ns, exactly(RESERVED_CLASS, count=1)))
+    split.kube.create(new_claim_pod("llm", ns, template="reserved-one"))
+    split.kube.create(new_pod("amd-gpu", split.training, {DEVICES.extended_resource_name: "1"}))
     assert allocated(split, ns, "llm").pcis <= reserved_ids(2)
     assert allocated(split, split.training, "amd-gpu").pcis <= shared_ids(2)
     audit = cli("audit", "-o", "json", kubeconfig=split.plane.admin_kubeconfig)
