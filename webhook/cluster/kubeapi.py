@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 from urllib.parse import quote
 
 import orjson
@@ -198,6 +198,15 @@ def resources_served(api: KubeApi, group_version: str) -> frozenset[str] | None:
     )
 
 
+class ListOptions(TypedDict, total=False):
+    """What narrows a list: label and field selectors, items per page, what to do when it starts over."""
+
+    label_selector: str | None
+    field_selector: str | None
+    limit: int | None
+    on_restart: Callable[[], None] | None
+
+
 class KubeApi:
     """Raw-JSON requests through an ``ApiClient`` (its host, TLS settings and credentials)."""
 
@@ -251,22 +260,12 @@ class KubeApi:
         (``resources_served``)."""
         return tuple(v for v in versions if resource in (resources_served(self, f"{group}/{v}") or ()))
 
-    def list(
-        self,
-        path: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        on_restart: Callable[[], None] | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """The items of a collection, page by page (``limit`` items per request).
+    def list(self, path: str, **options: Unpack[ListOptions]) -> Iterator[dict[str, Any]]:
+        """The items of a collection, page by page (``limit`` items per request; ``ListOptions``).
 
         An expired continue token raises ``Expired``, unless ``on_restart`` is given: then it is
         called and the list starts over (see the module docstring)."""
-        for page in self.pages(
-            path, label_selector=label_selector, field_selector=field_selector, limit=limit, on_restart=on_restart
-        ):
+        for page in self.pages(path, **options):
             yield from page
 
     def pages(
