@@ -198,6 +198,14 @@ def resources_served(api: KubeApi, group_version: str) -> frozenset[str] | None:
     )
 
 
+class RequestOptions(TypedDict, total=False):
+    """A request's query parameters, body and its content type (JSON unless a patch says otherwise)."""
+
+    query: Mapping[str, str] | None
+    body: Any
+    content_type: str
+
+
 class ListOptions(TypedDict, total=False):
     """What narrows a list: label and field selectors, items per page, what to do when it starts over."""
 
@@ -356,17 +364,9 @@ class KubeApi:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _object(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = JSON,
-    ) -> dict[str, Any]:
+    def _object(self, method: str, path: str, **options: Unpack[RequestOptions]) -> dict[str, Any]:
         """``request`` for an answer that must be one JSON object (an object, or a discovery document)."""
-        document = self.request(method, path, query=query, body=body, content_type=content_type)
+        document = self.request(method, path, **options)
         if not isinstance(document, dict):
             raise ApiError(f"{method} {path}: the answer is not a JSON object", method=method, path=path)
         return document
