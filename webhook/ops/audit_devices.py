@@ -18,7 +18,7 @@ from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import DeviceReservation, with_tainted
 from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops import device_reservation
-from webhook.ops.capacity import RESERVED, device_state, split_nodes
+from webhook.ops.capacity import RESERVED, device_state, split_node_names, split_nodes
 from webhook.ops.device_reservation import split_label
 from webhook.ops.findings import Finding
 
@@ -165,10 +165,14 @@ class DeviceAudit:
         return sorted(self.chosen_nodes() | labelled)
 
     def _split(self, reservation: DeviceReservation) -> frozenset[str]:
-        """The split nodes the capacity counts on both sides: a node labelled reserved whole is never split
-        (pool apply never splits it: the taint keeps others off all its GPUs)."""
-        return frozenset(
-            name for name in self.split_nodes() if (node := self.nodes.get(name)) is None or not node.labelled
+        """The split nodes the capacity counts on both sides (``capacity.split_node_names``)."""
+        key, value = split_label(self.policy)
+        return split_node_names(
+            self.published,
+            reservation,
+            labelled=(name for name, node in self.nodes.items() if node.labels.get(key) == value),
+            rule_nodes=(_rule_node(d) for d in self.rule_devices),
+            whole=(name for name, node in self.nodes.items() if node.labelled),
         )
 
     def _held(self, snapshot: Snapshot) -> dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]]:

@@ -68,6 +68,23 @@ def split_nodes(published: Mapping[str, Sequence[Device]], reservation: DeviceRe
     return {node for node, devices in published.items() if any(d.key in reservation.tainted for d in devices)}
 
 
+def split_node_names(
+    published: Mapping[str, Sequence[Device]],
+    reservation: DeviceReservation | None,
+    *,
+    labelled: Iterable[str] = (),
+    rule_nodes: Iterable[str] = (),
+    whole: Iterable[str] = (),
+) -> frozenset[str]:
+    """The nodes the capacity counts on both sides while a reservation is active: the nodes it splits, those
+    our DeviceTaintRules name (``rule_nodes``, published or not) and those ``labelled`` split, but never a
+    node reserved ``whole`` (pool apply never splits it: the taint keeps others off all its GPUs)."""
+    if reservation is None or not reservation.active:
+        return frozenset()
+    chosen = split_nodes(published, reservation) | (set(rule_nodes) if reservation.by_taints else set())
+    return frozenset((chosen | set(labelled)) - set(whole))
+
+
 def gpus_in_state(devices: Iterable[Device], state: str, reservation: DeviceReservation | None) -> int:
     """GPUs among ``devices`` in ``state`` (reserved, shared, unreserved)."""
     return len({d.gpu for d in devices if device_state(d, reservation) == state})
@@ -135,9 +152,10 @@ class CapacityModel:
     driver: str  # the device reservation's driver
     reservation: DeviceReservation | None  # active or not; None: no reservation recorded
     nodes: dict[str, NodeCapacity] = field(default_factory=dict)
-    # The reservation driver's devices of the split nodes, by (pool, device)
-    _split_devices: dict[tuple[str, str], Device] = field(default_factory=dict)
-    # The split nodes' devices each pod holds, by (namespace, name): who changes side when the split does
+    # The reservation driver's published devices, by (pool, device)
+    _devices: dict[tuple[str, str], Device] = field(default_factory=dict)
+    # The reservation driver's devices each pod holds, by (namespace, name), on every node that publishes
+    # them (split or not): who changes side when the split does
     held: dict[tuple[str, str], list[Device]] = field(default_factory=dict)
     # GPUs already counted for a holder (a claim several pods share counts once)
     _counted: set[Gpu] = field(default_factory=set)
@@ -170,8 +188,7 @@ class CapacityModel:
             for state in SIDES:
                 node.side(state).capacity = gpus_in_state(devices, state, reservation)
             model.nodes[name] = node
-            for device in devices:
-                model._split_devices[device.key] = device
+        model._devices = {device.key: device for devices in published.values() for device in devices}
         return model
 
     def clear_pods(self) -> None:
@@ -182,9 +199,9 @@ class CapacityModel:
             for side in node.sides.values():
                 side.holders.clear()
 
-    def split_device(self, driver: str, pool: str, name: str) -> Device | None:
-        """The split node's device an allocation result names, None when it is not one."""
-        return self._split_devices.get((pool, name)) if driver == self.driver else None
+    def device(self, driver: str, pool: str, name: str) -> Device | None:
+        """The reservation driver's device an allocation result names, None when it is not one."""
+        return self._devices.get((pool, name)) if driver == self.driver else None
 
     def _node(self, name: str) -> NodeCapacity:
         node = self.nodes.get(name)
@@ -217,12 +234,14 @@ class CapacityModel:
         extended_split = False
         for results, extended in ((claim_results, False), (extended_results, True)):
             for result in results:
-                device = self.split_device(*result)
-                if device is not None and place.split:
-                    per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
+                device = self.device(*result)
+                if device is not None:
                     held = self.held.setdefault(holder.ref, [])
                     if device not in held:
                         held.append(device)
+                split = device is not None and device.node in self.nodes and self.nodes[device.node].split
+                if device is not None and split and place.split:
+                    per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
                     extended_split = extended_split or extended
                 elif not extended:
                     elsewhere.append(_gpu(result, gpu_by_result))
