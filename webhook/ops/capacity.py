@@ -17,10 +17,11 @@ same unit: the node's allocatable, the pod's request.
 
 What a pod holds, counted once (a claim several pods share counts for the first pod that holds it):
 - on a split node, the devices of the reservation's driver that its claims were allocated, each GPU on
-  its side (the claim the scheduler made for a DRA extended resource included: then the pod's request is
-  not counted again);
+  its side;
 - otherwise, its GPU resources (kubelet's count) and the GPUs its claims were allocated, on its node's
-  side; a pod on a node that is not known (deleted meanwhile) counts in the shared pool, with no node.
+  side; a pod on a node that is not known (deleted meanwhile) counts in the shared pool, with no node;
+- a DRA extended resource (``amd.com/gpu`` served by a DeviceClass) is counted by the GPUs of the claim the
+  scheduler made for it, not by the request's number: two partitions of one GPU are one GPU.
 
 Where the readers disagreed before this model, the answers now: a device without a PCI bus ID is its own
 GPU (or its counter set's) and is never reserved; a pre-partitioned GPU (several devices, one PCI bus ID)
@@ -225,27 +226,27 @@ class CapacityModel:
     ) -> None:
         """A bound, unfinished pod: ``resource_gpus`` its GPU resources as kubelet counts them,
         ``claim_results`` the (driver, pool, device)s of the GPU drivers its own claims were allocated,
-        ``extended_results`` those of the claim the scheduler made for its DRA extended resources
-        (counted in ``resource_gpus`` unless they are on a split node). ``gpu_by_result``: the GPU of each
-        published device (``PublishedDevices.gpus_by_result``)."""
+        ``extended_results`` those of the claim the scheduler made for its DRA extended resources (when
+        there are any, they are what its extended resources got: counted instead of ``resource_gpus``).
+        ``gpu_by_result``: the GPU of each published device (``PublishedDevices.gpus_by_result``)."""
         place = self._node(node)
         per_side: dict[str, list[Gpu]] = {}
         elsewhere: list[Gpu] = []
-        extended_split = False
-        for results, extended in ((claim_results, False), (extended_results, True)):
-            for result in results:
-                device = self.device(*result)
-                if device is not None:
-                    held = self.held.setdefault(holder.ref, [])
-                    if device not in held:
-                        held.append(device)
-                split = device is not None and device.node in self.nodes and self.nodes[device.node].split
-                if device is not None and split and place.split:
-                    per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
-                    extended_split = extended_split or extended
-                elif not extended:
-                    elsewhere.append(_gpu(result, gpu_by_result))
-        own = (0 if extended_split else resource_gpus) + self._new(elsewhere)
+        for result in (*claim_results, *extended_results):
+            device = self.device(*result)
+            if device is not None:
+                held = self.held.setdefault(holder.ref, [])
+                if device not in held:
+                    held.append(device)
+            split = device is not None and device.node in self.nodes and self.nodes[device.node].split
+            if device is not None and split and place.split:
+                per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
+            else:
+                elsewhere.append(gpu_of(device) if device is not None else _gpu(result, gpu_by_result))
+        # The claim the scheduler made for DRA extended resources is what the request got: its GPUs count, not
+        # the request's number (two partitions of one GPU are one GPU).
+        resource_gpus = 0 if extended_results else resource_gpus
+        own = resource_gpus + self._new(elsewhere)
         if place.split:
             for state in SIDES:
                 if state in per_side:
