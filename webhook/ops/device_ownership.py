@@ -19,7 +19,7 @@ the shared class (one update event) exactly when that list changed, and write no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,17 +28,10 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.deploy.device_classes import MANAGED_BY, MANAGED_BY_LABEL, DeviceReservation, reservation_of
 from webhook.ops.device_split import DOCS
+from webhook.ops.raw import mapping, text
 from webhook.ops.reservation import SelectionError
 
 ALSO_NAMED_BY_ANNOTATION = "rocm-isolation.io/extended-resource-also-named-by"
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 # --- the classes read --------------------------------------------------------------------------
@@ -61,12 +54,12 @@ class ClassInfo:
 
 
 def class_info(obj: Mapping[str, Any]) -> ClassInfo:
-    metadata = _mapping(obj.get("metadata"))
+    metadata = mapping(obj.get("metadata"))
     return ClassInfo(
-        name=_text(metadata.get("name")),
-        ours=_mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) == MANAGED_BY,
-        created=_text(metadata.get("creationTimestamp")),
-        extended_resource_name=_text(_mapping(obj.get("spec")).get("extendedResourceName")),
+        name=text(metadata.get("name")),
+        ours=mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) == MANAGED_BY,
+        created=text(metadata.get("creationTimestamp")),
+        extended_resource_name=text(mapping(obj.get("spec")).get("extendedResourceName")),
         raw=obj,
     )
 
@@ -186,21 +179,21 @@ def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
     """The PUT body that makes ``current`` say what ``desired`` says (our labels, annotations, selectors and
     extendedResourceName; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
     None when it already does."""
-    metadata = dict(_mapping(current.get("metadata")))
-    want_meta = _mapping(desired.get("metadata"))
-    labels = {**_mapping(metadata.get("labels")), **_mapping(want_meta.get("labels"))}
-    annotations = {**_mapping(metadata.get("annotations")), **_mapping(want_meta.get("annotations"))}
-    spec = dict(_mapping(current.get("spec")))
-    want_spec = _mapping(desired.get("spec"))
+    metadata = dict(mapping(current.get("metadata")))
+    want_meta = mapping(desired.get("metadata"))
+    labels = {**mapping(metadata.get("labels")), **mapping(want_meta.get("labels"))}
+    annotations = {**mapping(metadata.get("annotations")), **mapping(want_meta.get("annotations"))}
+    spec = dict(mapping(current.get("spec")))
+    want_spec = mapping(desired.get("spec"))
     spec["selectors"] = want_spec.get("selectors")
     if "extendedResourceName" in want_spec:
         spec["extendedResourceName"] = want_spec["extendedResourceName"]
     else:
         spec.pop("extendedResourceName", None)
     if (
-        labels == _mapping(metadata.get("labels"))
-        and annotations == _mapping(metadata.get("annotations"))
-        and spec == _mapping(current.get("spec"))
+        labels == mapping(metadata.get("labels"))
+        and annotations == mapping(metadata.get("annotations"))
+        and spec == mapping(current.get("spec"))
     ):
         return None
     metadata.pop("managedFields", None)  # absent from an update: the apiserver keeps them
@@ -226,16 +219,16 @@ class ClassChange:
 
 
 def class_changes(
-    policy: Policy,
-    reservation: DeviceReservation,
+    rendered: Sequence[dict[str, Any]],
     classes: Mapping[str, ClassInfo],
     owner: Ownership,
     *,
     ensure_owner: bool = True,
 ) -> tuple[ClassChange, ClassChange]:
-    """What writing the classes does (``ensure_owner``: re-create the shared class when another class
-    wins its extended resource name); SelectionError when a class of that name is not ours."""
-    reserved, shared = desired_classes(policy, reservation, owner)
+    """What writing the classes ``rendered`` (``desired_classes``: reserved, shared) does to ``classes`` as
+    read (``ensure_owner``: re-create the shared class when another class wins its extended resource name);
+    SelectionError when a class of that name is not ours."""
+    reserved, shared = rendered
     changes = []
     for role, desired in (("reserved", reserved), ("shared", shared)):
         name = desired["metadata"]["name"]

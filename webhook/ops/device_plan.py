@@ -37,22 +37,16 @@ from webhook.ops.device_ownership import (
     Ownership,
     class_changes,
     current_reservation,
+    desired_classes,
     ownership,
     ownership_json,
     ownership_lines,
 )
 from webhook.ops.device_split import label_action, split_label, tainted_devices
+from webhook.ops.raw import mapping, text
 from webhook.ops.reservation import PoolNode, PoolPod, SelectionError, columns, plural
 
 TAINT_TEXT = f"{RESERVED_DEVICE_TAINT_KEY}:{RESERVED_DEVICE_TAINT_EFFECT}"
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 # --- who holds which device --------------------------------------------------------------------
@@ -81,8 +75,8 @@ def holds(
     held: dict[tuple[str, str], dict[tuple[str, str], Device]] = {}
     notes: list[str] = []
     for claim in claims:
-        metadata = _mapping(claim.get("metadata"))
-        namespace, claim_name = _text(metadata.get("namespace")), _text(metadata.get("name"))
+        metadata = mapping(claim.get("metadata"))
+        namespace, claim_name = text(metadata.get("namespace")), text(metadata.get("name"))
         try:
             results = allocated_results(claim)
         except MalformedClaim:
@@ -126,7 +120,7 @@ def rule_changes(
     not ours, or rules are wanted and the cluster serves none."""
     current: dict[str, Mapping[str, Any]] = {}
     for obj in rules:
-        name = _text(_mapping(obj.get("metadata")).get("name"))
+        name = text(mapping(obj.get("metadata")).get("name"))
         if name:
             current[name] = obj
     if devices and version is None:
@@ -283,10 +277,12 @@ def build_device_plan(
     nodes) or of ``release --devices`` (``after`` = ``RELEASED_RESERVATION``, nothing wanted,
     ``ensure_owner`` off: a release deletes no class). ``rules``: our DeviceTaintRules as read."""
     devices = policy.spec.reserved_devices
-    owner = ownership(policy, classes)
-    changes = class_changes(policy, after, classes, owner, ensure_owner=ensure_owner)
+    # Now: the reservation our reserved class records, with the devices our rules taint.
     current = current_reservation(policy, classes)
     before = with_tainted(current, device_taint_rules.tainted_keys(rules)) if current is not None else None
+    # After: both classes as deploy/device_classes renders them, then one DeviceTaintRule per device to taint.
+    owner = ownership(policy, classes)
+    changes = class_changes(desired_classes(policy, after, owner), classes, owner, ensure_owner=ensure_owner)
     to_taint = tainted_devices(published, wanted) if after.active and after.by_taints else []
     rule_plan = rule_changes(policy, to_taint, rules, rule_version)
     wanted_by: dict[str, list[str]] = {}

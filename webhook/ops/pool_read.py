@@ -1,7 +1,7 @@
 """Reading the cluster, once per ``pool`` command (``read_pool``): the nodes and the pods (``Cluster``) and,
 for the verbs that need them, what Dynamic Resource Allocation says (``DraState``: DeviceClasses, the
 driver's devices, ResourceClaims, our DeviceTaintRules, the API's versions). Every verb plans from this one
-read; only a write that meets a conflict reads a node again (``read_node``).
+read; only a write that meets a conflict (409) reads its object again (``read_node``, ``pool_write``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
 from webhook.ops.device_ownership import ClassInfo, class_infos
 from webhook.ops.device_split import DEVICE_PLUGIN_PREFIX
+from webhook.ops.raw import mapping
 from webhook.ops.reservation import PoolNode, PoolPod
 
 MIRROR_ANNOTATION = engine.MIRROR_ANNOTATION
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 @dataclass(frozen=True)
@@ -221,7 +218,7 @@ def read_taint_rules(api: KubeApi, state: DraState, *, required: bool) -> None:
         for obj in api.list(path, on_restart=found.clear):
             # Ours, and any other of our rules' names: a rule of that name that is not ours is refused by
             # the plan (rule_changes), never written over.
-            name = str(_mapping(obj.get("metadata")).get("name", ""))
+            name = str(mapping(obj.get("metadata")).get("name", ""))
             if device_taint_rules.is_ours(obj) or name.startswith(device_taint_rules.NAME_PREFIX):
                 found.append(obj)
     except (NotFound, Forbidden) as err:

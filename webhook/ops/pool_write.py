@@ -201,10 +201,6 @@ def _dry_run_query(dry_run: bool) -> dict[str, str] | None:
     return {"dryRun": "All"} if dry_run else None
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _read(api: KubeApi, path: str) -> dict[str, Any] | None:
     try:
         return api.get(path)
