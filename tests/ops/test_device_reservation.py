@@ -416,27 +416,34 @@ def pod(name: str, class_name: str, namespace: str = "ml") -> PoolPod:
     return PoolPod(namespace, name, "mi300-a", f"ReplicaSet/{name}", 1, class_name, class_name == "inference")
 
 
-def test_a_pod_holds_the_devices_of_the_claims_reserved_for_it() -> None:
+def test_a_pod_holds_the_devices_its_claims_were_allocated_and_claims_of_pods_gone_are_noted() -> None:
     found = two_nodes()
     claims = [
         held_claim("train", "ml", "mi300-a", ["gpu-9-137", "gpu-6-134"], pods=["train"]),
         # one claim shared by two pods: both hold it
         held_claim("shared", "ml", "mi300-a", ["gpu-8-136"], pods=["train", "llm"]),
-        # another driver's devices, and a device no slice publishes any more: not held here
-        held_claim("nic", "ml", "mi300-a", ["gpu-9-137"], pods=["llm"], driver="nic.example.com"),
-        held_claim("gone", "ml", "mi300-a", ["gpu-0-0"], pods=["llm"]),
         # reserved for a pod that is not running (or another pod of that name: uid)
         held_claim("orphan", "ml", "mi300-b", ["gpu-9-137"], pods=["done"]),
     ]
     claims[0]["status"]["reservedFor"].append({"resource": "pods", "name": "llm", "uid": "uid-of-an-older-llm"})
     pods = [pod("train", "training"), pod("llm", "inference")]
     uids = {("ml", "train"): "uid-pod-ml-train", ("ml", "llm"): "uid-pod-ml-llm"}
-    held, notes = device_plan.holds(claims, "gpu.amd.com", found, pods, uids)
+    # What the capacity model read of each pod's claims (cluster/inventory.Snapshot.claim_results): another
+    # driver's device and a device no slice publishes any more are not the driver's devices held here.
+    model = capacity.CapacityModel.build([], found, None, [], "gpu.amd.com")
+
+    def on_a(*names: str) -> list[tuple[str, str, str]]:
+        return [("gpu.amd.com", "mi300-a", name) for name in names]
+
+    model.add_pod(capacity.Holder("ml", "train", "training"), "mi300-a", 0, on_a("gpu-9-137", "gpu-6-134", "gpu-8-136"))
+    other = [("nic.example.com", "mi300-a", "gpu-9-137"), ("gpu.amd.com", "mi300-a", "gpu-0-0")]
+    model.add_pod(capacity.Holder("ml", "llm", "inference", True), "mi300-a", 0, [*on_a("gpu-8-136"), *other])
+    held = device_plan.holds(model, pods)
     assert [(h.pod.name, [d.name for d in h.devices]) for h in held] == [
         ("llm", ["gpu-8-136"]),
         ("train", ["gpu-9-137", "gpu-8-136", "gpu-6-134"]),
     ]
-    assert notes == [
+    assert device_plan.claims_of_pods_gone(claims, "gpu.amd.com", pods, uids) == [
         "resourceclaim/train -n ml is reserved for pod llm, which is not among the running pods read (finished or "
         "deleted meanwhile)",
         "resourceclaim/orphan -n ml is reserved for pod done, which is not among the running pods read (finished "

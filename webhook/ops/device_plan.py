@@ -30,7 +30,7 @@ from webhook.deploy.device_classes import (
     with_tainted,
 )
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops.capacity import RESERVED, SHARED, device_state
+from webhook.ops.capacity import RESERVED, SHARED, CapacityModel, device_state, gpus_in_state
 from webhook.ops.device_ownership import (
     ClassChange,
     ClassInfo,
@@ -60,19 +60,28 @@ class Hold:
     devices: tuple[Device, ...]
 
 
-def holds(
+def holds(model: CapacityModel, pods: Iterable[PoolPod]) -> list[Hold]:
+    """Which pod holds which of the driver's devices, as the capacity model read them (``CapacityModel.held``:
+    the claims of each pod, allocated to it)."""
+    by_ref = {(p.namespace, p.name): p for p in pods}
+    out = [
+        Hold(by_ref[ref], tuple(sorted(devices, key=device_order)))
+        for ref, devices in model.held.items()
+        if ref in by_ref and devices
+    ]
+    out.sort(key=lambda h: (h.devices[0].node, h.pod.namespace, h.pod.name))
+    return out
+
+
+def claims_of_pods_gone(
     claims: Iterable[Mapping[str, Any]],
     driver: str,
-    published: Mapping[str, Sequence[Device]],
     pods: Iterable[PoolPod],
     uids: Mapping[tuple[str, str], str] | None = None,
-) -> tuple[list[Hold], list[str]]:
-    """Which pod holds which device: a claim's allocated devices (``claims.allocated_results``) are held by
-    the pods it is reserved for (``inventory.reserved_for``), as the audit reads them. Also, notes about claims reserved for
-    pods that are not among the running pods read (finished or deleted meanwhile)."""
-    by_key = {d.key: d for devices in published.values() for d in devices}
-    by_ref = {(p.namespace, p.name): p for p in pods}
-    held: dict[tuple[str, str], dict[tuple[str, str], Device]] = {}
+) -> list[str]:
+    """Notes about claims holding the driver's devices reserved for pods that are not among the running
+    pods read (finished or deleted meanwhile): their devices free up when the claim is deallocated."""
+    by_ref = {(p.namespace, p.name) for p in pods}
     notes: list[str] = []
     for claim in claims:
         metadata = mapping(claim.get("metadata"))
@@ -81,23 +90,16 @@ def holds(
             results = allocated_results(claim)
         except MalformedClaim:
             continue
-        devices = [by_key[(pool, name)] for on, pool, name in results if on == driver and (pool, name) in by_key]
-        if not devices:
+        if not any(on == driver for on, _, _ in results):
             continue
         for pod_name, uid in reserved_for(claim):
             pod_ref = (namespace, pod_name)
-            pod = by_ref.get(pod_ref)
-            if pod is None or (uids is not None and uid and uids.get(pod_ref, uid) != uid):
+            if pod_ref not in by_ref or (uids is not None and uid and uids.get(pod_ref, uid) != uid):
                 notes.append(
                     f"resourceclaim/{claim_name} -n {namespace} is reserved for pod {pod_name}, which is not "
                     "among the running pods read (finished or deleted meanwhile)"
                 )
-                continue
-            for device in devices:
-                held.setdefault(pod_ref, {})[device.key] = device
-    out = [Hold(by_ref[ref], tuple(sorted(found.values(), key=device_order))) for ref, found in held.items()]
-    out.sort(key=lambda h: (h.devices[0].node, h.pod.namespace, h.pod.name))
-    return out, notes
+    return notes
 
 
 # --- the DeviceTaintRules ----------------------------------------------------------------------
@@ -166,10 +168,8 @@ class NodeSplit:
         return gpu_count(self.devices)
 
     def count(self, state: str, reservation: DeviceReservation | None) -> int:
-        """GPUs of the node in ``state`` (one per PCI bus ID, each device without one)."""
-        ids = {d.pci_bus_id for d in self.devices if d.pci_bus_id and device_state(d, reservation) == state}
-        bare = sum(1 for d in self.devices if not d.pci_bus_id and device_state(d, reservation) == state)
-        return len(ids) + bare
+        """GPUs of the node in ``state`` (``capacity.gpus_in_state``)."""
+        return gpus_in_state(self.devices, state, reservation)
 
     @property
     def reserved_after(self) -> int:

@@ -7,7 +7,7 @@ Pure: built from what ``pool_read.py`` read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.cluster.slices import Device
@@ -107,42 +107,6 @@ def device_status(
     return DeviceStatus(
         devices.driver, devices.reserved_class_name, reservation, foreign, published, tuple(held), owner, tuple(stale)
     )
-
-
-@dataclass(frozen=True)
-class SplitCapacity:
-    """The split nodes' share of the pools in ``pool status``, as the audit counts it: per side (reserved,
-    shared), their GPUs (one per PCI bus ID) and the pods holding GPUs there, each with its GPUs on that side
-    (a GPU several pods hold counts for the first)."""
-
-    nodes: frozenset[str]
-    gpus: Mapping[str, int]
-    pods: Mapping[str, tuple[PoolPod, ...]]
-
-
-def split_capacity(status: DeviceStatus, nodes: Iterable[str]) -> SplitCapacity:
-    reservation = status.reservation
-    names = frozenset(nodes)
-    gpus = {
-        state: sum(
-            NodeSplit(name, status.published.get(name, ()), (), reservation, RELEASED_RESERVATION).count(
-                state, reservation
-            )
-            for name in names
-        )
-        for state in (RESERVED, SHARED)
-    }
-    counted: set[tuple[str, str]] = set()
-    pods: dict[str, list[PoolPod]] = {RESERVED: [], SHARED: []}
-    for hold in status.held:
-        mine: dict[str, set[tuple[str, str]]] = {}
-        for device in hold.devices:
-            if device.node in names:
-                mine.setdefault(device_state(device, reservation), set()).add((device.node, device.gpu))
-        for state, found in mine.items():
-            pods[state].append(replace(hold.pod, gpus=len(found - counted)))
-            counted |= found
-    return SplitCapacity(names, gpus, {state: tuple(found) for state, found in pods.items()})
 
 
 def _holders(status: DeviceStatus) -> dict[tuple[str, str], list[PoolPod]]:

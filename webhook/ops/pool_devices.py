@@ -15,7 +15,7 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_classes, device_taint_rules
 from webhook.ops.capacity import split_nodes
 from webhook.ops.device_ownership import current_reservation
-from webhook.ops.device_plan import DevicePlan, build_device_plan, holds, plan_json, plan_lines
+from webhook.ops.device_plan import DevicePlan, build_device_plan, claims_of_pods_gone, holds, plan_json, plan_lines
 from webhook.ops.device_split import (
     DOCS,
     SubsetError,
@@ -27,7 +27,7 @@ from webhook.ops.device_split import (
 )
 from webhook.ops.eviction import EvictionResult
 from webhook.ops.pool_output import EXIT_NOT_DONE, EXIT_OK, Output
-from webhook.ops.pool_read import Cluster, DraState, PoolRead
+from webhook.ops.pool_read import Cluster, DraState, PoolRead, capacity_model
 from webhook.ops.pool_write import evict, evictions_json, nodes_json, write_split, written_json
 from webhook.ops.reservation import Reservation, SelectionError, parse_names, parse_selector
 
@@ -114,8 +114,8 @@ def plan_devices(
             f"no {driver} device publishes {device_classes.PCI_BUS_ID_ATTRIBUTE}: the classes select devices by "
             "PCI bus ID, so none can be reserved"
         )
-    held, held_notes = holds(state.claims, driver, state.published, cluster.pods, cluster.uids)
-    notes += held_notes
+    held = holds(capacity_model(policy, PoolRead(cluster, state), reservation), cluster.pods)
+    notes += claims_of_pods_gone(state.claims, driver, cluster.pods, cluster.uids)
     plugin = sorted(name for name, n in cluster.plugin_gpus.items() if n > 0 and name not in state.published)
     if plugin:
         notes.append(
@@ -216,7 +216,8 @@ def release_devices(
         else:
             out.json({"released": False, "dryRun": dry_run, "deviceClasses": []})
         return EXIT_OK
-    held, notes = holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
+    held = holds(capacity_model(policy, PoolRead(cluster, state), Reservation.from_policy(policy)), cluster.pods)
+    notes = claims_of_pods_gone(state.claims, devices.driver, cluster.pods, cluster.uids)
     plan = build_device_plan(
         policy,
         state.published,

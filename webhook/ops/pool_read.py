@@ -10,6 +10,7 @@ import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
@@ -19,10 +20,12 @@ from webhook.core import claims as dra
 from webhook.core import engine
 from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
-from webhook.ops.device_ownership import ClassInfo, class_infos
-from webhook.ops.device_split import DEVICE_PLUGIN_PREFIX
+from webhook.deploy.device_classes import DeviceReservation, with_tainted
+from webhook.ops.capacity import CapacityModel, Holder, split_node_names
+from webhook.ops.device_ownership import ClassInfo, class_infos, current_reservation
+from webhook.ops.device_split import DEVICE_PLUGIN_PREFIX, split_labelled
 from webhook.ops.raw import mapping
-from webhook.ops.reservation import PoolNode, PoolPod
+from webhook.ops.reservation import PoolNode, PoolPod, Reservation
 
 MIRROR_ANNOTATION = engine.MIRROR_ANNOTATION
 
@@ -75,11 +78,25 @@ def pool_node(info: NodeInfo) -> PoolNode:
 
 
 @dataclass(frozen=True)
+class PodUsage:
+    """What a pod holds, as the capacity model counts it (``CapacityModel.add_pod``)."""
+
+    resource_gpus: int
+    claim_results: tuple[tuple[str, str, str], ...]
+    extended_results: tuple[tuple[str, str, str], ...]
+    uid: str
+    created: datetime | None
+
+
+@dataclass(frozen=True)
 class Cluster:
     nodes: list[PoolNode]
     pods: list[PoolPod]
     uids: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) of a pod -> its uid
     plugin_gpus: dict[str, int] = field(default_factory=dict)  # node -> allocatable amd.com/ GPU resources
+    usage: dict[tuple[str, str], PodUsage] = field(default_factory=dict)  # (namespace, name) -> what it holds
+    # (driver, pool, device) -> its GPU, of every GPU driver's published device
+    gpu_by_result: Mapping[tuple[str, str, str], Gpu] = field(default_factory=dict)
 
 
 def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
@@ -130,21 +147,95 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
     uids: dict[tuple[str, str], str] = {}
     counted: set[Gpu] = set()
 
+    usage: dict[tuple[str, str], PodUsage] = {}
+
     def restart() -> None:
         pods.clear()
         uids.clear()
+        usage.clear()
         counted.clear()
 
     for raw in Snapshot.pods(api, on_restart=restart):
         found = pool_pod(raw, snapshot, policy, counted)
         if found is not None:
             pods.append(found)
-            uids[(found.namespace, found.name)] = str((raw.get("metadata") or {}).get("uid", ""))
+            ref = (found.namespace, found.name)
+            info = pod_info(raw, policy)
+            uids[ref] = info.uid
+            usage[ref] = PodUsage(
+                info.gpus,
+                tuple(snapshot.claim_results(raw)),
+                tuple(snapshot.claim_results(raw, extended=True)),
+                info.uid,
+                info.created,
+            )
     plugin = {
         info.name: sum(n for name, n in info.gpu_resources.items() if name.startswith(DEVICE_PLUGIN_PREFIX))
         for info in snapshot.nodes.values()
     }
-    return Cluster([pool_node(info) for info in snapshot.nodes.values()], pods, uids, plugin)
+    return Cluster(
+        [pool_node(info) for info in snapshot.nodes.values()],
+        pods,
+        uids,
+        plugin,
+        usage,
+        snapshot.published.gpus_by_result(),
+    )
+
+
+def reservation_now(policy: Policy, state: DraState | None) -> DeviceReservation | None:
+    """The device reservation our reserved class records (with the devices our rules taint), None when there
+    is none, or when a class of our names is not ours."""
+    if state is None:
+        return None
+    devices = policy.spec.reserved_devices
+    if any(
+        name in state.classes and not state.classes[name].ours
+        for name in (devices.reserved_class_name, devices.shared_class_name)
+    ):
+        return None
+    current = current_reservation(policy, state.classes)
+    return None if current is None else with_tainted(current, device_taint_rules.tainted_keys(state.rules))
+
+
+def capacity_model(policy: Policy, read: PoolRead, reservation: Reservation) -> CapacityModel:
+    """The capacity model of what the command read (``ops/capacity.py``): the nodes on their side, the split
+    nodes on both, every pod read with what it holds."""
+    cluster, state = read.cluster, read.dra
+    current = reservation_now(policy, state)
+    published = state.published if state is not None else {}
+    split_value = policy.spec.reserved_devices.node_label_value
+    rule_nodes = (
+        []
+        if state is None
+        else [d.node or d.pool for obj in state.rules if (d := device_taint_rules.tainted_device(obj)) is not None]
+    )
+    whole = [n.name for n in cluster.nodes if n.labelled(reservation)]
+    split = split_node_names(
+        published,
+        current,
+        labelled=[
+            n.name for n in cluster.nodes if split_value is not None and split_labelled(n, reservation, split_value)
+        ],
+        rule_nodes=rule_nodes,
+        whole=whole,
+    )
+    model = CapacityModel.build(
+        ((n.name, n.gpus, n.labelled(reservation)) for n in cluster.nodes),
+        published,
+        current,
+        split,
+        policy.spec.reserved_devices.driver,
+    )
+    for pod in cluster.pods:
+        usage = cluster.usage.get((pod.namespace, pod.name))
+        if usage is None:
+            continue
+        holder = Holder(pod.namespace, pod.name, pod.class_name, pod.inference, usage.uid, created=usage.created)
+        model.add_pod(
+            holder, pod.node, usage.resource_gpus, usage.claim_results, usage.extended_results, cluster.gpu_by_result
+        )
+    return model
 
 
 def read_node(api: KubeApi, name: str, policy: Policy) -> PoolNode:

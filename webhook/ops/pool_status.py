@@ -9,20 +9,19 @@ import argparse
 from collections.abc import Iterable
 
 from webhook.core.policy import Policy
-from webhook.ops.capacity import RESERVED, SHARED, split_nodes
+from webhook.ops.capacity import RESERVED, SHARED, CapacityModel, Holder, NodeCapacity
 from webhook.ops.device_plan import holds
 from webhook.ops.device_split import split_labelled
 from webhook.ops.device_status import (
     DeviceStatus,
-    SplitCapacity,
     device_status,
-    split_capacity,
     status_json,
     status_lines,
 )
+from webhook.ops.lending import lent
 from webhook.ops.pool_output import EXIT_OK, Output, pod_ref
-from webhook.ops.pool_read import Cluster, DraState, PoolRead
-from webhook.ops.reservation import Capacity, PoolNode, PoolPod, Reservation, columns, plural, taint_text
+from webhook.ops.pool_read import Cluster, DraState, PoolRead, capacity_model
+from webhook.ops.reservation import Capacity, PoolNode, Reservation, columns, plural, taint_text
 
 
 def show(args: argparse.Namespace, policy: Policy, read: PoolRead, reservation: Reservation, out: Output) -> int:
@@ -31,16 +30,27 @@ def show(args: argparse.Namespace, policy: Policy, read: PoolRead, reservation: 
     for warning in state.warnings:
         out.warning(warning)
     split_value = policy.spec.reserved_devices.node_label_value
-    return status(read.cluster, reservation, args, out, device_section(policy, read.cluster, state), split_value)
+    model = capacity_model(policy, read, reservation)
+    lending = getattr(getattr(policy.spec, "lending", None), "enabled", False) is True
+    return status(
+        read.cluster,
+        reservation,
+        args,
+        out,
+        model,
+        device_section(policy, read.cluster, state, model),
+        split_value,
+        lending=lending,
+    )
 
 
-def device_section(policy: Policy, cluster: Cluster, state: DraState) -> DeviceStatus | None:
+def device_section(policy: Policy, cluster: Cluster, state: DraState, model: CapacityModel) -> DeviceStatus | None:
     """The device section of ``status``: when nodes publish the driver's devices, or our classes exist."""
     devices = policy.spec.reserved_devices
     ours = [n for n in (devices.reserved_class_name, devices.shared_class_name) if n in state.classes]
     if not state.published and not ours:
         return None
-    held, _ = holds(state.claims, devices.driver, state.published, cluster.pods, cluster.uids)
+    held = holds(model, cluster.pods)
     return device_status(policy, state.published, state.classes, held, {n.name: n for n in cluster.nodes}, state.rules)
 
 
@@ -63,31 +73,17 @@ def node_state(node: PoolNode, reservation: Reservation) -> str:
     return f"taint without label: inference placement cannot select it (pool apply or release --nodes {node.name})"
 
 
-def _split_capacity(
-    cluster: Cluster,
-    reservation: Reservation,
-    whole: set[str],
-    devices: DeviceStatus | None,
-    split_value: str | None,
-) -> SplitCapacity:
-    """The split nodes of an active device reservation (publishing the driver's devices, or labelled split;
-    never a node reserved whole) and their share of each pool, as the audit counts them."""
-    if devices is None or devices.reservation is None or not devices.reservation.active:
-        return SplitCapacity(frozenset(), {RESERVED: 0, SHARED: 0}, {RESERVED: (), SHARED: ()})
-    labelled = {
-        n.name for n in cluster.nodes if split_value is not None and split_labelled(n, reservation, split_value)
-    }
-    chosen = split_nodes(devices.published, devices.reservation) | labelled
-    return split_capacity(devices, chosen - whole)
-
-
-def _by_class(pods: Iterable[PoolPod]) -> dict[str, dict[str, int]]:
+def _by_class(entries: Iterable[tuple[Holder, int]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
-    for pod in pods:
-        entry = out.setdefault(pod.class_name or "(out of scope)", {"pods": 0, "gpus": 0})
+    for holder, gpus in entries:
+        entry = out.setdefault(holder.class_name or "(out of scope)", {"pods": 0, "gpus": 0})
         entry["pods"] += 1
-        entry["gpus"] += pod.gpus
+        entry["gpus"] += gpus
     return dict(sorted(out.items()))
+
+
+def _lent(node: NodeCapacity | None) -> int:
+    return lent(node) if node is not None else 0
 
 
 def status(
@@ -95,9 +91,13 @@ def status(
     reservation: Reservation,
     args: argparse.Namespace,
     out: Output,
+    model: CapacityModel,
     devices: DeviceStatus | None = None,
     split_value: str | None = None,
+    *,
+    lending: bool = False,
 ) -> int:
+    """The pools as the capacity model counts them (the same numbers as ``audit``'s capacity section)."""
     # Split nodes (the device reservation's label value) are shown in the device section.
     members = sorted(
         (
@@ -107,35 +107,21 @@ def status(
         ),
         key=lambda n: n.name,
     )
-    names = {n.name for n in members if n.labelled(reservation)}
-    requested: dict[str, int] = {}
-    for pod in cluster.pods:
-        requested[pod.node] = requested.get(pod.node, 0) + pod.gpus
-    split = _split_capacity(cluster, reservation, names, devices, split_value)
-    on_reserved = [p for p in cluster.pods if p.node in names]
-    pooled = names | split.nodes
-    shared_nodes = [n for n in cluster.nodes if n.name not in pooled and n.gpus > 0]
-    shared_names = {n.name for n in shared_nodes}
-    # A split node's pods that hold none of the driver's GPUs count in the shared pool with their own.
-    held = {(p.namespace, p.name) for pods in split.pods.values() for p in pods}
-    on_shared = [
-        p
-        for p in cluster.pods
-        if p.node in shared_names or (p.node in split.nodes and (p.namespace, p.name) not in held)
-    ]
-    strays = sorted((p for p in on_reserved if not p.inference), key=lambda p: (p.node, p.namespace, p.name))
-    on_reserved += split.pods[RESERVED]
-    on_shared += split.pods[SHARED]
-    reserved_cap = Capacity(
-        len(names) + len(split.nodes),
-        sum(n.gpus for n in members if n.name in names) + split.gpus[RESERVED],
-        sum(p.gpus for p in on_reserved),
+    requested = {name: sum(side.allocated for side in node.sides.values()) for name, node in model.nodes.items()}
+    by_ref = {(p.namespace, p.name): p for p in cluster.pods}
+    strays = sorted(
+        (
+            by_ref[holder.ref]
+            for node in model.nodes.values()
+            if not node.split and node.whole == RESERVED and RESERVED in node.sides
+            for holder, _ in node.sides[RESERVED].holders
+            if not holder.inference and holder.ref in by_ref
+        ),
+        key=lambda p: (p.node, p.namespace, p.name),
     )
-    shared_cap = Capacity(
-        len(shared_nodes) + len(split.nodes),
-        sum(n.gpus for n in shared_nodes) + split.gpus[SHARED],
-        sum(p.gpus for p in on_shared),
-    )
+    on_reserved, on_shared = model.holders(RESERVED), model.holders(SHARED)
+    reserved_cap = Capacity(len(model.pool_nodes(RESERVED)), model.capacity(RESERVED), model.allocated(RESERVED))
+    shared_cap = Capacity(len(model.pool_nodes(SHARED)), model.capacity(SHARED), model.allocated(SHARED))
     if args.output == "json":
         out.json(
             {
@@ -150,6 +136,7 @@ def status(
                         "tainted": n.tainted(reservation),
                         "gpusAllocatable": n.gpus,
                         "gpusRequested": requested.get(n.name, 0),
+                        **({"gpusLent": _lent(model.nodes.get(n.name))} if lending else {}),
                         "state": node_state(n, reservation),
                     }
                     for n in members
@@ -164,7 +151,7 @@ def status(
     out.line(f"Reserved pool: label {reservation.label_text}, taint {reservation.taint_text}")
     out.line()
     if members:
-        rows = [["NODE", "LABEL", "TAINT", "GPUS", "REQUESTED", "STATE"]]
+        rows = [["NODE", "LABEL", "TAINT", "GPUS", "REQUESTED", *(["LENT"] if lending else []), "STATE"]]
         rows += [
             [
                 n.name,
@@ -172,6 +159,7 @@ def status(
                 "yes" if n.tainted(reservation) else "no",
                 str(n.gpus),
                 str(requested.get(n.name, 0)),
+                *([str(_lent(model.nodes.get(n.name)))] if lending else []),
                 node_state(n, reservation),
             ]
             for n in members
