@@ -162,7 +162,9 @@ class Kube:
                 # Admission warnings reach the client as `Warning: 299 - "text"` headers.
                 self._local.warnings = [_warning_text(v) for k, v in response.getheaders() if k.lower() == "warning"]
                 break
-            except (ConnectionError, http.client.HTTPException, TimeoutError):
+            # A kept-alive connection the apiserver closed meanwhile: over TLS the next request sees
+            # SSLEOFError (an SSLError, not a ConnectionError). Reconnect and send it again.
+            except (ConnectionError, http.client.HTTPException, TimeoutError, ssl.SSLError):
                 conn.close()
                 self._local.conn = None
                 if attempt == 2:
