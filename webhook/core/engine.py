@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, cast, get_args
 
-from webhook.core import patch, pods, scheduling
+from webhook.core import lending, patch, pods, scheduling
 from webhook.core.claims import RESERVED_DEVICE_TAINT_KEY
 from webhook.core.decision import (
     NO_CLAIMS,
@@ -64,6 +64,10 @@ DENY_RULES = (
     DENY_NODE_NAME, DENY_NODE_SELECTOR, DENY_NODE_AFFINITY, DENY_TOLERATION, DENY_CLASS, DENY_DIRECT_ACCESS,
     DENY_EPHEMERAL, DENY_RESERVED_DEVICES,
 )  # fmt: skip
+# Lending (webhook.core.lending): a borrower prefers shared nodes with this weight (the maximum).
+BORROWER_PREFERENCE_WEIGHT = 100
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+HOSTNAME_KEY = "kubernetes.io/hostname"
 # The one subresource the engine reads: kubectl debug adds containers to a running pod through it.
 EPHEMERAL_CONTAINERS = "ephemeralcontainers"
 
@@ -260,14 +264,19 @@ def _decide_pod(
         old_labels = pods.string_map(old_metadata.get("labels"), "oldObject.metadata.labels")
         class_name = _classify(review, labels, old_labels)
         cls = policy.spec.classes[class_name]
-        _check_update(review, cls, class_name, old)
+        _check_update(review, cls, class_name, old, _stored_borrower(review, cls))
         return _finish(review, mode, class_name, RULE_CHECKED)
     class_name = _classify(review, labels, None)
     cls = policy.spec.classes[class_name]
+    borrower = False
+    if cls.placement == "unreserved" and policy.spec.lending.enabled:
+        borrower, why_not = lending.borrow_choice(policy, namespace.name, namespace.labels, labels)
+        if why_not:
+            review.warnings.append(why_not)
     if cls.direct_gpu_access == "deny":
         review.direct.extend(pods.unscanned_runtime_routes(routes, matcher))
     _check_direct_access(review, cls, class_name)
-    _check_create(review, cls, class_name)
+    _check_create(review, cls, class_name, borrower)
     if devices.devices_reserved:
         _check_reserved_devices(review, cls, class_name, claims)
     if mirror:
@@ -276,7 +285,7 @@ def _decide_pod(
         return _finish(review, mode, class_name, RULE_MIRROR)
     if devices.devices_reserved:
         _plan_device_resources(review, cls, devices)
-    _plan(review, cls, class_name, gpu, labels)
+    _plan(review, cls, class_name, gpu, labels, borrower)
     return _finish(review, mode, class_name, RULE_COMPLIANT)
 
 
@@ -501,8 +510,8 @@ def _tolerations(spec: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
 _STRING_OR_NULL = (str, type(None))
 
 
-def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
-    """Reachability of reserved nodes for a class that may not use them."""
+def _check_create(review: _Review, cls: WorkloadClass, class_name: str, borrower: bool = False) -> None:
+    """Reachability of reserved nodes for a class that may not use them (a borrower may: lending)."""
     spec = review.spec
     reserved = review.reserved
     node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
@@ -510,7 +519,9 @@ def _check_create(review: _Review, cls: WorkloadClass, class_name: str) -> None:
     terms = review.terms = scheduling.required_terms(spec)
     tolerations = review.tolerations = _tolerations(spec)
     _warn_operator_taints(review, tolerations)
-    if cls.placement != "unreserved":
+    if cls.placement != "reserved" and review.policy.spec.lending.enabled:
+        _check_no_borrowers(review, class_name, tolerations)
+    if cls.placement != "unreserved" or borrower:
         known = reserved.node_names
         if cls.placement == "reserved" and node_name and known is not None and node_name not in known:
             review.warnings.append(
@@ -552,6 +563,39 @@ def _check_tolerations(
             _denied(review, class_name, DENY_TOLERATION, f"spec.tolerations[{index}]", what)
 
 
+def _check_no_borrowers(
+    review: _Review, class_name: str, tolerations: list[tuple[int, dict[str, Any]]], old: Any = None
+) -> None:
+    """Lending on: the taint of reserved nodes that take no new borrowers (headroom, pausing) is for
+    inference only; any other pod tolerating it (borrowers included) is denied."""
+    taint = review.policy.spec.lending.no_borrowers_taint
+    previous = old or []
+    for index, tol in tolerations:
+        if scheduling.tolerates(tol, taint.key, taint.value, taint.effect) and tol not in previous:
+            what = (
+                "tolerates every taint" if not tol.get("key") else f"tolerates {taint.key}={taint.value}:{taint.effect}"
+            )
+            review.violations.append(
+                # The rule of every forbidden toleration (lending on: the no-borrowers taint is inference's).
+                Violation(
+                    DENY_TOLERATION,
+                    f"spec.tolerations[{index}]",
+                    f"{class_name} pods may not tolerate the taint of reserved nodes that take no borrowers "
+                    f"({taint.key}={taint.value}:{taint.effect}): spec.tolerations[{index}] {what}; remove that toleration",
+                )
+            )
+
+
+def _stored_borrower(review: _Review, cls: WorkloadClass) -> bool:
+    """An UPDATE of a pod that is a borrower (``lending.is_borrower``) in a namespace that may borrow."""
+    if cls.placement != "unreserved" or not review.policy.spec.lending.enabled:
+        return False
+    namespace = review.namespace
+    return lending.is_borrower(review.pod, review.policy) and lending.namespace_may_borrow(
+        review.policy, namespace.name, namespace.labels
+    )
+
+
 def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, dict[str, Any]]]) -> None:
     for index, tol in tolerations:
         if tol.get("key") in AMD_OPERATOR_TAINT_KEYS:
@@ -561,10 +605,17 @@ def _warn_operator_taints(review: _Review, tolerations: list[tuple[int, dict[str
             )
 
 
-def _check_update(review: _Review, cls: WorkloadClass, class_name: str, old: dict[str, Any]) -> None:
+def _check_update(
+    review: _Review, cls: WorkloadClass, class_name: str, old: dict[str, Any], borrower: bool = False
+) -> None:
     """On UPDATE only what the update introduces is checked: rejecting a pod that was admitted
-    before the policy would block its finalizers and status changes."""
-    if cls.placement != "unreserved":
+    before the policy would block its finalizers and status changes. A borrower (lending) may reach
+    reserved nodes; no pod but inference may newly tolerate the no-borrowers taint."""
+    if cls.placement != "reserved" and review.policy.spec.lending.enabled:
+        old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
+        previous = [tol for _, tol in pods.objects(old_spec.get("tolerations"), "oldObject.spec.tolerations")]
+        _check_no_borrowers(review, class_name, _tolerations(review.spec), previous)
+    if cls.placement != "unreserved" or borrower:
         return
     old_spec = pods.mapping(old.get("spec"), "oldObject.spec")
     reserved = review.reserved
@@ -753,10 +804,16 @@ def _plan(
     class_name: str,
     gpu: list[pods.ContainerRef],
     labels: Mapping[str, str],
+    borrower: bool = False,
 ) -> None:
-    plan = _class_plan(review.policy, class_name)
-    _plan_affinity(review, plan)
+    if borrower:
+        plan = borrower_plan(review.policy, class_name)
+        _plan_borrower_affinity(review, plan)
+    else:
+        plan = _class_plan(review.policy, class_name)
+        _plan_affinity(review, plan)
     _plan_tolerations(review, plan)
+    _plan_priority(review, plan)
     _plan_spread(review, cls, labels)
     _plan_env(review, plan, gpu)
     _plan_kfd_mount(review, cls, gpu)
@@ -768,7 +825,9 @@ def _plan(
         if recorded is not None:
             entries[MUTATIONS_ANNOTATION] = recorded
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
-    review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "labels"), {PLACED_LABEL: class_name}))
+    review.operations.extend(
+        patch.set_map_entries(review.pod, ("metadata", "labels"), {PLACED_LABEL: class_name, **dict(plan.labels)})
+    )
 
 
 _PLACED_POINTER = patch.pointer("metadata", "labels", PLACED_LABEL)
@@ -808,6 +867,15 @@ class _ClassPlan:
     tolerations: tuple[dict[str, Any], ...]
     env: tuple[tuple[str, dict[str, str], bool], ...]  # (name, the env entry, override)
     env_names: tuple[str, ...]  # compared, not hashed: hashing every name of every env list costs more
+    # Lending (webhook.core.lending): a borrower's preferred node-affinity term (shared nodes) and required
+    # pod anti-affinity term (no inference pod on its node, lendFrom idleNodes); the priority fields of a
+    # borrower (always) or of an inference pod (when its resolved priority is not above the borrowers');
+    # the labels written next to the placed label (a borrower's borrow label).
+    preferred: dict[str, Any] | None = None
+    anti_affinity: dict[str, Any] | None = None
+    priority: dict[str, Any] | None = None
+    priority_at_most: int | None = None  # the priority fields are set when spec.priority <= this (None: always)
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @lru_cache(maxsize=256)
@@ -834,13 +902,124 @@ def _class_plan(policy: Policy, class_name: str) -> _ClassPlan:
     reserved_toleration = None
     if cls.placement == "reserved" and taint is not None:
         reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+    tolerations = [extra.as_k8s() for extra in cls.tolerations]
+    priority = None
+    priority_at_most = None
+    if cls.placement == "reserved" and policy.spec.lending.enabled:
+        # Inference tolerates the taint of reserved nodes that take no new borrowers, and outranks borrowers.
+        settings = lending.settings(policy)
+        tolerations.append(dict(settings.no_borrowers_toleration))
+        priority = lending.priority_fields(settings.inference)
+        priority_at_most = settings.borrower.value
     return _ClassPlan(
         requirements=tuple(requirements),
         reserved_toleration=reserved_toleration,
-        tolerations=tuple(extra.as_k8s() for extra in cls.tolerations),
+        tolerations=tuple(tolerations),
         env=tuple((var.name, {"name": var.name, "value": var.value}, var.on_conflict == "override") for var in cls.env),
         env_names=tuple(var.name for var in cls.env),
+        priority=priority,
+        priority_at_most=priority_at_most,
     )
+
+
+@lru_cache(maxsize=256)
+def borrower_plan(policy: Policy, class_name: str) -> _ClassPlan:
+    """What a borrower of an unreserved class gets instead of its class's placement: the class's own node
+    requirements without the one that keeps it off reserved nodes, the reserved toleration, a preference for
+    shared nodes, the borrowers' priority (all three fields), its borrow label; with ``lendFrom: idleNodes``
+    a required anti-affinity to the nodes where inference pods run (the placed label of the reserved classes)."""
+    plan = _class_plan(policy, class_name)
+    settings = lending.settings(policy)
+    reserved = _reserved(policy, None)
+    taint = policy.spec.reserved_nodes.taint
+    reserved_toleration = None
+    if taint is not None:
+        reserved_toleration = {"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect}
+    anti_affinity = None
+    if settings.lend_from == "idleNodes":
+        inference = [name for name, cls in policy.spec.classes.items() if cls.placement == "reserved"]
+        anti_affinity = {
+            "labelSelector": {"matchExpressions": [{"key": PLACED_LABEL, "operator": "In", "values": inference}]},
+            # Every namespace: a term without a namespace selector counts only the pod's own namespace.
+            "namespaceSelector": {},
+            "topologyKey": HOSTNAME_KEY,
+        }
+    return _ClassPlan(
+        requirements=tuple(r for r in plan.requirements if r.satisfied_by_exclusion is None),
+        reserved_toleration=reserved_toleration,
+        tolerations=plan.tolerations,
+        env=plan.env,
+        env_names=plan.env_names,
+        preferred={
+            "weight": BORROWER_PREFERENCE_WEIGHT,
+            "preference": {
+                "matchExpressions": [{"key": reserved.key, "operator": "NotIn", "values": [reserved.value]}]
+            },
+        },
+        anti_affinity=anti_affinity,
+        priority=lending.priority_fields(settings.borrower),
+        labels=((settings.pod_label, lending.BORROWING),),
+    )
+
+
+def _plan_borrower_affinity(review: _Review, plan: _ClassPlan) -> None:
+    """A borrower's affinity in one operation (the required terms narrowed by the class's own
+    requirements, the preferred term, the pod anti-affinity term), each part only when missing."""
+    current = review.spec.get("affinity")
+    affinity: dict[str, Any] = dict(current) if type(current) is dict else {}
+    node_affinity: dict[str, Any] = dict(affinity.get("nodeAffinity") or {})
+    changed_node = False
+    terms = review.terms
+    if plan.requirements:
+        new_terms = scheduling.narrow_terms(terms, plan.requirements)
+        old_terms = [t.body for t in terms] if terms is not None else None
+        if new_terms != old_terms:
+            required = dict(node_affinity.get(scheduling.REQUIRED) or {})
+            required["nodeSelectorTerms"] = new_terms
+            node_affinity[scheduling.REQUIRED] = required
+            changed_node = True
+    preferred = node_affinity.get(PREFERRED)
+    preferred = list(preferred) if type(preferred) is list else []
+    if plan.preferred is not None and plan.preferred not in preferred:
+        node_affinity[PREFERRED] = [*preferred, plan.preferred]
+        changed_node = True
+    if changed_node:
+        affinity["nodeAffinity"] = node_affinity
+        review.done.append("node-affinity")
+    changed_anti = False
+    if plan.anti_affinity is not None:
+        anti: dict[str, Any] = dict(affinity.get("podAntiAffinity") or {})
+        required_anti = anti.get(scheduling.REQUIRED)
+        required_anti = list(required_anti) if type(required_anti) is list else []
+        if plan.anti_affinity not in required_anti:
+            anti[scheduling.REQUIRED] = [*required_anti, plan.anti_affinity]
+            affinity["podAntiAffinity"] = anti
+            review.done.append("pod-anti-affinity")
+            changed_anti = True
+    if changed_node or changed_anti:
+        review.operations.extend(patch.set_map_entries(review.pod, ("spec",), {"affinity": affinity}))
+
+
+def _plan_priority(review: _Review, plan: _ClassPlan) -> None:
+    """The PriorityClass of a borrower, or of an inference pod not above the borrowers (lending): all three
+    fields, or the apiserver's Priority plugin forbids the CREATE (lending-facts.md §5)."""
+    wanted = plan.priority
+    if wanted is None:
+        return
+    current = review.spec.get("priority")
+    if plan.priority_at_most is not None:
+        resolved = current if type(current) is int else 0
+        if resolved > plan.priority_at_most:
+            return
+        review.warnings.append(
+            f"the pod's priority ({resolved}) is not above the borrowers' ({plan.priority_at_most}): it gets the "
+            f"PriorityClass {wanted['priorityClassName']} ({wanted['priority']}), so that it takes reserved "
+            "capacity back from borrowers"
+        )
+    operations = patch.set_map_entries(review.pod, ("spec",), wanted)
+    if operations:
+        review.operations.extend(operations)
+        review.done.append("priority")
 
 
 def _plan_affinity(review: _Review, plan: _ClassPlan) -> None:

@@ -444,6 +444,114 @@ class NamespaceRule(_Model):
         return self.default_class or self.allowed_classes[0]
 
 
+# The names users see (design.md, "Names users see").
+LENDING_NAMESPACE_LABEL = "rocm-isolation.io/lending"
+LENDING_ALLOWED = "allowed"
+BORROW_POD_LABEL = "rocm-isolation.io/borrow"
+NO_BORROWERS_TAINT_KEY = "rocm-isolation.io/no-borrowers"
+# Kubernetes refuses user PriorityClasses above one billion (higher values are the system's).
+MAX_USER_PRIORITY = 1_000_000_000
+
+
+class PriorityClassSettings(_Model):
+    """A PriorityClass that ``manifests`` renders and the webhook and the placement policy write into pods
+    (all three fields: the Priority admission plugin checks the pod again after the mutating webhooks and
+    policies, and forbids a name whose value or preemption policy the pod does not carry)."""
+
+    name: str
+    value: int
+    preemption_policy: Literal["Never", "PreemptLowerPriority"]
+
+    @model_validator(mode="after")
+    def _valid(self) -> PriorityClassSettings:
+        if not _DNS_SUBDOMAIN.match(self.name) or len(self.name) > 253:
+            raise ValueError(f"name: {self.name!r} is not a PriorityClass name (a DNS subdomain)")
+        if self.name.startswith("system-"):
+            raise ValueError(f"name: {self.name!r}: the system- prefix is reserved by Kubernetes")
+        if not -MAX_USER_PRIORITY <= self.value <= MAX_USER_PRIORITY:
+            raise ValueError(
+                f"value: {self.value} is outside what Kubernetes allows ({-MAX_USER_PRIORITY} to {MAX_USER_PRIORITY})"
+            )
+        return self
+
+
+def _borrower_class() -> PriorityClassSettings:
+    return PriorityClassSettings.model_validate(
+        {"name": "rocm-isolation-borrower", "value": -100, "preemptionPolicy": "Never"}
+    )
+
+
+def _inference_class() -> PriorityClassSettings:
+    return PriorityClassSettings.model_validate(
+        {"name": "rocm-isolation-inference", "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
+    )
+
+
+class LendingNamespaces(_Model):
+    """Which namespaces may borrow: a namespace labelled ``<labelKey>=allowed`` (the label is guarded like
+    the class label: only the class-label editors may set it), or one named here (exact names or globs)."""
+
+    label_key: str = LENDING_NAMESPACE_LABEL
+    names: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid(self) -> LendingNamespaces:
+        _check_label_key(self.label_key)
+        for name in self.names:
+            if not name or len(name) > 63 or not re.match(r"^[-a-z0-9*?\[\]!]+$", name):
+                raise ValueError(f"names: {name!r} is not a namespace name or glob")
+        return self
+
+
+class Lending(_Model):
+    """Lending idle reserved capacity to preemptible training (off by default; docs/policy.md "Lending")."""
+
+    enabled: bool = False
+    namespaces: LendingNamespaces = Field(default_factory=LendingNamespaces)
+    # In a namespace that may borrow: does a pod of an unreserved class borrow unless it opts out
+    # (pod label <podLabel>: "false")? Off: only pods labelled <podLabel>: "true" borrow.
+    default_borrow: bool = False
+    pod_label: str = BORROW_POD_LABEL
+    # Below every inference pod; Never: a borrower waits for capacity, it never preempts anybody.
+    borrower_priority_class: PriorityClassSettings = Field(default_factory=_borrower_class)
+    inference_priority_class: PriorityClassSettings = Field(default_factory=_inference_class)
+    # The borrowers' terminationGracePeriodSeconds cap when their capacity is taken back.
+    reclaim_grace_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
+    # Reserved GPUs of each pool never lent (an inference burst binds at once on them).
+    headroom_gpus: Annotated[int, Field(ge=0, alias="headroomGPUs")] = 0
+    # idleNodes: only reserved nodes with no inference pod; idleGPUs: also the idle GPUs of nodes where
+    # inference runs (the runbook's split: the operator's choice of exposure).
+    lend_from: Literal["idleNodes", "idleGPUs"] = "idleNodes"
+    # The taint of reserved nodes that take no new borrowers (headroom, pausing); inference tolerates it.
+    no_borrowers_taint: Taint = Field(
+        default_factory=lambda: Taint.model_validate(
+            {"key": NO_BORROWERS_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+        )
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> Lending:
+        _check_label_key(self.pod_label)
+        borrower, inference = self.borrower_priority_class, self.inference_priority_class
+        if borrower.name == inference.name:
+            raise ValueError("borrowerPriorityClass.name and inferencePriorityClass.name must differ")
+        if borrower.value >= inference.value:
+            raise ValueError(
+                f"borrowerPriorityClass.value ({borrower.value}) must be strictly below inferencePriorityClass.value "
+                f"({inference.value}): inference takes its capacity back by preempting borrowers"
+            )
+        if borrower.preemption_policy != "Never":
+            raise ValueError(
+                "borrowerPriorityClass.preemptionPolicy must be Never: a borrower waits for capacity, it never "
+                "preempts anybody"
+            )
+        if self.no_borrowers_taint.effect != "NoSchedule":
+            raise ValueError(
+                "noBorrowersTaint.effect must be NoSchedule (running borrowers are taken back by preemption)"
+            )
+        return self
+
+
 class PolicySpec(_Model):
     mode: Mode = "enforce"
     scope: Scope = Field(default_factory=Scope)
@@ -463,6 +571,7 @@ class PolicySpec(_Model):
     spread_selector: SpreadSelector = Field(default_factory=SpreadSelector)
     classes: dict[str, WorkloadClass]
     namespaces: list[NamespaceRule] = Field(default_factory=list)
+    lending: Lending = Field(default_factory=Lending)
 
     @model_validator(mode="after")
     def _valid(self) -> PolicySpec:
@@ -490,9 +599,30 @@ class PolicySpec(_Model):
                         problems.append(
                             f"classes.{name}.tolerations[{i}]: an unreserved class must not tolerate the reserved taint"
                         )
+        problems.extend(_lending_problems(self))
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _lending_problems(spec: PolicySpec) -> list[str]:
+    lending = spec.lending
+    if not lending.enabled:
+        return []
+    problems = []
+    if not any(cls.placement == "reserved" for cls in spec.classes.values()):
+        problems.append("lending.enabled: no class is placed on reserved nodes (placement: reserved): nothing to lend")
+    taint = spec.reserved_nodes.taint
+    if taint is not None and taint.key == lending.no_borrowers_taint.key:
+        problems.append("lending.noBorrowersTaint.key must differ from reservedNodes.taint.key")
+    for name, cls in spec.classes.items():
+        if cls.placement == "unreserved":
+            for i, tol in enumerate(cls.tolerations):
+                if tol.tolerates(lending.no_borrowers_taint):
+                    problems.append(
+                        f"classes.{name}.tolerations[{i}]: an unreserved class must not tolerate the no-borrowers taint"
+                    )
+    return problems
 
 
 class PolicyMetadata(_Model):
@@ -608,6 +738,13 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
                 "already exposes /dev/kfd and the render nodes); it is skipped in Pod Security baseline/restricted "
                 "namespaces"
             )
+    lending = doc.spec.lending
+    if lending.enabled and lending.borrower_priority_class.value >= 0:
+        warnings.append(
+            f"spec.lending.borrowerPriorityClass.value is {lending.borrower_priority_class.value}: pods without a "
+            "PriorityClass (priority 0) are not above borrowers; the webhook gives such inference pods "
+            f"{lending.inference_priority_class.name}, but other pods do not outrank borrowers (use a negative value)"
+        )
     return warnings
 
 
