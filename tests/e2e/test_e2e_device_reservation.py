@@ -699,6 +699,48 @@ def test_the_audit_counts_each_side_of_the_split_nodes_in_its_pool(split: Split)
     assert devices["devicesAllocated"] == {"reserved": {"inference": 2}, "shared": {"training": 2}}
 
 
+def test_pool_status_the_audit_and_the_gauges_give_one_inventory(split: Split) -> None:
+    """One capacity model: on one cluster (a node reserved whole, split nodes, GPUs held on both sides),
+    the pools ``pool status -o json`` prints equal the audit's capacity section, which equals the
+    gauges the background audit exports from it."""
+    from webhook.service.auditloop import publish
+    from webhook.service.metrics import Metrics
+
+    ns = split.inference
+    split.kube.create(claim_template(ns, "reserved-one", exactly(RESERVED_CLASS, count=1)))
+    split.kube.create(claim_pod(ns, "llm", template="reserved-one"))
+    split.kube.create(pod(split.training, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+    assert allocated(split, ns, "llm").pcis <= reserved_ids(2)
+    assert allocated(split, split.training, "amd-gpu").pcis <= shared_ids(2)
+    audit = cli("audit", "-o", "json", kubeconfig=split.plane.admin_kubeconfig)
+    assert audit.returncode in (0, 1), audit.stdout + audit.stderr
+    document = json.loads(audit.stdout)
+    status = json.loads(pool(split.plane, "status", "-o", "json").stdout)
+    metrics = Metrics()
+    publish(document, metrics)
+
+    def gauge(name: str, **labels: str) -> float:
+        value = metrics.registry.get_sample_value(f"rocm_isolation_{name}", labels)
+        return 0.0 if value is None else value
+
+    for side in ("reserved", "shared"):
+        audited = document["capacity"][side]
+        printed = status[side]
+        assert (printed["nodes"], printed["gpusAllocatable"], printed["gpusRequested"]) == (
+            audited["nodes"],
+            audited["gpusAllocatable"],
+            sum(audited["gpusRequested"].values()),
+        ), side
+        assert gauge("pool_nodes", pool=side) == audited["nodes"]
+        assert gauge("pool_gpus_allocatable", pool=side) == audited["gpusAllocatable"]
+        for cls, gpus in audited["gpusRequested"].items():
+            assert gauge("pool_gpus_requested", pool=side, **{"class": cls}) == gpus
+        by_class = {cls: v["gpus"] for cls, v in printed["podsByClass"].items() if v["gpus"]}
+        assert by_class == audited["gpusRequested"], side
+    assert document["capacity"]["reserved"]["gpusRequested"] == {"inference": 1}
+    assert document["capacity"]["shared"]["gpusRequested"] == {"training": 1}
+
+
 def test_the_whole_reserved_device_plugin_node_takes_inference_and_no_training(split: Split) -> None:
     """A mixed cluster: the device-plugin node was reserved whole by ``pool apply --nodes`` (label and
     taint), next to the split DRA nodes; ``pool apply --nodes`` refuses a DRA node while the device

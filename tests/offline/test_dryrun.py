@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from webhook.offline.dryrun import prefixed
 from webhook.offline.manifest_yaml import load_go
+from webhook.offline.outcomes import prefixed
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dryrun"

@@ -38,7 +38,7 @@ from test_dryrun import CLASS, POOL, load_all, mutate, stderr_lines
 from webhook.core.decision import NodeFacts
 from webhook.core.engine import PLACED_LABEL
 from webhook.core.policy import default_policy
-from webhook.offline import dryrun, workloads
+from webhook.offline import documents, outcomes, workloads
 
 CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "dryrun" / "crds"
 K8S = "1.37.0"
@@ -955,8 +955,8 @@ CRD_OBJECTS = [
 ]
 
 
-def _facts() -> dryrun.Facts:
-    return dryrun.Facts(
+def _facts() -> documents.Facts:
+    return documents.Facts(
         policy=default_policy(),
         nodes=NodeFacts(None),
         default_namespace="default",
@@ -977,7 +977,7 @@ def test_a_crd_broken_anywhere_gets_a_verdict_and_a_patch_that_applies(data: st.
     parent[place[-1]] = data.draw(S.json_values)
     original = copy.deepcopy(body)
 
-    output, (outcome,) = dryrun.process_document(dryrun.Document(dryrun.Location("<fuzz>", 1), body), _facts())
+    output, (outcome,) = outcomes.process_document(documents.Document(documents.Location("<fuzz>", 1), body), _facts())
 
     assert body == original  # the input is never modified
     if outcome.allowed:

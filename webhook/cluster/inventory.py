@@ -17,13 +17,13 @@ Pure functions over raw API objects (dicts exactly as the apiserver returns them
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
-from webhook.cluster import dra_capacity
+from webhook.cluster import slices
 from webhook.cluster.kubeapi import Forbidden, KubeApi, NotFound, api_path
 from webhook.core import claims as dra
 from webhook.core.decision import NO_CLAIMS, ClaimFacts, DeviceFacts, NamespaceFacts, NodeFacts
@@ -209,6 +209,14 @@ def reserved_for(claim: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+def holds(pod: tuple[str, str], reserved: Iterable[tuple[str, str]]) -> bool:
+    """Whether the pod (name, uid) holds a claim reserved for ``reserved`` (name, uid): a claim reserved for
+    nobody yet is its pod's; one reserved for an earlier pod of the same name (another uid) is not."""
+    found = list(reserved)
+    name, uid = pod
+    return not found or any(n == name and (not u or not uid or u == uid) for n, u in found)
+
+
 def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -268,15 +276,6 @@ def pod_info(pod: Mapping[str, Any], policy: Policy) -> PodInfo:
 # -- reading the cluster --------------------------------------------------------------------------
 
 
-class SliceReader(Protocol):
-    """Something more to read from each ResourceSlice (``Snapshot.read(slice_readers=...)``): e.g. the
-    device reservation's devices and their taints, for ``audit``."""
-
-    def add(self, resource_slice: Mapping[str, Any]) -> None: ...
-
-    def clear(self) -> None: ...
-
-
 @dataclass
 class Snapshot:
     """Nodes (with the GPUs DRA drivers publish for them), namespace labels and DRA claims, read once;
@@ -294,28 +293,22 @@ class Snapshot:
     # the devices allocated to it as (driver, pool, device) (the ground truth of what a pod got).
     device_classes: dict[str, dra.DeviceClassInfo] = field(default_factory=dict)
     allocations: dict[str, dict[str, tuple[tuple[str, str, str], ...]]] = field(default_factory=dict)
-    # Per namespace and ResourceClaim, the GPU slots allocated to it (dra_capacity: published in the
-    # nodes' ResourceSlices, counted in the nodes' gpus).
-    claim_slots: dict[str, dict[str, frozenset[dra_capacity.Slot]]] = field(default_factory=dict)
+    # The devices of the GPU drivers (and of the device reservation's driver) in the ResourceSlices: the
+    # one reading of the slices (``cluster/slices.py``), counted in the nodes' gpus.
+    published: slices.PublishedDevices = field(default_factory=lambda: slices.PublishedDevices(frozenset()))
     # Per namespace and allocated ResourceClaim, the pods it is reserved for (``status.reservedFor``), as
     # (name, uid): the pods that hold its devices.
     claim_holders: dict[str, dict[str, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
     # The DeviceClasses as read (a few small objects: the device reservation is read back from its class).
     device_class_objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Whether the ResourceSlices were read (False: DRA not served, or the list was refused), and what else
-    # reads each of them (``SliceReader``).
+    # Whether the ResourceSlices were read (False: DRA not served, or the list was refused).
     slices_read: bool = False
-    slice_readers: tuple[SliceReader, ...] = ()
     warnings: list[str] = field(default_factory=list)
     _devices: DeviceFacts | None = field(default=None, repr=False)
 
     @classmethod
-    def read(
-        cls, api: KubeApi, policy: Policy, *, claims: bool = True, slice_readers: tuple[SliceReader, ...] = ()
-    ) -> Snapshot:
-        """``slice_readers`` are given every ResourceSlice read (of any driver), and cleared when the list
-        starts over."""
-        snapshot = cls(policy, slice_readers=slice_readers)
+    def read(cls, api: KubeApi, policy: Policy, *, claims: bool = True) -> Snapshot:
+        snapshot = cls(policy)
         snapshot.read_nodes(api)
         snapshot.read_namespaces(api)
         if claims:
@@ -384,59 +377,62 @@ class Snapshot:
             self._read_slices(api, api_path(group_version, "resourceslices"))
             return
 
+    @property
+    def gpu_drivers(self) -> frozenset[str]:
+        return frozenset(self.policy.spec.scope.gpu_drivers)
+
     def _read_slices(self, api: KubeApi, path: str) -> None:
-        """The GPU slots of each node's ResourceSlices, added to its gpus, and the slots of each claim."""
-        published = dra_capacity.PublishedGpus(frozenset(self.policy.spec.scope.gpu_drivers))
-        readers = (published, *self.slice_readers)
-
-        def restart() -> None:
-            for reader in readers:
-                reader.clear()
-
+        """The devices of each node's ResourceSlices; their GPUs are added to the node's gpus."""
+        published = slices.PublishedDevices(self.gpu_drivers | {self.policy.spec.reserved_devices.driver})
         try:
-            for resource_slice in api.list(path, on_restart=restart):
-                for reader in readers:
-                    reader.add(resource_slice)
+            for resource_slice in api.list(path, on_restart=published.clear):
+                published.add(resource_slice)
         except (NotFound, Forbidden) as err:
-            for reader in self.slice_readers:
-                reader.clear()
             self.warnings.append(
                 f"ResourceSlices not read ({err}): GPUs published by DRA drivers are not counted as allocatable"
             )
             return
         self.slices_read = True
-        for name, slots in published.per_node().items():
+        self.published = published
+        for name, gpus in published.gpus_per_node(self.gpu_drivers).items():
             node = self.nodes.get(name)
             if node is not None:
                 # A node where both the device plugin and the DRA driver publish (a migration) has the
                 # same GPUs twice: the larger count, not the sum.
-                self.nodes[name] = replace(node, gpus=max(node.gpus, slots))
-        by_device = published.slots()
-        drivers = published.drivers
-        for namespace, claims in self.allocations.items():
-            for claim, allocated in claims.items():
-                gpu = [result for result in allocated if result[0] in drivers]
-                if gpu:
-                    self.claim_slots.setdefault(namespace, {})[claim] = frozenset(
-                        dra_capacity.allocated(gpu, by_device)
-                    )
+                self.nodes[name] = replace(node, gpus=max(node.gpus, gpus))
 
-    def dra_gpus_held(
-        self,
-        pod: Mapping[str, Any],
-        counted: set[dra_capacity.Slot],
-        skip: frozenset[tuple[str, str]] = frozenset(),
-    ) -> int:
-        """The GPU slots a pod holds through its claims that are not yet in ``counted`` (added to it): a
+    def claim_results(self, pod: Mapping[str, Any], *, extended: bool = False) -> list[tuple[str, str, str]]:
+        """The (driver, pool, device)s of the GPU drivers that the pod's claims were allocated: its own
+        claims, or (``extended``) the claim the scheduler made for its DRA extended resources."""
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace", ""))
+        allocated = self.allocations.get(namespace)
+        if not allocated:
+            return []
+        if extended:
+            made = extended_resource_claim(pod)
+            names = [made] if made else []
+        else:
+            names = claim_names(pod, extended=False)
+        drivers = self.gpu_drivers
+        holders = self.claim_holders.get(namespace, {})
+        me = (str(metadata.get("name", "")), str(metadata.get("uid", "")))
+        return [
+            result
+            for claim in names
+            if holds(me, holders.get(claim, ()))
+            for result in allocated.get(claim, ())
+            if result[0] in drivers
+        ]
+
+    def dra_gpus_held(self, pod: Mapping[str, Any], counted: set[slices.Gpu]) -> int:
+        """The GPUs a pod holds through its own claims that are not yet in ``counted`` (added to it): a
         claim several pods share counts once. The claim the scheduler made for DRA extended resources is
-        left out: those GPUs are in the pod's resources (``gpu_request``). So are the slots of the
-        (driver, pool)s in ``skip`` (counted otherwise: the audit's split nodes)."""
-        held = self.claim_slots.get(str((pod.get("metadata") or {}).get("namespace", "")))
-        if not held:
+        left out: those GPUs are in the pod's resources (``gpu_request``)."""
+        results = self.claim_results(pod)
+        if not results:
             return 0
-        new: set[dra_capacity.Slot] = set()
-        for claim in claim_names(pod, extended=False):
-            new |= {slot for slot in held.get(claim, frozenset()) - counted if (slot.driver, slot.pool) not in skip}
+        new = slices.allocated_gpus(results, self.published.gpus_by_result()) - counted
         counted |= new
         return len(new)
 

@@ -46,6 +46,9 @@ RESERVED_DEVICE_TAINT_KEY = "rocm-isolation.io/reserved-device"
 RESERVED_DEVICE_TAINT_EFFECT = "NoSchedule"
 # The scheduler's claims for DRA extended resources (created after allocation: never denied or changed).
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+# The standard attribute of a device's PCI address (KEP-5004); ROCm enumerates GPUs in its order.
+PCI_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID_ATTRIBUTE = f"{PCI_DOMAIN}/pciBusID"
 TEMPLATE_KIND = "ResourceClaimTemplate"
 DEVICE_CLASS_KIND = "DeviceClass"
 
@@ -194,3 +197,14 @@ def allocated_results(obj: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...
         if isinstance(driver, str) and driver:
             found.append((driver, pool if isinstance(pool, str) else "", device if isinstance(device, str) else ""))
     return tuple(found)
+
+
+def pci_sort_key(bus_id: str) -> tuple[int, ...] | tuple[float]:
+    """ROCm enumerates GPUs in PCI bus order: ``domain:bus:device.function`` compared as numbers
+    (``0000:9a:00.0`` before ``0000:c1:00.0``); an ID that does not parse sorts last."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        device, function = rest.split(".")
+        return tuple(int(part, 16) for part in (domain, bus, device, function))
+    except ValueError:
+        return (float("inf"),)

@@ -32,11 +32,14 @@ from webhook.core.claims import MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from webhook.core.claims import (
     MODE_CLASSES,
     MODE_TAINTS,
+    PCI_DOMAIN,
     RESERVATION_ACTIVE,
     RESERVATION_LABEL,
     RESERVATION_MODE_ANNOTATION,
     RESERVATION_RELEASED,
 )
+from webhook.core.claims import PCI_BUS_ID_ATTRIBUTE as PCI_BUS_ID_ATTRIBUTE
+from webhook.core.claims import pci_sort_key as pci_sort_key
 from webhook.core.policy import Policy
 from webhook.deploy.cel import quote, str_list
 
@@ -47,8 +50,6 @@ RELEASED = RESERVATION_RELEASED
 DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
 PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
 ROLE_ANNOTATION = "rocm-isolation.io/role"
-PCI_DOMAIN = "resource.kubernetes.io"
-PCI_BUS_ID_ATTRIBUTE = f"{PCI_DOMAIN}/pciBusID"
 # A device without the attribute is never reserved (and never fails the selector: an unknown attribute
 # is an evaluation error that aborts the allocation, so it is tested with has() first).
 _PCI = f"device.attributes[{quote(PCI_DOMAIN)}].pciBusID"
@@ -74,17 +75,6 @@ class DeviceReservation:
 
 
 RELEASED_RESERVATION = DeviceReservation(0, ())
-
-
-def pci_sort_key(bus_id: str) -> tuple[int, ...] | tuple[float]:
-    """ROCm enumerates GPUs in PCI bus order: ``domain:bus:device.function`` compared as numbers
-    (``0000:9a:00.0`` before ``0000:c1:00.0``); an ID that does not parse sorts last."""
-    try:
-        domain, bus, rest = bus_id.split(":")
-        device, function = rest.split(".")
-        return tuple(int(part, 16) for part in (domain, bus, device, function))
-    except ValueError:
-        return (float("inf"),)
 
 
 def reserved_selector(driver: str, reservation: DeviceReservation) -> str:

@@ -37,8 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from webhook.cluster.dra_capacity import device_fields, keep_newest, pool_generation
 from webhook.cluster.inventory import parse_time, reserved_for
+from webhook.cluster.slices import device_fields, keep_newest, pool_generation
 from webhook.core.claims import (
     MODE_CLASSES,
     MODE_TAINTS,

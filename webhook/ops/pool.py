@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from webhook.cluster.dra_capacity import Slot
 from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
 from webhook.cluster.kubeapi import ApiError, Conflict, Forbidden, KubeApi, NotFound, api_path
+from webhook.cluster.slices import Gpu as Slot
 from webhook.core import claims as dra
 from webhook.core import engine
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from webhook.ops.audit import POLICY_NAME, RULES, SOURCE, Finding
+from webhook.ops.findings import POLICY_NAME, RULES, SOURCE, Finding
 
 REPORT_NAME: Final = "rocm-isolation-audit"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"

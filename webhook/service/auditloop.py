@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from webhook.cluster.inventory import POOLS
 from webhook.cluster.lease import LeaderElector
-from webhook.ops.audit import EXIT_CLEAN, EXIT_FINDINGS, RULES
+from webhook.ops.audit import EXIT_CLEAN, EXIT_FINDINGS
+from webhook.ops.findings import RULES
 from webhook.ops.reports import finding_from_json
 from webhook.service.metrics import Metrics
 

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from webhook.cluster.kubeapi import ApiError, KubeApi, NotFound, api_path, resources_served
 from webhook.ops import reports
-from webhook.ops.audit import Finding
+from webhook.ops.findings import Finding
 from webhook.ops.reports import ReportApi
 
 log = logging.getLogger("webhook.reports")

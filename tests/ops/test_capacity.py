@@ -1,0 +1,180 @@
+"""The capacity model: per node and side, capacity = allocated + free, each GPU counted once, on its side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.cluster.slices import Device, Gpu, gpu_of
+from webhook.deploy.device_classes import DeviceReservation, reservation_for
+from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, Holder, device_state, split_nodes
+
+DRIVER = "gpu.amd.com"
+
+
+def bus(i: int) -> str:
+    return f"0000:{0x10 + i:02x}:00.0"
+
+
+def gpus_of(node: str, count: int, partitions: int = 1) -> tuple[Device, ...]:
+    """``count`` GPUs, each published as ``partitions`` devices sharing its PCI bus ID."""
+    return tuple(
+        Device(node, node, f"gpu-{i}-p{p}" if partitions > 1 else f"gpu-{i}", bus(i), DRIVER)
+        for i in range(count)
+        for p in range(partitions)
+    )
+
+
+def result(device: Device) -> tuple[str, str, str]:
+    return (DRIVER, device.pool, device.name)
+
+
+def test_a_split_node_counts_each_gpu_once_on_its_side_whatever_its_partitions() -> None:
+    devices = gpus_of("d1", 4, partitions=2)
+    reservation = reservation_for([bus(0), bus(1)], 2)
+    model = CapacityModel.build([("d1", 0, False)], {"d1": devices}, reservation, ["d1"], DRIVER)
+    node = model.nodes["d1"]
+    assert (node.side(RESERVED).capacity, node.side(SHARED).capacity) == (2, 2)
+    # Both partitions of GPU 0 held by one inference pod: one GPU; a partition of GPU 2 by training.
+    model.add_pod(
+        Holder("serve", "llm", "inference", inference=True), "d1", 0, [result(devices[0]), result(devices[1])]
+    )
+    model.add_pod(Holder("ml", "trainer", "training"), "d1", 0, [result(devices[4])])
+    assert node.side(RESERVED).allocated_by_class("unclassified") == {"inference": 1}
+    assert node.side(SHARED).allocated_by_class("unclassified") == {"training": 1}
+    assert (node.side(RESERVED).free, node.side(SHARED).free) == (1, 1)
+    assert model.capacity(RESERVED) == 2 and model.capacity(SHARED) == 2
+
+
+def test_a_claim_two_pods_share_counts_for_the_first() -> None:
+    devices = gpus_of("d1", 2)
+    model = CapacityModel.build([("d1", 0, False)], {"d1": devices}, reservation_for([bus(0)], 1), ["d1"], DRIVER)
+    model.add_pod(Holder("serve", "a", "inference", inference=True), "d1", 0, [result(devices[0])])
+    model.add_pod(Holder("ml", "b", "training"), "d1", 0, [result(devices[0])])
+    assert model.allocated_by_class(RESERVED, "-") == {"inference": 1}
+    assert model.nodes["d1"].side(RESERVED).free == 0
+
+
+def test_whole_nodes_count_resources_and_claims_on_their_side_and_unknown_nodes_in_the_shared_pool() -> None:
+    model = CapacityModel.build([("r1", 8, True), ("s1", 4, False), ("cpu", 0, False)], {}, None, [], DRIVER)
+    model.add_pod(Holder("serve", "llm", "inference", inference=True), "r1", 2)
+    model.add_pod(Holder("ml", "t", "training"), "s1", 1, [(DRIVER, "s1", "gpu-0"), (DRIVER, "s1", "gpu-1")])
+    model.add_pod(Holder("ml", "gone", "training"), "deleted-node", 1)
+    assert [n.name for n in model.pool_nodes(RESERVED)] == ["r1"]
+    assert [n.name for n in model.pool_nodes(SHARED)] == ["s1"]  # no GPUs: not in the pool
+    assert model.allocated_by_class(RESERVED, "-") == {"inference": 2}
+    assert model.allocated_by_class(SHARED, "-") == {"training": 4}
+    assert model.free_without("r1", RESERVED, []) == 6
+
+
+def test_the_extended_resource_claim_on_a_split_node_replaces_the_request_and_elsewhere_is_the_request() -> None:
+    devices = gpus_of("d1", 4)
+    model = CapacityModel.build(
+        [("d1", 0, False), ("w1", 4, False)], {"d1": devices}, reservation_for([bus(0)], 1), ["d1"], DRIVER
+    )
+    # amd.com/gpu: 1 served by DRA on the split node: the scheduler's claim is the GPU, counted on its side.
+    model.add_pod(Holder("ml", "a", "training"), "d1", 1, extended_results=[result(devices[3])])
+    # On a whole node the same request is kubelet's count; the scheduler's claim is not counted again.
+    model.add_pod(Holder("ml", "b", "training"), "w1", 1, extended_results=[(DRIVER, "w1", "gpu-0")])
+    assert model.nodes["d1"].side(SHARED).allocated == 1
+    assert model.nodes["w1"].side(SHARED).allocated == 1
+
+
+def test_fits_answers_would_it_fit_if_these_pods_left() -> None:
+    model = CapacityModel.build([("r1", 2, True)], {}, None, [], DRIVER)
+    model.add_pod(Holder("ml", "borrower", "training", borrower=True), "r1", 2)
+    assert not model.fits("r1", RESERVED, 1)
+    assert model.fits("r1", RESERVED, 2, leaving=[("ml", "borrower")])
+    assert not model.fits("nowhere", RESERVED, 1)
+
+
+def test_clear_pods_forgets_what_was_counted_but_not_the_capacity() -> None:
+    devices = gpus_of("d1", 2)
+    model = CapacityModel.build([], {"d1": devices}, reservation_for([bus(0)], 1), ["d1"], DRIVER)
+    model.add_pod(Holder("serve", "a", "inference", inference=True), "d1", 0, [result(devices[0])])
+    model.clear_pods()
+    model.add_pod(Holder("serve", "a", "inference", inference=True), "d1", 0, [result(devices[0])])
+    assert model.allocated(RESERVED) == 1 and model.capacity(RESERVED) == 1
+
+
+# -- the property: random clusters ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RandomPod:
+    holder: Holder
+    node: str
+    resource_gpus: int
+    results: tuple[tuple[str, str, str], ...]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[CapacityModel, list[RandomPod], dict[str, tuple[Device, ...]]]:
+    """Whole reserved, whole shared and split nodes; pods holding GPUs by kubelet's count or by claims
+    on devices of their own node (partitions, devices without a PCI bus ID), never more than a node has."""
+    count = draw(st.integers(1, 6))
+    whole: list[tuple[str, int, bool]] = []
+    published: dict[str, tuple[Device, ...]] = {}
+    split: list[str] = []
+    for n in range(count):
+        name = f"n{n}"
+        kind = draw(st.sampled_from(["reserved", "shared", "split"]))
+        if kind == "split":
+            gpus = draw(st.integers(1, 8))
+            devices = list(gpus_of(name, gpus, draw(st.integers(1, 3))))
+            devices += [Device(name, name, f"bare-{i}", "", DRIVER) for i in range(draw(st.integers(0, 2)))]
+            published[name] = tuple(devices)
+            split.append(name)
+            whole.append((name, 0, False))
+        else:
+            whole.append((name, draw(st.integers(0, 8)), kind == "reserved"))
+    reservation = reservation_for([bus(i) for i in range(draw(st.integers(1, 4)))], 2)
+    model = CapacityModel.build(whole, published, reservation, split, DRIVER)
+    pods: list[RandomPod] = []
+    room = {name: gpus for name, gpus, _ in whole}
+    for p in range(draw(st.integers(0, 12))):
+        name, _, _ = draw(st.sampled_from(whole))
+        holder = Holder("ns", f"p{p}", draw(st.sampled_from(["inference", "training", ""])))
+        if name in published:
+            chosen = draw(st.lists(st.sampled_from(published[name]), max_size=4, unique=True))
+            pods.append(RandomPod(holder, name, 0, tuple(result(d) for d in chosen)))
+        else:
+            gpus = draw(st.integers(0, room[name]))
+            room[name] -= gpus
+            pods.append(RandomPod(holder, name, gpus, ()))
+    return model, pods, published
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters())
+def test_per_node_and_side_capacity_is_allocated_plus_free_and_each_gpu_counts_once(
+    cluster: tuple[CapacityModel, list[RandomPod], dict[str, tuple[Device, ...]]],
+) -> None:
+    model, pods, published = cluster
+    for pod in pods:
+        model.add_pod(pod.holder, pod.node, pod.resource_gpus, pod.results)
+    reservation: DeviceReservation | None = model.reservation
+    # Brute force: the distinct GPUs held on each side of each split node; kubelet's counts elsewhere.
+    held: dict[tuple[str, str], set[Gpu]] = {}
+    by_key = {(d.pool, d.name): d for devices in published.values() for d in devices}
+    for pod in pods:
+        for _, pool, name in pod.results:
+            device = by_key[(pool, name)]
+            held.setdefault((pod.node, device_state(device, reservation)), set()).add(gpu_of(device))
+    assert set(split_nodes(published, reservation)) == set(published)
+    for name, node in model.nodes.items():
+        for side_name in SIDES:
+            side = node.sides.get(side_name)
+            if side is None:
+                continue
+            assert side.capacity == side.allocated + side.free
+            assert side.free >= 0, (name, side_name)
+            if node.split:
+                assert side.allocated == len(held.get((name, side_name), set()))
+            else:
+                assert side.allocated == sum(p.resource_gpus for p in pods if p.node == name)
+    for side_name in SIDES:
+        assert model.capacity(side_name) == sum(n.side(side_name).capacity for n in model.pool_nodes(side_name))
+        assert model.allocated(side_name) == sum(model.allocated_by_class(side_name, "-").values())

@@ -1,0 +1,126 @@
+"""Lending idle reserved GPUs, as decisions on the capacity model: which reserved nodes take no new borrowers,
+and which borrowers make room for an inference pod that waits. Pure: the Lease holder of ``serve`` reads the
+cluster, asks here, and writes (``service/lending_loop.py``); ``pool status`` and ``audit`` show the same.
+
+Who may be lent what. Admission makes a borrower (``core/lending.py``): a training pod at the borrowers'
+PriorityClass, tolerating the reserved taint and preferring shared nodes. On reserved nodes it takes what
+inference leaves idle; inference takes it back first, by the scheduler's own preemption on nodes whose GPUs
+kubelet counts, and by ``reclaim`` (evictions) where the scheduler cannot preempt (DRA devices, up to 1.37).
+
+Which reserved nodes are closed to new borrowers (they carry the no-borrowers taint, which inference
+tolerates and borrowers never do): every one while an inference pod of the pool waits (no lending while
+inference waits: what is freed goes to inference, not to the next borrower), and otherwise enough of the
+idle ones to keep ``headroom`` GPUs free for an inference burst: nodes without borrowers, the emptiest
+first, until their free GPUs cover the headroom. The rest are open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from webhook.ops.capacity import RESERVED, CapacityModel, Holder, NodeCapacity
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An inference pod that cannot be scheduled for lack of reserved GPUs."""
+
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    created: datetime | None = None
+    devices: bool = False  # its GPUs are DRA devices (claims): only evictions make room
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """Borrowers to evict from one node so that ``pod`` fits there."""
+
+    pod: Waiting
+    node: str
+    victims: tuple[Holder, ...]
+
+
+def lent(node: NodeCapacity) -> int:
+    """Reserved GPUs of the node that borrowers hold."""
+    side = node.sides.get(RESERVED)
+    return sum(gpus for holder, gpus in side.holders if holder.borrower) if side is not None else 0
+
+
+def lent_per_node(model: CapacityModel) -> dict[str, int]:
+    return {node.name: lent(node) for node in model.pool_nodes(RESERVED)}
+
+
+def closed_nodes(model: CapacityModel, headroom: int, waiting: Sequence[Waiting]) -> set[str]:
+    """The nodes reserved whole that take no new borrowers (see the module's docstring). Split nodes are
+    never tainted: a node's taint would close its shared GPUs to every training pod too."""
+    nodes = [node for node in model.pool_nodes(RESERVED) if not node.split]
+    if waiting:
+        return {node.name for node in nodes}
+    idle = sorted(
+        (node for node in nodes if lent(node) == 0),
+        key=lambda node: (-node.side(RESERVED).free, node.name),
+    )
+    closed: set[str] = set()
+    kept = 0
+    for node in idle:
+        if kept >= headroom:
+            break
+        closed.add(node.name)
+        kept += max(node.side(RESERVED).free, 0)
+    return closed
+
+
+def _created(holder: Holder) -> float:
+    return holder.created.timestamp() if holder.created is not None else 0.0
+
+
+def victims_on(
+    model: CapacityModel, node: NodeCapacity, pod: Waiting, spared: Iterable[tuple[str, str]]
+) -> tuple[Holder, ...] | None:
+    """The fewest borrowers of ``node``'s reserved side whose leaving lets ``pod`` fit, the youngest among
+    equals; never an inference pod or a non-borrower, never one of ``spared`` (a PodDisruptionBudget refused
+    its eviction). None when no set of borrowers makes room."""
+    side = node.sides.get(RESERVED)
+    if side is None:
+        return None
+    skip = set(spared)
+    if model.fits(node.name, RESERVED, pod.gpus):
+        return ()
+    candidates = sorted(
+        (
+            (holder, gpus)
+            for holder, gpus in side.holders
+            if holder.borrower and not holder.inference and holder.ref not in skip
+        ),
+        key=lambda entry: (-entry[1], -_created(entry[0]), entry[0].ref),
+    )
+    chosen: list[Holder] = []
+    for holder, _ in candidates:
+        chosen.append(holder)
+        if model.fits(node.name, RESERVED, pod.gpus, leaving=[h.ref for h in chosen]):
+            return tuple(chosen)
+    return None
+
+
+def reclaim(model: CapacityModel, pod: Waiting, spared: Iterable[tuple[str, str]] = ()) -> Reclaim | None:
+    """Where to make room for ``pod``: the node needing the fewest evictions, then the youngest victims, then
+    by name. ``devices``: only split nodes' reserved devices; else the nodes reserved whole. None when the
+    pod fits nowhere even with every borrower gone (or fits already: nothing to evict)."""
+    spared = set(spared)
+    best: tuple[tuple[int, float, str], Reclaim] | None = None
+    for node in model.pool_nodes(RESERVED):
+        if node.split != pod.devices:
+            continue
+        found = victims_on(model, node, pod, spared)
+        if found is None:
+            continue
+        if not found:
+            return None  # it fits here already: the scheduler will place it
+        key = (len(found), -max(_created(h) for h in found), node.name)
+        if best is None or key < best[0]:
+            best = (key, Reclaim(pod, node.name, found))
+    return best[1] if best is not None else None
