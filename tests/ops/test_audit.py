@@ -36,7 +36,6 @@ from cluster_objects import (
     resource_slice,
 )
 from fake_cluster import FakeCluster
-
 from test_audit_lending import LENDING_EXPECTED
 
 from webhook import cli
