@@ -468,14 +468,14 @@ def _borrower_operations(policy: Policy, class_name: str) -> str:
     required_added = "size(a) > 0" if affinity is not None else "false"
     preferred = _preferred_operations(plan.preferred, required_added)
     anti = (
-        _anti_affinity_operations(plan.anti_affinity, f"{required_added} || size(p) > 0")
+        _anti_affinity_operations(plan.anti_affinity, f"({required_added} || size(p) > 0)")
         if plan.anti_affinity is not None
         else None
     )
     tolerations = _toleration_operations(policy, class_name, borrower=True)
     annotations = _annotation_operations(
         class_name,
-        f"{required_added} || size(p) > 0",
+        f"({required_added} || size(p) > 0)",
         "size(w) > 0" if tolerations is not None else None,
     )
     body = f"({annotations}) + ({_label_operations(class_name, plan.labels)})"
