@@ -196,7 +196,15 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     rules += [engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY, engine.DENY_EPHEMERAL]
     if taint is None:
         rules.remove(engine.DENY_TOLERATION)
-    for rule, validation in zip(rules, spec["validations"], strict=True):
+    validations = spec["validations"]
+    if policy.spec.lending.enabled:
+        # Lending on: one more, the no-borrowers taint is inference's (its own words: borrowers are denied too).
+        *validations, no_borrowers = validations
+        lent = policy.spec.lending.no_borrowers_taint
+        assert no_borrowers["message"].startswith(f"rocm-isolation: [{engine.DENY_TOLERATION}] only inference pods ")
+        assert f"({lent.key}={lent.value}:{lent.effect})" in no_borrowers["message"]
+        assert "messageExpression" not in no_borrowers
+    for rule, validation in zip(rules, validations, strict=True):
         assert "messageExpression" not in validation
         message = validation["message"]
         assert "\n" not in message

@@ -30,7 +30,7 @@ import pytest
 
 from webhook.core import engine
 from webhook.core.policy import default_policy, parse_policy
-from webhook.deploy import mutating_policy, render, reserved_names, reserved_nodes
+from webhook.deploy import mutating_policy, priority_classes, render, reserved_names, reserved_nodes
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
@@ -379,6 +379,9 @@ def fixture_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureW
         for index, (name, text) in enumerate(FIXTURE_POLICIES):
             tag = f"pf{index}"
             world.warnings[name] = []
+            # Lending on: the PriorityClasses the MAP writes into borrowers (and inference pods) must exist.
+            for priority_class in priority_classes.resources(parse_policy(text), metadata=lambda n: {"name": n}):
+                kube.create(priority_class)
             for document in _fixture_resources(name, tag, text):
                 kube.create(document)
                 world.warnings[name] += kube.last_warnings

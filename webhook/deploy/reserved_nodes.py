@@ -221,6 +221,22 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         cel.opted_out_with_node_name("object"),
         "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
     ]
+    lending = spec.lending
+    if lending.enabled:
+        # Lending on: the taint of reserved nodes that take no new borrowers is inference's only.
+        reserved_classes = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+        taint = lending.no_borrowers_taint
+        validations.append(
+            {
+                "expression": f"!({cel.NOT_TERMINATING} &&\n{cel.tolerates_no_borrowers(policy, added=True)}) ||\n"
+                f"variables.podClass in {str_list(reserved_classes)}",
+                "message": f"rocm-isolation: [{engine.DENY_TOLERATION}] only {' or '.join(reserved_classes)} pods may "
+                f"tolerate the taint of reserved nodes that take no borrowers ({taint.key}={taint.value}:{taint.effect}); "
+                f"{advice}remove that toleration",
+                "reason": "Forbidden",
+            }
+        )
+        by_label.append(cel.tolerates_no_borrowers(policy, added=False))
     by_name = [current for _, current, _, _, _ in _name_checks(policy)]
     may_be_denied = (
         f"({cel.NOT_TERMINATING} && (\n"
@@ -232,6 +248,10 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     # training pod the webhook or the MAP placed, most pods without GPU) stops before the GPU-route scan.
     if not spec.scope.all_pods:
         may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
+    unreserved_class = f"variables.podClass in {str_list(unreserved)}"
+    if lending.enabled:
+        # A borrower (at the borrowers' priority or below, in a namespace that may borrow) may use them.
+        unreserved_class += f" &&\n!{cel.borrower_at_priority(policy)}"
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
@@ -250,7 +270,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
         "variables": [
             {"name": "podClass", "expression": cel.pod_class(policy)},
-            {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
+            {"name": "unreservedClass", "expression": unreserved_class},
         ],
         "validations": validations,
     }
