@@ -24,7 +24,7 @@ from cryptography import x509
 
 from webhook import __version__
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
-from webhook.deploy import cel, mutating_policy, priority_classes, reserved_devices, reserved_nodes
+from webhook.deploy import cel, lending_access, mutating_policy, priority_classes, reserved_devices, reserved_nodes
 
 NAMESPACE = "rocm-isolation-system"
 APP_NAME = "rocm-isolation-webhook"
@@ -366,6 +366,8 @@ def render(
     apply_policy(resources, policy, text)
     # Lending on: the borrowers' and the inference PriorityClass (none with lending off).
     resources.extend(priority_classes.resources(policy, metadata=_metadata))
+    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint).
+    resources.extend(lending_access.resources(policy, NAMESPACE, APP_NAME, metadata=_metadata))
     resources = with_placement_policy_version(resources, mutating_admission_policy)
     if monitoring:
         resources.extend(copy.deepcopy(build(monitoring_dir(root))))
