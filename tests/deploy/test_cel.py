@@ -185,7 +185,7 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     """The apiserver evaluates every messageExpression of a policy for every pod it validates, passing or
     not (an activation of its own): the reserved-nodes policy has none. Each validation's static message
     names the engine's rule it enforces, the reserved label (and taint), the classes it keeps off and
-    what to do, in the engine's words (engine._denied)."""
+    what to do, in the engine's words (assessment.denied)."""
     policy = policy_for({"policy": policy_name})
     spec = find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
     key, value = policy.spec.reserved_nodes.label
@@ -217,7 +217,7 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
             assert f"to use them, run the pod in a namespace labelled {policy.spec.labels.namespace_class}=" in message
 
 
-# The engine's " (a GPU pod through <field>: <why>)" (engine._direct_note), which the backstop repeats.
+# The engine's " (a GPU pod through <field>: <why>)" (assessment.direct_note), which the backstop repeats.
 DIRECT_NOTE = re.compile(r" \(a GPU pod through [^:]+: [^)]*\)")
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from webhook.core import engine
+from webhook.core import engine, placement
 from webhook.core.policy import default_policy, parse_policy
 from webhook.deploy import mutating_policy, priority_classes, render, reserved_names, reserved_nodes
 
@@ -326,7 +326,7 @@ def test_a_large_pod_is_placed_within_the_cel_cost_limits(
             "nodeSelectorTerms"
         ]
         assert len(placed_terms) == 10
-        requirement = engine._class_plan(default_policy(), class_name).requirements
+        requirement = placement.class_plan(default_policy(), class_name).requirements
         for term in placed_terms:
             assert term["matchExpressions"][-1] == requirement[0].alternatives[0], json.dumps(term)
 

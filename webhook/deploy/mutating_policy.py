@@ -15,10 +15,10 @@ webhook is called:
   per spelling; a term created when there is none (``scheduling.narrow_terms``); a term that already
   holds a narrower ``In`` keeps it (``scheduling._implies``);
 - the reserved toleration unless a toleration already tolerates the taint, then the class's own
-  tolerations unless the pod has the same one (``engine._plan_tolerations``);
+  tolerations unless the pod has the same one (``placement.plan_tolerations``);
 - the class annotation ``rocm-isolation.io/class``, and ``node-affinity`` / ``tolerations`` in the
   ``rocm-isolation.io/mutations`` record when it changes them (the webhook merges its own entries into
-  that value, ``engine._recorded_mutations``; both append only what is missing), and the placed label
+  that value, ``placement.recorded_mutations``; both append only what is missing), and the placed label
   ``rocm-isolation.io/placed`` (the class), which the webhook writes too.
 
 What it costs is the apiserver's, per pod (kube-apiserver 1.36's code, docs/architecture.md, "What the
@@ -56,7 +56,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from webhook.core import engine, patch, scheduling
+from webhook.core import engine, patch, placement, scheduling
 from webhook.core.policy import Policy, RouteCatalogue, route_catalogue
 from webhook.deploy import cel
 from webhook.deploy.cel import quote, str_list
@@ -249,11 +249,11 @@ def _existing(condition: str) -> str:
 
 
 def _toleration_operations(policy: Policy, class_name: str, borrower: bool = False) -> str | None:
-    """The engine's tolerations for the class (``engine._plan_tolerations``): on a pod without any, one
+    """The engine's tolerations for the class (``placement.plan_tolerations``): on a pod without any, one
     ``add`` of the whole list; else an ``add /spec/tolerations/-`` per toleration the pod lacks (the
     reserved one unless a toleration already tolerates the taint, the class's own unless the pod has
     the same). None when the class adds none. ``borrower``: a borrower's (``engine.borrower_plan``)."""
-    plan = engine.borrower_plan(policy, class_name) if borrower else engine._class_plan(policy, class_name)
+    plan = placement.borrower_plan(policy, class_name) if borrower else placement.class_plan(policy, class_name)
     reserved = plan.reserved_toleration
     wanted: list[tuple[str, dict[str, Any]]] = []
     reserved_wanted = None
@@ -302,7 +302,7 @@ def _new_annotations(class_name: str, entries: list[tuple[str, str]], done: list
 
 def _annotation_operations(class_name: str, adds_affinity: str | None, adds_tolerations: str | None) -> str:
     """The class annotation, and the policy's entries merged into the ``mutations`` record (what the
-    webhook's ``engine._recorded_mutations`` does with its own: the existing value kept, the missing
+    webhook's ``placement.recorded_mutations`` does with its own: the existing value kept, the missing
     entries appended, nothing when every entry is listed). ``adds_*``: CEL telling whether the
     placement operations change the pod (None: never). A pod without annotations gets them in one
     operation."""
@@ -357,7 +357,7 @@ def _class_operations(policy: Policy, class_name: str) -> str:
     """Every operation for a pod of the class, in one list: the annotations (computed on the pod as it
     arrives, like the placement after them), the affinity, the tolerations. The placement lists are
     bound once (``a``, ``t``) so that the record reads their sizes without computing them again."""
-    plan = engine._class_plan(policy, class_name)
+    plan = placement.class_plan(policy, class_name)
     affinity = _affinity_operations(plan.requirements) if plan.requirements else None
     tolerations = _toleration_operations(policy, class_name)
     annotations = _annotation_operations(
@@ -448,7 +448,7 @@ def _anti_affinity_operations(term: dict[str, Any], affinity_added: str) -> str:
 
 
 def _priority_operations(fields: dict[str, Any]) -> str:
-    """The three priority fields (``engine._plan_priority``), each written when it differs."""
+    """The three priority fields (``placement.plan_priority``), each written when it differs."""
     return " + ".join(
         f"(has(object.spec.{name}) && object.spec.{name} == {_literal(value)} ? [] : "
         f"[{_operation('add', patch.pointer('spec', name), _literal(value))}])"
@@ -462,7 +462,7 @@ def _borrower_operations(policy: Policy, class_name: str) -> str:
     inference (``q``, lendFrom idleNodes), the tolerations (``w``), the priority fields, the annotations and
     the labels (placed, borrow). Affinity operations run in that order, each knowing what the ones before it
     created."""
-    plan = engine.borrower_plan(policy, class_name)
+    plan = placement.borrower_plan(policy, class_name)
     assert plan.preferred is not None and plan.priority is not None
     affinity = _affinity_operations(plan.requirements) if plan.requirements else None
     required_added = "size(a) > 0" if affinity is not None else "false"

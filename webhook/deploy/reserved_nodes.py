@@ -185,7 +185,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
-    # The engine's words (engine._denied, _reserved_hint): "<class> pods may not use the reserved nodes
+    # The engine's words (assessment.denied, reserved_hint): "<class> pods may not use the reserved nodes
     # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
     key, value = spec.reserved_nodes.label
     classes = " or ".join(unreserved)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from webhook.cluster.inventory import PodInfo, Pool, Snapshot, claim_names, pod_info
-from webhook.core import engine, patch
+from webhook.core import engine, patch, placement
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
 from webhook.core.lending import BORROWING, is_borrower, settings
 from webhook.core.policy import Policy
@@ -47,7 +47,7 @@ def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
     tolerations, topology-spread, env, kfd-topology-mount); empty when only the records differ (the class
     and mutations annotations, the placed label: pods admitted before it existed lack it)."""
-    if all(engine.records_only(op) for op in decision.patch):
+    if all(placement.records_only(op) for op in decision.patch):
         return []
     for op in decision.patch:
         value = op.get("value")
