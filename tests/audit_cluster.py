@@ -11,11 +11,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from cluster_objects import device_class, device_slice, inference_pod, namespace, node, pod, resource_claim
+from cluster_objects import (
+    DRIVER,
+    RESERVED_CLASS,
+    SHARED_CLASS,
+    SPLIT_LABELS,
+    claim_pod,
+    device_class,
+    device_slice,
+    drm_gpus,
+    extended_resource_pod,
+    gpu_device,
+    held_claim,
+    inference_pod,
+    namespace,
+    node,
+    pod,
+    reservation_classes,
+    resource_claim,
+)
 from fake_cluster import FakeCluster
 
-from webhook.core.policy import default_policy
-from webhook.deploy import device_classes
 from webhook.deploy.device_classes import DeviceReservation
 
 UNHEALTHY = {"key": "amd-gpu-unhealthy", "value": "gpu-3", "effect": "NoSchedule"}
@@ -101,8 +117,6 @@ def running() -> Iterator[FakeCluster]:
 
 # -- device-level reservation ---------------------------------------------------------------------
 
-DRIVER = "gpu.amd.com"
-SPLIT_LABELS = {"rocm-isolation.io/pool": "inference-devices"}
 # What pool apply --devices-per-node 2 recorded: every node's two lowest PCI bus IDs (the same slots).
 RESERVATION = DeviceReservation(2, ("0000:03:00.0", "0000:23:00.0"))
 SLOTS = ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0", "0000:63:00.0")
@@ -126,22 +140,6 @@ SPLIT_AFFINITY = {
 }
 
 
-def gpu_device(name: str, pci_bus_id: str, *taints: dict[str, Any]) -> dict[str, Any]:
-    """A full GPU as AMD's DRA driver publishes it (resource.k8s.io/v1), with the taints given."""
-    device: dict[str, Any] = {
-        "name": name,
-        "attributes": {
-            "type": {"string": "amdgpu"},
-            "deviceID": {"string": "0x74a1"},
-            "resource.kubernetes.io/pciBusID": {"string": pci_bus_id},
-        },
-        "capacity": {"memory": {"value": "192Gi"}},
-    }
-    if taints:
-        device["taints"] = list(taints)
-    return device
-
-
 def split_node_slice(node_name: str, *devices: dict[str, Any]) -> dict[str, Any]:
     """The node's ResourceSlice of AMD's DRA driver (its pool is named after the node)."""
     return device_slice(node_name, list(devices), name=f"{node_name}-{DRIVER}-x7k2p", driver=DRIVER)
@@ -149,42 +147,16 @@ def split_node_slice(node_name: str, *devices: dict[str, Any]) -> dict[str, Any]
 
 def four_gpus(*taints_of_first: dict[str, Any]) -> list[dict[str, Any]]:
     """Four GPUs in the usual slots, named by DRM minors (card, renderD): names out of PCI order."""
-    return [
-        gpu_device(f"gpu-{9 - i}-{137 - i}", pci, *(taints_of_first if i == 0 else ())) for i, pci in enumerate(SLOTS)
-    ]
-
-
-def held_claim(
-    name: str, namespace_name: str, node_name: str, device: str, holder: str, claim_class: str
-) -> dict[str, Any]:
-    """A ResourceClaim allocated one device of ``node_name``'s pool and reserved for the pod ``holder``."""
-    claim = resource_claim(name, namespace_name, claim_class)
-    claim["status"] = {
-        "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node_name, "device": device}]}
-        },
-        "reservedFor": [{"resource": "pods", "name": holder, "uid": f"uid-pod-{namespace_name}-{holder}"}],
-    }
-    return claim
+    return drm_gpus(*SLOTS, taints_of_first=taints_of_first)
 
 
 def split_inference(device: str, name: str = "llm") -> tuple[dict[str, Any], dict[str, Any]]:
     """The inference pod ``name`` placed on the split node d1 (SPLIT_AFFINITY) and its claim ``name``-gpu of
     the reserved class, allocated d1's ``device``."""
-    claims = [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]
     return (
-        held_claim(f"{name}-gpu", "serve", "d1", device, name, "rocm-isolation-reserved"),
-        inference_pod(name, "serve", node="d1", gpus={}, affinity=SPLIT_AFFINITY, resource_claims=claims),
+        held_claim(f"{name}-gpu", "serve", "d1", [device], pods=[name], device_class=RESERVED_CLASS),
+        claim_pod(name, "serve", "d1", f"{name}-gpu", inference=True, affinity=SPLIT_AFFINITY),
     )
-
-
-def reservation_classes(reservation: DeviceReservation, created: str = "2026-11-01T09:00:00Z") -> list[dict[str, Any]]:
-    """The two DeviceClasses pool apply writes (webhook.deploy.device_classes), as read back."""
-    found = device_classes.classes(default_policy(), reservation)
-    for obj in found:
-        obj["metadata"]["creationTimestamp"] = created
-        obj["metadata"]["uid"] = f"uid-class-{obj['metadata']['name']}"
-    return found
 
 
 def populate_devices(fake: FakeCluster) -> None:
@@ -224,41 +196,16 @@ def populate_devices(fake: FakeCluster) -> None:
     chart["metadata"]["creationTimestamp"] = "2026-11-20T10:00:00Z"  # reinstalled after pool apply: newer
     fake.add(*reservation_classes(RESERVATION), chart)
     fake.add(
-        held_claim("llm-a-gpu", "serve", "d1", "gpu-9-137", "llm-a", "rocm-isolation-reserved"),
-        held_claim("trainer-ok-gpu", "ml", "d1", "gpu-7-135", "trainer-ok", "rocm-isolation-shared"),
-        held_claim("trainer-stray-gpu", "ml", "d1", "gpu-8-136", "trainer-stray", "gpu.amd.com"),
-        held_claim("gpu-check", "kube-system", "d4", "gpu-6-134", "gpu-check", "gpu.amd.com"),
+        held_claim("llm-a-gpu", "serve", "d1", ["gpu-9-137"], pods=["llm-a"], device_class=RESERVED_CLASS),
+        held_claim("trainer-ok-gpu", "ml", "d1", ["gpu-7-135"], pods=["trainer-ok"]),
+        held_claim("trainer-stray-gpu", "ml", "d1", ["gpu-8-136"], pods=["trainer-stray"], device_class=DRIVER),
+        held_claim("gpu-check", "kube-system", "d4", ["gpu-6-134"], pods=["gpu-check"], device_class=DRIVER),
     )
     fake.add(
-        inference_pod(
-            "llm-a",
-            "serve",
-            node="d1",
-            gpus={},
-            affinity=SPLIT_AFFINITY,
-            resource_claims=[{"name": "gpu", "resourceClaimName": "llm-a-gpu"}],
-        ),
-        pod(
-            "trainer-ok",
-            "ml",
-            node="d1",
-            gpus={},
-            resource_claims=[{"name": "gpu", "resourceClaimName": "trainer-ok-gpu"}],
-        ),
-        pod(
-            "trainer-stray",
-            "ml",
-            node="d1",
-            gpus={},
-            resource_claims=[{"name": "gpu", "resourceClaimName": "trainer-stray-gpu"}],
-        ),
-        pod(
-            "gpu-check",
-            "kube-system",
-            node="d4",
-            gpus={},
-            resource_claims=[{"name": "gpu", "resourceClaimName": "gpu-check"}],
-        ),
+        claim_pod("llm-a", "serve", "d1", "llm-a-gpu", inference=True, affinity=SPLIT_AFFINITY),
+        claim_pod("trainer-ok", "ml", "d1", "trainer-ok-gpu"),
+        claim_pod("trainer-stray", "ml", "d1", "trainer-stray-gpu"),
+        claim_pod("gpu-check", "kube-system", "d4", "gpu-check"),
     )
 
 
@@ -300,14 +247,10 @@ def populate_mixed(fake: FakeCluster) -> None:
         *reservation_classes(RESERVE_TWO),
     )
     made = "trainer-split-extended-resources-q8n4z"
-    trainer = pod("trainer-split", "ml", node="d1", gpus={"amd.com/gpu": "1"})
-    trainer["status"]["extendedResourceClaimStatus"] = {
-        "resourceClaimName": made,
-        "requestMappings": [{"containerName": "trainer", "resourceName": "amd.com/gpu", "requestName": "container-0"}],
-    }
+    trainer = extended_resource_pod("trainer-split", "ml", "d1", made)
     fake.add(
         *split_inference("gpu-0", "llm-split"),
-        held_claim(made, "ml", "d1", "gpu-5", "trainer-split", "rocm-isolation-shared"),
+        held_claim(made, "ml", "d1", ["gpu-5"], pods=["trainer-split"], device_class=SHARED_CLASS),
         inference_pod("llm", "serve", node="r1"),
         pod("trainer", "ml", node="s1"),
         trainer,

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies.
+"""Hypothesis strategies for schema-valid Kubernetes pods, namespaces, node facts and policies, and random
+clusters for the capacity model (``random_clusters``: a ``RandomCluster`` of raw objects, self-tested in
+tests/test_strategies_cluster.py).
 
 Shared by the property suite (tests/core/test_properties.py) and the service/fuzz suites. Everything
 generated here is what a real kube-apiserver could send in an AdmissionReview: label keys and
@@ -16,14 +18,17 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cluster_objects as co
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from webhook.core.decision import NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy, load_policy
+from webhook.deploy.device_classes import DeviceReservation
 
 settings.register_profile(
     "default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -733,3 +738,186 @@ def device_pods(draw: st.DrawFn) -> dict[str, Any]:
         for name, value in resources["limits"].items():
             requests.setdefault(name, value)
     return pod
+
+
+# ---------------------------------------------------------------------------------------------
+# Random clusters for the capacity model: nodes, pods, slices, claims, classes and the policy
+# ---------------------------------------------------------------------------------------------
+
+# Eight PCI slots of an MI300X node in PCI order; the reservation keeps the lowest ones of every node.
+CLUSTER_SLOTS = tuple(f"0000:{bus}:00.0" for bus in ("03", "23", "43", "63", "83", "a3", "c3", "e3"))
+# The node kinds random_clusters draws from: reserved whole (device plugin, label and taint), shared (device
+# plugin), DRA shared, DRA split by the device-level reservation (labelled), AutoPartition (DRA, split or not).
+NODE_KINDS = ("whole", "shared", "dra", "split", "autopartition")
+# Namespace -> the class of its pods (kube-system is excluded by the policy: ``other``).
+CLUSTER_NAMESPACES = {"serve": "inference", "ml": "training", "kube-system": "other"}
+CONFLICT_TAINT = {"key": "gpu.amd.com/memory-partition-conflict", "effect": "NoExecute"}
+DEVICE_TAINTS = (
+    {"key": "amd-gpu-unhealthy", "value": "ecc", "effect": "NoExecute"},
+    {"key": "gpu.amd.com/ecc-corrected", "value": "12", "effect": "None"},
+    {"key": "maintenance", "effect": "NoSchedule"},
+)
+
+
+@dataclass
+class RandomCluster:
+    """A cluster as raw API objects (lists as the apiserver returns them) and the policy that governs it."""
+
+    nodes: list[dict[str, Any]]
+    namespaces: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    slices: list[dict[str, Any]]
+    claims: list[dict[str, Any]]
+    device_classes: list[dict[str, Any]]
+    policy: Policy
+
+
+@dataclass
+class _Gpu:
+    """One physical GPU of a DRA node: its PCI bus ID (None: not published) and the devices it is published
+    as (one full device, 2-4 partitions, or the AutoPartition layouts), with which of them are taken."""
+
+    pci: str | None
+    devices: list[dict[str, Any]]
+    taken: set[str] = field(default_factory=set)
+
+
+def _dra_gpus(draw: st.DrawFn, kind: str, count: int) -> list[_Gpu]:
+    gpus = []
+    for index, slot in enumerate(CLUSTER_SLOTS[:count]):
+        pci = None if draw(st.integers(0, 9)) == 0 else slot
+        if kind == "autopartition":
+            gpus.append(_Gpu(pci, [co.autopartition_device(index, pci, c, m) for c, m in co.LAYOUTS]))
+        elif draw(st.integers(0, 4)) == 0:
+            parts = draw(st.integers(2, 4))
+            gpus.append(_Gpu(pci, [co.partition_device(f"gpu-{index}-cpx-{p}", pci) for p in range(parts)]))
+        else:
+            gpus.append(_Gpu(pci, [co.gpu_device(f"gpu-{index}", pci)]))
+    return gpus
+
+
+def _free_devices(gpus: list[_Gpu], memory: str | None, shared: bool) -> list[str]:
+    """The devices a claim may still be allocated: not taken (``shared``: an AutoPartition device may be
+    taken again), an AutoPartition GPU in the layout already allocated on it (one layout per GPU, the node's
+    memory mode: ``memory``), a partitioned GPU's partitions one by one."""
+    free = []
+    for gpu in gpus:
+        for device in gpu.devices:
+            name = device["name"]
+            if "consumesCounters" in device:
+                layout_taken = bool(gpu.taken)
+                if (layout_taken and name not in gpu.taken) or (memory and not name.endswith(memory)):
+                    continue
+                if name in gpu.taken and not shared:
+                    continue
+            elif name in gpu.taken:
+                continue
+            free.append(name)
+    return free
+
+
+@st.composite
+def random_clusters(draw: st.DrawFn, *, max_nodes: int = 6, shared_devices: bool = False) -> RandomCluster:
+    """A random cluster for the capacity model: 1 to ``max_nodes`` nodes of the kinds in NODE_KINDS (DRA ones
+    with 2-8 GPUs, some partitioned, some without a PCI bus ID, some devices tainted), AMD's chart class and,
+    when a node is split, the reservation's two classes (the N lowest of CLUSTER_SLOTS); pods of the classes
+    inference (namespace serve), training (ml) and other (kube-system) bound to the nodes, asking for
+    ``amd.com/gpu`` within a device-plugin node's allocatable, or holding allocated ResourceClaims on devices
+    their node's slices publish (a claim the scheduler made for a DRA extended resource, sometimes); some
+    pods pending (unbound, nothing allocated). A device is allocated at most once, one AutoPartition layout
+    per GPU and one memory mode per node (the other mode's devices then carry the driver's conflict taint);
+    ``shared_devices``: an AutoPartition device (``allowMultipleAllocations``) may be allocated to several
+    claims."""
+    pol = co.policy()
+    nodes: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] = []
+    slices: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    per_node = draw(st.integers(1, 2))
+    kinds = draw(st.lists(st.sampled_from(NODE_KINDS), min_size=1, max_size=max_nodes))
+    serial = iter(range(10_000))
+
+    def add_pod(
+        node_name: str | None, gpus: int = 0, claim: str | None = None, extended: bool = False
+    ) -> dict[str, Any]:
+        """A pod of a random namespace's class on ``node_name``: asking for ``gpus`` amd.com/gpu of the device
+        plugin, or holding ``claim`` (``extended``: the one the scheduler made for ``gpus`` amd.com/gpu)."""
+        ns = draw(st.sampled_from(sorted(CLUSTER_NAMESPACES)))
+        name, inference = f"p{next(serial)}", CLUSTER_NAMESPACES[ns] == "inference"
+        if claim is None:
+            make = co.inference_pod if inference else co.pod
+            obj = make(name, ns, node=node_name, gpus={"amd.com/gpu": str(gpus)} if gpus else {})
+        elif extended:
+            assert node_name is not None
+            obj = co.extended_resource_pod(name, ns, node_name, claim, gpus, inference=inference)
+        else:
+            obj = co.claim_pod(name, ns, node_name, claim, inference=inference)
+        pods.append(obj)
+        return obj
+
+    for index, kind in enumerate(kinds):
+        name = f"{kind}-{index}"
+        if kind in ("whole", "shared"):
+            gpus = draw(st.integers(0, 8))
+            nodes.append(co.node(name, reserved=kind == "whole", allocatable={"amd.com/gpu": str(gpus)}))
+            free = gpus
+            for _ in range(draw(st.integers(0, 4))):
+                want = draw(st.integers(0, 2))
+                if want > free:
+                    break
+                free -= want
+                add_pod(name, want)
+            continue
+        split = kind == "split" or (kind == "autopartition" and draw(st.booleans()))
+        nodes.append(co.dra_node(name, split=split))
+        gpus = _dra_gpus(draw, kind, draw(st.integers(2, 8)))
+        if kind == "autopartition":
+            node_slices = co.autopartition_slices(name, [g.pci for g in gpus])
+            node_slices[1]["spec"]["devices"] = [d for g in gpus for d in g.devices]
+        else:
+            node_slices = [co.node_slice(name, *(d for g in gpus for d in g.devices))]
+        slices.extend(node_slices)
+        memory: str | None = None
+        for _ in range(draw(st.integers(0, 4))):
+            held: list[str] = []
+            for _ in range(draw(st.integers(1, 2))):
+                free = [d for d in _free_devices(gpus, memory, shared_devices) if d not in held]
+                if not free:
+                    break
+                device = draw(st.sampled_from(free))
+                held.append(device)
+                gpu = next(g for g in gpus if any(d["name"] == device for d in g.devices))
+                gpu.taken.add(device)
+                if kind == "autopartition":
+                    memory = device.rsplit("-", 1)[1]
+            if not held:
+                break
+            claim_name = f"c{next(serial)}"
+            holder = add_pod(name, len(held), claim_name, extended=draw(st.integers(0, 3)) == 0)
+            ns, pod_name = holder["metadata"]["namespace"], holder["metadata"]["name"]
+            device_class = draw(st.sampled_from([co.RESERVED_CLASS, co.SHARED_CLASS, co.DRIVER]))
+            claims.append(co.held_claim(claim_name, ns, name, held, pods=[pod_name], device_class=device_class))
+        for gpu in gpus:
+            for device in gpu.devices:
+                taints = []
+                if memory and "consumesCounters" in device and not device["name"].endswith(memory):
+                    taints.append(dict(CONFLICT_TAINT))
+                if draw(st.integers(0, 11)) == 0:
+                    taints.append(dict(draw(st.sampled_from(DEVICE_TAINTS))))
+                if taints:
+                    device["taints"] = taints
+        for _ in range(draw(st.integers(0, 1))):
+            add_pod(name)  # a pod without a GPU on a GPU node
+
+    for _ in range(draw(st.integers(0, 2))):
+        add_pod(None, draw(st.integers(1, 4)))  # pending: unbound, nothing allocated
+
+    classes = [co.chart_class()]
+    if any(n["metadata"]["labels"].get(co.POOL_LABEL) == co.SPLIT_LABELS[co.POOL_LABEL] for n in nodes):
+        classes.extend(co.reservation_classes(DeviceReservation(per_node, CLUSTER_SLOTS[:per_node]), policy=pol))
+    namespaces = [
+        co.namespace("serve", {CLASS_LABEL: "inference"}),
+        co.namespace("ml", {CLASS_LABEL: "training"}),
+        co.namespace("kube-system"),
+    ]
+    return RandomCluster(nodes, namespaces, pods, slices, claims, classes, pol)

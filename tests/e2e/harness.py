@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cluster_objects import device_slice
+from cluster_objects import (
+    DRIVER,
+    device_class,
+    device_slice,
+    gpu_device,
+    new_namespace,
+    new_node,
+    new_pod,
+    node_status,
+)
 
 from webhook.core.claims import device_class_info, device_classes, device_facts
 from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
@@ -56,7 +65,6 @@ WEBHOOK_CONFIGURATION = "rocm-isolation-webhook"
 # How the apiserver words a denial by the webhook, and the backstop policy's name.
 WEBHOOK_DENIAL = 'admission webhook "pods.rocm-isolation.io" denied the request'
 RESERVED_POLICY = "rocm-isolation-reserved-nodes"
-DRIVER = "gpu.amd.com"
 GPUS_PER_NODE = 8
 
 MI300X_LABELS = {
@@ -200,7 +208,7 @@ class Cluster:
 
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
         """A namespace for one test (force-cleaned at the end of the session or by ``cleanup``)."""
-        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        self.kube.apply(new_namespace(name, labels))
         # The controller-manager creates the namespace's default ServiceAccount; pod creation needs it.
         wait_until(
             lambda: self.kube.get_or_none("ServiceAccount", "default", name),
@@ -300,20 +308,10 @@ def gpu_pod(
     node_name: str | None = None,
     **spec: Any,
 ) -> Obj:
-    pod: Obj = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"limits": {"amd.com/gpu": str(gpus)}}}
-            ],
-            **spec,
-        },
-    }
+    """A pod asking for ``gpus`` ``amd.com/gpu`` (labelled ``app: <name>`` unless ``labels``)."""
     if node_name:
-        pod["spec"]["nodeName"] = node_name
-    return pod
+        spec["nodeName"] = node_name
+    return new_pod(name, namespace, {"amd.com/gpu": str(gpus)}, labels=labels or {"app": name}, **spec)
 
 
 def start_webhook(
@@ -377,44 +375,9 @@ def start_webhook(
 def make_node(kube: Kube, name: str, labels: dict[str, str], *, gpus: int = GPUS_PER_NODE) -> None:
     """A Node as the AMD GPU operator leaves it. No kubelet: the suite writes its status (capacity,
     allocatable, Ready) and removes the not-ready taint that admission adds at creation."""
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    **labels,
-                },
-            },
-        }
-    )
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "amd.com/gpu": str(gpus)}
+    kube.apply(new_node(name, labels))
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    kube.patch(
-        "Node",
-        name,
-        {
-            "status": {
-                "capacity": resources,
-                "allocatable": resources,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "e2e: no kubelet, status written by the test",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-            }
-        },
-        subresource="status",
-    )
+    kube.patch("Node", name, {"status": node_status(gpus, now)}, subresource="status")
     node = kube.get("Node", name)
     taints = [t for t in node["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
     kube.patch("Node", name, {"spec": {"taints": taints or None}})
@@ -423,38 +386,25 @@ def make_node(kube: Kube, name: str, labels: dict[str, str], *, gpus: int = GPUS
 def resource_slice(node: str, product: str, device_id: str) -> Obj:
     """What AMD's DRA driver publishes for a node: pool = the node's name, one device per GPU."""
     devices = [
-        {
-            "name": f"gpu-{index}-{128 + index}",
-            "attributes": {
-                "type": {"string": "amdgpu"},
-                "deviceID": {"string": f"0x{device_id}"},
+        gpu_device(
+            f"gpu-{index}-{128 + index}",
+            device_id=f"0x{device_id}",
+            attributes={
                 "productName": {"string": product},
                 "cardIndex": {"int": index},
                 "renderIndex": {"int": 128 + index},
                 "driverVersion": {"version": "6.10.5"},
             },
-            "capacity": {"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
-        }
+            capacity={"memory": {"value": "192Gi"}, "computeUnits": {"value": "304"}},
+        )
         for index in range(GPUS_PER_NODE)
     ]
     return device_slice(node, devices, driver=DRIVER)
 
 
-DEVICE_CLASS: Obj = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DRIVER},
-    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-}
-
-
+DEVICE_CLASS: Obj = device_class(DRIVER)
 # A DeviceClass of another driver (a NIC): claims of it are no GPU route.
-NIC_DEVICE_CLASS: Obj = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "nic.example.com"},
-    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]},
-}
+NIC_DEVICE_CLASS: Obj = device_class("nic.example.com", "device.driver == 'nic.example.com'")
 
 
 def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:

@@ -8,6 +8,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 import pytest
+from cluster_objects import new_namespace
 
 from webhook.core.engine import PLACED_LABEL
 
@@ -208,11 +209,7 @@ def test_namespace_label_guard_refuses_a_user_outside_the_editor_groups(
         message = _denied_by(functools.partial(alice.patch, "Namespace", ns, {"metadata": {"labels": labels}}))
         assert f"ValidatingAdmissionPolicy '{NAMESPACE_POLICY}'" in message, message
         assert EDITORS_CONFIGMAP in message, message
-    new = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": f"{ns}-x", "labels": {"rocm-isolation.io/class": "inference"}},
-    }
+    new = new_namespace(f"{ns}-x", {"rocm-isolation.io/class": "inference"})
     message = _denied_by(lambda: alice.create(new))
     assert f"ValidatingAdmissionPolicy '{NAMESPACE_POLICY}'" in message, message
     assert cluster.kube.get("Namespace", ns)["metadata"]["labels"]["rocm-isolation.io/class"] == "training"

@@ -42,7 +42,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_objects import device_slice
+from cluster_objects import (
+    chart_class,
+    device_slice,
+    exactly,
+    first_available,
+    gpu_device,
+    new_claim,
+    new_claim_pod,
+    new_claim_template,
+    new_namespace,
+    new_pod,
+)
 
 from webhook.core.engine import CLASS_ANNOTATION
 from webhook.core.policy import default_policy
@@ -90,34 +101,25 @@ PCI_ORDER = tuple(sorted((pci for _, pci, _, _ in GPUS), key=pci_sort_key))
 SETTLE_SECONDS = 3.0
 
 # AMD's chart DeviceClass as PR #73 renders it: it claims amd.com/gpu too. Ours must be newer to own it.
-AMD_CHART_CLASS: Obj = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DRIVER},
-    "spec": {
-        "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}],
-        "extendedResourceName": DEVICES.extended_resource_name,
-    },
-}
+AMD_CHART_CLASS: Obj = chart_class(created=None)
 
 
 def amd_resource_slice(node: str) -> Obj:
     """What ROCm/k8s-gpu-dra-driver publishes for an MI210 node (cmd/gpu-kubeletplugin/deviceinfo.go, the
     attributes of docs/driver-attributes.md): unqualified names are the driver's domain."""
     devices = [
-        {
-            "name": name,
-            "attributes": {
-                "type": {"string": "amdgpu"},
+        gpu_device(
+            name,
+            pci,
+            device_id="0x740f",
+            attributes={
                 "productName": {"string": "AMD_Instinct_MI210"},
-                "deviceID": {"string": "0x740f"},
                 "numaNode": {"int": numa},
                 "driverVersion": {"version": "6.10.5"},
-                PCI_BUS_ID: {"string": pci},
                 "resource.kubernetes.io/pcieRoot": {"string": root},
             },
-            "capacity": {"memory": {"value": "64Gi"}, "computeUnits": {"value": "104"}, "simdUnits": {"value": "416"}},
-        }
+            capacity={"memory": {"value": "64Gi"}, "computeUnits": {"value": "104"}, "simdUnits": {"value": "416"}},
+        )
         for name, pci, numa, root in GPUS
     ]
     return device_slice(node, devices, driver=DRIVER)
@@ -163,7 +165,7 @@ def _created_second(obj: Obj) -> int:
 
 def _backstop_answer(kube: Kube, namespace: str) -> str:
     try:
-        kube.create(claim(namespace, "backstop-probe", exactly(DRIVER)), dry_run=True)
+        kube.create(new_claim("backstop-probe", namespace, exactly(DRIVER)), dry_run=True)
     except ApiError as err:
         return "denied" if CLAIMS_POLICY in err.message else f"other: {err.message}"
     return "admitted"
@@ -232,7 +234,7 @@ def build_split(
         admin_access: {"resource.kubernetes.io/admin-access": "true"},
     }
     for name, labels in namespaces.items():
-        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+        kube.create(new_namespace(name, labels))
     for name in namespaces:
         # The controller-manager creates the default ServiceAccount; pod creation needs it.
         wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
@@ -319,58 +321,8 @@ def emptied(split: Split) -> Iterator[None]:
 # --- objects ----------------------------------------------------------------------------------------
 
 
-def exactly(device_class: str, count: int = 1, **fields: Any) -> Obj:
-    return {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count, **fields}}
-
-
-def first_available(*device_classes_: str) -> Obj:
-    return {
-        "name": "gpu",
-        "firstAvailable": [{"name": f"option-{i}", "deviceClassName": c} for i, c in enumerate(device_classes_)],
-    }
-
-
-def claim(ns: str, name: str, *requests: Obj) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {"requests": list(requests)}},
-    }
-
-
-def claim_template(ns: str, name: str, *requests: Obj) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"spec": {"devices": {"requests": list(requests)}}},
-    }
-
-
 def on_node(node: str) -> dict[str, Any]:
     return {"nodeSelector": {"kubernetes.io/hostname": node}}
-
-
-def pod(ns: str, name: str, resources: dict[str, str] | None = None, **spec: Any) -> Obj:
-    """A pod asking for ``resources`` (extended resources, as limits) in its one container."""
-    container: Obj = {"name": "main", "image": "rocm/pytorch:latest"}
-    if resources:
-        container["resources"] = {"limits": resources}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"containers": [container], **spec},
-    }
-
-
-def claim_pod(ns: str, name: str, *, claim_name: str | None = None, template: str | None = None, **spec: Any) -> Obj:
-    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim_name}
-    body = pod(ns, name, **spec)
-    body["spec"]["resourceClaims"] = [{"name": "gpu", **source}]
-    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    return body
 
 
 # --- what was allocated -----------------------------------------------------------------------------
@@ -535,37 +487,37 @@ def training_devices(split: Split) -> list[Device]:
 # (what is created, in which namespace, the policy that must deny it)
 Route = Callable[[Split], tuple[Obj, str]]
 DENIED_ROUTES: dict[str, Route] = {
-    "template-gpu.amd.com": lambda s: (claim_template(s.training, "t", exactly(DRIVER)), TEMPLATES_POLICY),
+    "template-gpu.amd.com": lambda s: (new_claim_template("t", s.training, exactly(DRIVER)), TEMPLATES_POLICY),
     "template-firstAvailable-reserved": lambda s: (
-        claim_template(s.training, "t", first_available(SHARED_CLASS, RESERVED_CLASS)),
+        new_claim_template("t", s.training, first_available(SHARED_CLASS, RESERVED_CLASS)),
         TEMPLATES_POLICY,
     ),
-    "claim-gpu.amd.com": lambda s: (claim(s.training, "c", exactly(DRIVER)), CLAIMS_POLICY),
-    "claim-reserved-class": lambda s: (claim(s.training, "c", exactly(RESERVED_CLASS)), CLAIMS_POLICY),
+    "claim-gpu.amd.com": lambda s: (new_claim("c", s.training, exactly(DRIVER)), CLAIMS_POLICY),
+    "claim-reserved-class": lambda s: (new_claim("c", s.training, exactly(RESERVED_CLASS)), CLAIMS_POLICY),
     "claim-firstAvailable-reserved": lambda s: (
-        claim(s.training, "c", first_available(SHARED_CLASS, RESERVED_CLASS)),
+        new_claim("c", s.training, first_available(SHARED_CLASS, RESERVED_CLASS)),
         CLAIMS_POLICY,
     ),
     "claim-firstAvailable-gpu.amd.com": lambda s: (
-        claim(s.training, "c", first_available(SHARED_CLASS, DRIVER)),
+        new_claim("c", s.training, first_available(SHARED_CLASS, DRIVER)),
         CLAIMS_POLICY,
     ),
     "claim-adminAccess-gpu.amd.com": lambda s: (
-        claim(s.admin_access, "c", exactly(DRIVER, adminAccess=True)),
+        new_claim("c", s.admin_access, exactly(DRIVER, adminAccess=True)),
         CLAIMS_POLICY,
     ),
     "pod-deviceclass-gpu.amd.com": lambda s: (
-        pod(s.training, "p", {DEVICE_CLASS_RESOURCE + DRIVER: "1"}),
+        new_pod("p", s.training, {DEVICE_CLASS_RESOURCE + DRIVER: "1"}),
         PODS_POLICY,
     ),
     "pod-deviceclass-reserved": lambda s: (
-        pod(s.training, "p", {DEVICE_CLASS_RESOURCE + RESERVED_CLASS: "1"}),
+        new_pod("p", s.training, {DEVICE_CLASS_RESOURCE + RESERVED_CLASS: "1"}),
         PODS_POLICY,
     ),
     "pod-init-container-deviceclass-reserved": lambda s: (
-        pod(
-            s.training,
+        new_pod(
             "p",
+            s.training,
             initContainers=[
                 {
                     "name": "warmup",
@@ -606,8 +558,8 @@ def test_training_pods_get_shared_devices_only_and_wait_once_those_are_taken(spl
     is handed out, four are free)."""
     ns = split.training
     kube = split.kube
-    kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "2"}))
-    kube.create(pod(ns, "implicit-shared", {DEVICE_CLASS_RESOURCE + SHARED_CLASS: "2"}))
+    kube.create(new_pod("amd-gpu", ns, {DEVICES.extended_resource_name: "2"}))
+    kube.create(new_pod("implicit-shared", ns, {DEVICE_CLASS_RESOURCE + SHARED_CLASS: "2"}))
     nodes = set()
     for name in ("amd-gpu", "implicit-shared"):
         alloc = allocated(split, ns, name)
@@ -617,10 +569,10 @@ def test_training_pods_get_shared_devices_only_and_wait_once_those_are_taken(spl
         assert len(alloc.devices) == 2 and alloc.pcis <= shared_ids(2), f"{name} was allocated {shown(alloc.devices)}"
     assert nodes == set(DRA_NODES)
 
-    kube.create(pod(ns, "amd-gpu-next", {DEVICES.extended_resource_name: "1"}))
-    kube.create(pod(ns, "implicit-shared-next", {DEVICE_CLASS_RESOURCE + SHARED_CLASS: "1"}))
-    kube.create(claim(ns, "shared-next", exactly(SHARED_CLASS)))
-    kube.create(claim_pod(ns, "claim-next", claim_name="shared-next"))
+    kube.create(new_pod("amd-gpu-next", ns, {DEVICES.extended_resource_name: "1"}))
+    kube.create(new_pod("implicit-shared-next", ns, {DEVICE_CLASS_RESOURCE + SHARED_CLASS: "1"}))
+    kube.create(new_claim("shared-next", ns, exactly(SHARED_CLASS)))
+    kube.create(new_claim_pod("claim-next", ns, claim_name="shared-next"))
     never_scheduled(split, ns, "amd-gpu-next", "implicit-shared-next", "claim-next")
     held = training_devices(split)
     assert len(held) == 4 and not {d.pci for d in held} & reserved_ids(2), f"training holds {shown(held)}"
@@ -633,8 +585,8 @@ def test_a_shared_claim_whose_own_selector_names_a_reserved_device_is_never_allo
     ns = split.training
     target = PCI_ORDER[0]
     selector = f'device.attributes["resource.kubernetes.io"].pciBusID == "{target}"'
-    split.kube.create(claim(ns, "aimed", exactly(SHARED_CLASS, selectors=[{"cel": {"expression": selector}}])))
-    split.kube.create(claim_pod(ns, "aimed", claim_name="aimed"))
+    split.kube.create(new_claim("aimed", ns, exactly(SHARED_CLASS, selectors=[{"cel": {"expression": selector}}])))
+    split.kube.create(new_claim_pod("aimed", ns, claim_name="aimed"))
     message = never_scheduled(split, ns, "aimed")["aimed"]
     assert "cannot allocate all claims" in message, message
     assert training_devices(split) == []
@@ -649,21 +601,21 @@ def test_inference_claims_and_pods_get_reserved_devices_only(split: Split) -> No
     (no spill-over: ``inferenceSpillover`` is off)."""
     ns = split.inference
     kube = split.kube
-    kube.create(claim_template(ns, "reserved-pair", exactly(RESERVED_CLASS, count=2)))
-    kube.create(claim_pod(ns, "from-template", template="reserved-pair"))
+    kube.create(new_claim_template("reserved-pair", ns, exactly(RESERVED_CLASS, count=2)))
+    kube.create(new_claim_pod("from-template", ns, template="reserved-pair"))
     alloc = allocated(split, ns, "from-template")
     (made,) = alloc.claims
     assert made["metadata"]["ownerReferences"][0]["name"] == "from-template"  # the controller's
     assert len(alloc.devices) == 2 and alloc.pcis <= reserved_ids(2), f"allocated {shown(alloc.devices)}"
     resource = {DEVICE_CLASS_RESOURCE + RESERVED_CLASS: "1"}
     for name in ("implicit-reserved-1", "implicit-reserved-2"):
-        kube.create(pod(ns, name, resource))
+        kube.create(new_pod(name, ns, resource))
     for name in ("implicit-reserved-1", "implicit-reserved-2"):
         alloc = allocated(split, ns, name)
         assert requested_class(extended_claim(alloc)) == RESERVED_CLASS
         assert len(alloc.devices) == 1 and alloc.pcis <= reserved_ids(2), f"{name} was allocated {shown(alloc.devices)}"
         assert_placed_for_inference(split, kube.get("Pod", name, ns))
-    kube.create(pod(ns, "implicit-reserved-3", resource))
+    kube.create(new_pod("implicit-reserved-3", ns, resource))
     never_scheduled(split, ns, "implicit-reserved-3")
 
 
@@ -673,9 +625,9 @@ def test_the_audit_counts_each_side_of_the_split_nodes_in_its_pool(split: Split)
     an inference claim's reserved devices are requested in the reserved pool, a training ``amd.com/gpu: 2``
     pod's devices (its scheduler-made claim) in the shared pool, once."""
     ns = split.inference
-    split.kube.create(claim_template(ns, "reserved-pair", exactly(RESERVED_CLASS, count=2)))
-    split.kube.create(claim_pod(ns, "llm", template="reserved-pair"))
-    split.kube.create(pod(split.training, "amd-gpu", {DEVICES.extended_resource_name: "2"}))
+    split.kube.create(new_claim_template("reserved-pair", ns, exactly(RESERVED_CLASS, count=2)))
+    split.kube.create(new_claim_pod("llm", ns, template="reserved-pair"))
+    split.kube.create(new_pod("amd-gpu", split.training, {DEVICES.extended_resource_name: "2"}))
     assert allocated(split, ns, "llm").pcis <= reserved_ids(2)
     assert allocated(split, split.training, "amd-gpu").pcis <= shared_ids(2)
     result = cli("audit", "-o", "json", kubeconfig=split.plane.admin_kubeconfig)
@@ -707,9 +659,9 @@ def test_pool_status_the_audit_and_the_gauges_give_one_inventory(split: Split) -
     from webhook.service.metrics import Metrics
 
     ns = split.inference
-    split.kube.create(claim_template(ns, "reserved-one", exactly(RESERVED_CLASS, count=1)))
-    split.kube.create(claim_pod(ns, "llm", template="reserved-one"))
-    split.kube.create(pod(split.training, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+    split.kube.create(new_claim_template("reserved-one", ns, exactly(RESERVED_CLASS, count=1)))
+    split.kube.create(new_claim_pod("llm", ns, template="reserved-one"))
+    split.kube.create(new_pod("amd-gpu", split.training, {DEVICES.extended_resource_name: "1"}))
     assert allocated(split, ns, "llm").pcis <= reserved_ids(2)
     assert allocated(split, split.training, "amd-gpu").pcis <= shared_ids(2)
     audit = cli("audit", "-o", "json", kubeconfig=split.plane.admin_kubeconfig)
@@ -765,11 +717,11 @@ def test_the_whole_reserved_device_plugin_node_takes_inference_and_no_training(s
     untouched = kube.get("Node", dra_node)
     assert split_label(kube, dra_node) == DEVICES.node_label_value and not untouched["spec"].get("taints"), untouched
 
-    kube.create(pod(split.training, "four", {DEVICES.extended_resource_name: "4"}))
+    kube.create(new_pod("four", split.training, {DEVICES.extended_resource_name: "4"}))
     message = never_scheduled(split, split.training, "four")["four"]
     # v1.36 words it without the taint: the DRA nodes lack the devices, the device-plugin node is tainted.
     assert "1 node(s) had untolerated taint" in message and "2 cannot allocate all claims" in message, message
-    kube.create(pod(split.inference, "whole-node", {DEVICES.extended_resource_name: "4"}))
+    kube.create(new_pod("whole-node", split.inference, {DEVICES.extended_resource_name: "4"}))
     bound = wait_until(
         lambda: kube.get("Pod", "whole-node", split.inference)["spec"].get("nodeName"),
         timeout=60,
@@ -797,10 +749,10 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
     pids = split.pids()
     try:
         # 2 per node: training takes the two shared devices of the first node, inference one reserved one.
-        kube.create(pod(split.training, "t1", {DEVICES.extended_resource_name: "2"}, **on_node(first)))
+        kube.create(new_pod("t1", split.training, {DEVICES.extended_resource_name: "2"}, **on_node(first)))
         pinned = [{"cel": {"expression": f'device.attributes["resource.kubernetes.io"].pciBusID == "{freed}"'}}]
-        kube.create(claim(split.inference, "i1", exactly(RESERVED_CLASS, selectors=pinned)))
-        kube.create(claim_pod(split.inference, "i1", claim_name="i1", **on_node(first)))
+        kube.create(new_claim("i1", split.inference, exactly(RESERVED_CLASS, selectors=pinned)))
+        kube.create(new_claim_pod("i1", split.inference, claim_name="i1", **on_node(first)))
         t1 = allocated(split, split.training, "t1")
         i1 = allocated(split, split.inference, "i1")
         assert t1.pcis == shared_ids(2), f"t1 was allocated {shown(t1.devices)}"
@@ -815,7 +767,7 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
         assert "Inference pods holding devices that stop being reserved (they keep them):" in out, out
         assert re.search(keeping, out), out
         # t2 fits only where three devices are shared: the second node, with the PCI slot 2 → 1 freed.
-        kube.create(pod(split.training, "t2", {DEVICES.extended_resource_name: "3"}))
+        kube.create(new_pod("t2", split.training, {DEVICES.extended_resource_name: "3"}))
         t2 = allocated(split, split.training, "t2", timeout=60)
         assert t2.node == second and t2.pcis == shared_ids(1), f"t2: {shown(t2.devices)}"
         assert freed in t2.pcis
@@ -823,9 +775,9 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
         before[(split.training, "t2")] = t2.devices
         assert split.pids() == pids
         # Free now: the lowest PCI slot of each node, reserved. Training waits for it.
-        kube.create(pod(split.training, "t3", {DEVICES.extended_resource_name: "1"}))
-        kube.create(claim(split.training, "c1", exactly(SHARED_CLASS)))
-        kube.create(claim_pod(split.training, "c1", claim_name="c1"))
+        kube.create(new_pod("t3", split.training, {DEVICES.extended_resource_name: "1"}))
+        kube.create(new_claim("c1", split.training, exactly(SHARED_CLASS)))
+        kube.create(new_claim_pod("c1", split.training, claim_name="c1"))
         never_scheduled(split, split.training, "t3", "c1")
 
         release_devices(split)
@@ -835,7 +787,7 @@ def test_resizing_two_one_released_changes_the_next_allocations_only(split: Spli
             f"after the release t3 got {shown(t3.devices)}, c1 got {shown(c1.devices)}"
         )
         assert requested_class(extended_claim(t3)) == SHARED_CLASS
-        kube.create(claim(split.training, "whole-driver", exactly(DRIVER)))
+        kube.create(new_claim("whole-driver", split.training, exactly(DRIVER)))
         _unchanged(split, before)
         assert split.pids() == pids
     finally:
@@ -863,10 +815,10 @@ def test_a_claim_made_while_released_gets_no_reserved_device_once_the_reservatio
     ns = split.training
     release_devices(split)
     try:
-        kube.create(claim(ns, "from-the-release", exactly(DRIVER, count=4)))
+        kube.create(new_claim("from-the-release", ns, exactly(DRIVER, count=4)))
     finally:
         reserve_devices(split, 2)
-    kube.create(claim_pod(ns, "late", claim_name="from-the-release"))
+    kube.create(new_claim_pod("late", ns, claim_name="from-the-release"))
     message = never_scheduled(split, ns, "late")["late"]
     assert "add finalizer to claim" in message and CLAIMS_POLICY in message, message
     assert training_devices(split) == []
@@ -885,8 +837,8 @@ def test_a_claim_allocated_while_released_can_still_be_deleted_once_the_reservat
     restored = False
     release_devices(split)
     try:
-        kube.create(claim(ns, "held-over", exactly(DRIVER, count=4)))
-        kube.create(claim_pod(ns, "held-over", claim_name="held-over"))
+        kube.create(new_claim("held-over", ns, exactly(DRIVER, count=4)))
+        kube.create(new_claim_pod("held-over", ns, claim_name="held-over"))
         alloc = allocated(split, ns, "held-over")
         assert reserved_ids(2) <= alloc.pcis, f"released, the claim got {shown(alloc.devices)}"
         out = reserve_devices(split, 2)
@@ -914,7 +866,7 @@ def test_a_claim_allocated_while_released_can_still_be_deleted_once_the_reservat
 def _steered_class(split: Split) -> str:
     """The class a training claim template of ``gpu.amd.com`` is stored with (server dry run)."""
     try:
-        made = split.kube.create(claim_template(split.training, "webhook-probe", exactly(DRIVER)), dry_run=True)
+        made = split.kube.create(new_claim_template("webhook-probe", split.training, exactly(DRIVER)), dry_run=True)
     except ApiError as err:
         return f"denied: {err.message}"
     return template_class(made)
@@ -974,11 +926,11 @@ class TestWithTheWebhookUp:
         template of the shared class; its pod's claim is allocated shared devices only."""
         ns = split.training
         kube = split.kube
-        kube.create(claim_template(ns, "chart", exactly(DRIVER, count=2)))
+        kube.create(new_claim_template("chart", ns, exactly(DRIVER, count=2)))
         stored = kube.get("ResourceClaimTemplate", "chart", ns)
         assert template_class(stored) == SHARED_CLASS, stored["spec"]
         assert stored["metadata"]["annotations"][CLASS_ANNOTATION] == "training", stored["metadata"]
-        kube.create(claim_pod(ns, "chart", template="chart"))
+        kube.create(new_claim_pod("chart", ns, template="chart"))
         alloc = allocated(split, ns, "chart")
         (made,) = alloc.claims
         assert requested_class(made) == SHARED_CLASS, made["spec"]
@@ -992,11 +944,11 @@ class TestWithTheWebhookUp:
         [inference, inference-devices]`` and bound to a split node, its claim allocated reserved devices only."""
         ns = split.inference
         kube = split.kube
-        kube.create(claim_template(ns, "chart", exactly(DRIVER, count=2)))
+        kube.create(new_claim_template("chart", ns, exactly(DRIVER, count=2)))
         stored = kube.get("ResourceClaimTemplate", "chart", ns)
         assert template_class(stored) == RESERVED_CLASS, stored["spec"]
         assert stored["metadata"]["annotations"][CLASS_ANNOTATION] == "inference", stored["metadata"]
-        kube.create(claim_pod(ns, "chart", template="chart"))
+        kube.create(new_claim_pod("chart", ns, template="chart"))
         alloc = allocated(split, ns, "chart")
         (made,) = alloc.claims
         assert requested_class(made) == RESERVED_CLASS, made["spec"]
@@ -1009,7 +961,7 @@ class TestWithTheWebhookUp:
         the reserved class and gets a reserved device."""
         ns = split.inference
         kube = split.kube
-        kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+        kube.create(new_pod("amd-gpu", ns, {DEVICES.extended_resource_name: "1"}))
         stored = kube.get("Pod", "amd-gpu", ns)
         resources = stored["spec"]["containers"][0]["resources"]
         wanted = {DEVICE_CLASS_RESOURCE + RESERVED_CLASS: "1"}
@@ -1028,9 +980,9 @@ class TestWithTheWebhookUp:
         ns = split.inference
         kube = split.kube
         kube.create(
-            pod(
-                ns,
+            new_pod(
                 "pinned",
+                ns,
                 {DEVICES.extended_resource_name: "2"},
                 nodeSelector={"rocm-isolation.io/pool": "inference"},
             )
@@ -1049,7 +1001,7 @@ class TestWithTheWebhookUp:
         """A training ResourceClaim naming the reserved class is denied by the webhook (before the backstop
         sees it), with its reason; nothing is created."""
         with pytest.raises(ApiError) as denied:
-            split.kube.create(claim(split.training, "sneaky", exactly(RESERVED_CLASS)))
+            split.kube.create(new_claim("sneaky", split.training, exactly(RESERVED_CLASS)))
         message = denied.value.message
         assert denied.value.status == 403, message
         assert 'admission webhook "claims.rocm-isolation.io" denied the request' in message, message
@@ -1065,7 +1017,7 @@ class TestWithTheWebhookUp:
         ``rocm-isolation.io/class`` annotation, of the shared class, allocated shared devices only."""
         ns = split.training
         kube = split.kube
-        kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+        kube.create(new_pod("amd-gpu", ns, {DEVICES.extended_resource_name: "1"}))
         stored = kube.get("Pod", "amd-gpu", ns)
         assert stored["spec"]["containers"][0]["resources"]["limits"] == {DEVICES.extended_resource_name: "1"}
         alloc = allocated(split, ns, "amd-gpu")
@@ -1102,7 +1054,7 @@ def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split
     kube.delete("DeviceClass", DRIVER)
     wait_until(lambda: kube.get_or_none("DeviceClass", DRIVER) is None, what="the chart class deleted")
     kube.create(AMD_CHART_CLASS)
-    kube.create(pod(ns, "after-reinstall", resource))
+    kube.create(new_pod("after-reinstall", ns, resource))
     message = never_scheduled(split, ns, "after-reinstall")["after-reinstall"]
     assert "create claim for extended resources" in message and CLAIMS_POLICY in message, message
     assert kube.list("ResourceClaim", ns) == []
@@ -1110,7 +1062,7 @@ def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split
     dropped = kube.get("DeviceClass", DRIVER)
     del dropped["spec"]["extendedResourceName"]
     kube.replace(dropped)
-    kube.create(pod(ns, "after-the-chart-fix", resource))
+    kube.create(new_pod("after-the-chart-fix", ns, resource))
     message = never_scheduled(split, ns, "after-the-chart-fix")["after-the-chart-fix"]
     assert f"Insufficient {DEVICES.extended_resource_name}" in message, message
 
@@ -1118,7 +1070,7 @@ def test_a_newer_class_owning_amd_gpu_hands_no_reserved_device_to_training(split
     assert f"deviceclass/{SHARED_CLASS} replaced" in out, out
     # The pods refused meanwhile are not requeued by the class events (their refusal was the resource fit's):
     # they wait for the scheduler's periodic retry of unschedulable pods (5 minutes). A new pod is placed.
-    kube.create(pod(ns, "after-the-apply", resource))
+    kube.create(new_pod("after-the-apply", ns, resource))
     alloc = allocated(split, ns, "after-the-apply", timeout=60)
     assert requested_class(extended_claim(alloc)) == SHARED_CLASS
     assert not alloc.pcis & reserved_ids(2), f"allocated {shown(alloc.devices)}"

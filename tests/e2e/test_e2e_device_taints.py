@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_objects import exactly, new_claim, new_claim_pod, new_claim_template, new_pod
 
 from webhook.core.claims import RESERVED_DEVICE_TAINT_KEY
 from webhook.core.engine import CLASS_ANNOTATION
@@ -50,16 +51,11 @@ from .test_e2e_device_reservation import (
     allocated,
     amd_resource_slice,
     build_split,
-    claim,
-    claim_pod,
-    claim_template,
     delete_claims,
     delete_pods,
-    exactly,
     extended_claim,
     never_scheduled,
     on_node,
-    pod,
     pool,
     requested_class,
     reserved_ids,
@@ -170,26 +166,26 @@ def test_training_gets_every_untainted_gpu_by_every_route_and_never_a_tainted_on
     reserved class that tolerates the taint gets the first node's reserved GPUs."""
     taint_first_node(cluster, 2)
     kube, ns = cluster.kube, cluster.training
-    kube.create(pod(ns, "whole-second", {DEVICES.extended_resource_name: "4"}, **on_node(SECOND)))
+    kube.create(new_pod("whole-second", ns, {DEVICES.extended_resource_name: "4"}, **on_node(SECOND)))
     alloc = allocated(cluster, ns, "whole-second")
     assert alloc.node == SECOND and len(alloc.pcis) == 4, f"allocated {shown(alloc.devices)}"
-    kube.create(pod(ns, "shared-first", {DEVICES.extended_resource_name: "2"}, **on_node(FIRST)))
+    kube.create(new_pod("shared-first", ns, {DEVICES.extended_resource_name: "2"}, **on_node(FIRST)))
     alloc = allocated(cluster, ns, "shared-first")
     assert alloc.pcis == shared_ids(2), f"allocated {shown(alloc.devices)}"
     assert requested_class(extended_claim(alloc)) == SHARED_CLASS
-    kube.create(pod(ns, "one-more", {DEVICES.extended_resource_name: "1"}, **on_node(FIRST)))
-    kube.create(claim(ns, "shared-claim", exactly(SHARED_CLASS)))
-    kube.create(claim_pod(ns, "shared-claim", claim_name="shared-claim", **on_node(FIRST)))
+    kube.create(new_pod("one-more", ns, {DEVICES.extended_resource_name: "1"}, **on_node(FIRST)))
+    kube.create(new_claim("shared-claim", ns, exactly(SHARED_CLASS)))
+    kube.create(new_claim_pod("shared-claim", ns, claim_name="shared-claim", **on_node(FIRST)))
     never_scheduled(cluster, ns, "one-more", "shared-claim")
     # adminAccess may share an allocated device, never a tainted one.
     admin = cluster.admin_access
-    kube.create(claim(admin, "admin", exactly(SHARED_CLASS, count=3, adminAccess=True)))
-    kube.create(claim_pod(admin, "admin", claim_name="admin", **on_node(FIRST)))
+    kube.create(new_claim("admin", admin, exactly(SHARED_CLASS, count=3, adminAccess=True)))
+    kube.create(new_claim_pod("admin", admin, claim_name="admin", **on_node(FIRST)))
     never_scheduled(cluster, admin, "admin")
 
     inference = cluster.inference
-    kube.create(claim(inference, "serve", exactly(RESERVED_CLASS, count=2, tolerations=[TOLERATION])))
-    kube.create(claim_pod(inference, "serve", claim_name="serve"))
+    kube.create(new_claim("serve", inference, exactly(RESERVED_CLASS, count=2, tolerations=[TOLERATION])))
+    kube.create(new_claim_pod("serve", inference, claim_name="serve"))
     alloc = allocated(cluster, inference, "serve")
     assert alloc.node == FIRST and alloc.pcis == reserved_ids(2), f"allocated {shown(alloc.devices)}"
 
@@ -199,8 +195,8 @@ def test_an_inference_claim_without_the_toleration_gets_no_tainted_device(cluste
     not given a tainted device (it waits): taints, not the class, hold the devices."""
     taint_first_node(cluster, 2)
     kube, ns = cluster.kube, cluster.inference
-    kube.create(claim(ns, "bare", exactly(RESERVED_CLASS)))
-    kube.create(claim_pod(ns, "bare", claim_name="bare", **on_node(FIRST)))
+    kube.create(new_claim("bare", ns, exactly(RESERVED_CLASS)))
+    kube.create(new_claim_pod("bare", ns, claim_name="bare", **on_node(FIRST)))
     never_scheduled(cluster, ns, "bare")
 
 
@@ -220,9 +216,9 @@ def test_training_may_not_tolerate_the_reserved_taint(cluster: Split, toleration
     taint_first_node(cluster, 2)
     request = exactly(SHARED_CLASS, tolerations=[toleration])
     obj = (
-        claim(cluster.training, "tolerant", request)
+        new_claim("tolerant", cluster.training, request)
         if kind == "claim"
-        else claim_template(cluster.training, "tolerant", request)
+        else new_claim_template("tolerant", cluster.training, request)
     )
     policy = CLAIMS_POLICY if kind == "claim" else TEMPLATES_POLICY
     with pytest.raises(ApiError) as denied:
@@ -239,7 +235,7 @@ def webhook(cluster: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     directory = tmp_path_factory.mktemp("webhook-device-taints")
 
     def steered() -> str:
-        probe = claim_template(cluster.inference, "probe", exactly(DRIVER))
+        probe = new_claim_template("probe", cluster.inference, exactly(DRIVER))
         return template_class(cluster.kube.create(probe, dry_run=True))
 
     with running_webhook(cluster, directory, steered, RESERVED_CLASS) as running:
@@ -254,13 +250,13 @@ class TestWithTheWebhookUp:
         with the reserved class and the toleration; its pod is placed on the split node and its claim gets
         reserved devices."""
         kube, ns = cluster.kube, cluster.inference
-        kube.create(claim_template(ns, "chart", exactly(DRIVER, count=2)))
+        kube.create(new_claim_template("chart", ns, exactly(DRIVER, count=2)))
         stored = kube.get("ResourceClaimTemplate", "chart", ns)
         (request,) = stored["spec"]["spec"]["devices"]["requests"]
         assert request["exactly"]["deviceClassName"] == RESERVED_CLASS, request
         assert TOLERATION in request["exactly"].get("tolerations", []), request
         assert stored["metadata"]["annotations"][CLASS_ANNOTATION] == "inference"
-        kube.create(claim_pod(ns, "chart", template="chart"))
+        kube.create(new_claim_pod("chart", ns, template="chart"))
         alloc = allocated(cluster, ns, "chart")
         assert alloc.node == FIRST and alloc.pcis == reserved_ids(2), f"allocated {shown(alloc.devices)}"
 
@@ -269,7 +265,7 @@ class TestWithTheWebhookUp:
     ) -> None:
         with pytest.raises(ApiError) as denied:
             cluster.kube.create(
-                claim_template(cluster.training, "sneaky", exactly(DRIVER, tolerations=[{"operator": "Exists"}]))
+                new_claim_template("sneaky", cluster.training, exactly(DRIVER, tolerations=[{"operator": "Exists"}]))
             )
         assert denied.value.status == 403, denied.value.message
         assert 'admission webhook "claims.rocm-isolation.io" denied the request' in denied.value.message
@@ -283,7 +279,7 @@ class TestWithTheWebhookUp:
         would leave the pod Pending) and says so in a warning; the pod is placed on the split node and
         gets a shared device there."""
         kube, ns = cluster.kube, cluster.inference
-        kube.create(pod(ns, "amd-gpu", {DEVICES.extended_resource_name: "1"}))
+        kube.create(new_pod("amd-gpu", ns, {DEVICES.extended_resource_name: "1"}))
         stored = kube.get("Pod", "amd-gpu", ns)
         assert stored["spec"]["containers"][0]["resources"]["limits"] == {DEVICES.extended_resource_name: "1"}
         alloc = allocated(cluster, ns, "amd-gpu")

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from cluster_objects import exactly, new_claim, new_claim_pod, new_claim_template
 
 from webhook.core.policy import default_policy
 from webhook.service.auditloop import LEASE_NAME
@@ -27,46 +29,14 @@ from .harness import (
 from .kube import ApiError, Obj, wait_until
 
 
-def claim_template(ns: str, name: str, device_class: str = DRIVER) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}},
-    }
+def one_gpu(device_class: str = DRIVER) -> Obj:
+    """A request for one device of ``device_class`` (no count: the apiserver defaults it)."""
+    return exactly(device_class, count=None)
 
 
-def claim(ns: str, name: str, device_class: str = DRIVER) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}},
-    }
-
-
-def dra_pod(
-    ns: str,
-    name: str,
-    *,
-    template: str | None = None,
-    claim_name: str | None = None,
-    app: str | None = None,
-    **spec: object,
-) -> Obj:
-    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim_name}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": app or name}},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", **source}],
-            "containers": [
-                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-            **spec,
-        },
-    }
+def dra_pod(ns: str, name: str, *, app: str | None = None, **spec: Any) -> Obj:
+    """A pod labelled ``app: <app or name>`` using one claim (``claim_name``) or template (``template``)."""
+    return new_claim_pod(name, ns, labels={"app": app or name}, **spec)
 
 
 def allocated_pools(cluster: Cluster, ns: str, pod_name: str) -> tuple[str, list[Obj]]:
@@ -101,7 +71,7 @@ def test_claims_from_templates_are_allocated_from_the_right_pools(
     cluster: Cluster, namespace: Callable[..., str], workload_class: str
 ) -> None:
     ns = namespace(labels={"rocm-isolation.io/class": workload_class})
-    cluster.kube.create(claim_template(ns, "mi300x"))
+    cluster.kube.create(new_claim_template("mi300x", ns, one_gpu()))
     allowed = set(cluster.reserved) if workload_class == "inference" else set(cluster.shared) | set(POOL_NODES)
     names = [f"{workload_class}-{i}" for i in range(len(cluster.reserved))]
     for name in names:
@@ -124,7 +94,7 @@ def test_claims_from_templates_are_allocated_from_the_right_pools(
 
 def test_dra_training_pods_aimed_at_reserved_nodes_are_denied(cluster: Cluster, namespace: Callable[..., str]) -> None:
     ns = namespace(labels={"rocm-isolation.io/class": "training"})
-    cluster.kube.create(claim_template(ns, "mi300x"))
+    cluster.kube.create(new_claim_template("mi300x", ns, one_gpu()))
     attempts = {
         "nodeSelector": dra_pod(
             ns, "selector", template="mi300x", nodeSelector={"rocm-isolation.io/pool": "inference"}
@@ -161,7 +131,7 @@ def test_a_claim_that_does_not_exist_yet_counts_as_a_gpu(cluster: Cluster, names
     assert any("later" in w for w in warnings), warnings
     # Nothing to allocate yet: the pod waits. Once the claim exists it is allocated off the reserved pool.
     assert not cluster.kube.get("Pod", "early", ns)["spec"].get("nodeName")
-    cluster.kube.create(claim(ns, "later"))
+    cluster.kube.create(new_claim("later", ns, one_gpu()))
     node = wait_until(
         lambda: cluster.kube.get("Pod", "early", ns)["spec"].get("nodeName"), timeout=90, what="the pod bound"
     )
@@ -176,7 +146,7 @@ def test_a_claim_that_does_not_exist_yet_counts_as_a_gpu(cluster: Cluster, names
 
 def test_a_claim_of_another_driver_is_not_a_gpu(cluster: Cluster, namespace: Callable[..., str]) -> None:
     ns = namespace(labels={"rocm-isolation.io/class": "training"})
-    cluster.kube.create(claim_template(ns, "nic", device_class="nic.example.com"))
+    cluster.kube.create(new_claim_template("nic", ns, one_gpu("nic.example.com")))
 
     def resolved() -> Obj | None:
         pod = cluster.kube.create(dra_pod(ns, "nic-user", template="nic"), dry_run=True)
@@ -223,7 +193,7 @@ def test_gpus_published_and_allocated_by_dra_are_capacity(
     before, without_gpus = _reserved_capacity(cluster)
     assert dra_only_node not in without_gpus
     ns = namespace(labels={"rocm-isolation.io/class": "inference"})
-    cluster.kube.create(claim_template(ns, "mi300x"))
+    cluster.kube.create(new_claim_template("mi300x", ns, one_gpu()))
     selector = {"kubernetes.io/hostname": dra_only_node}
     cluster.kube.create(dra_pod(ns, "on-dra-only", template="mi300x", nodeSelector=selector))
     node, results = allocated_pools(cluster, ns, "on-dra-only")

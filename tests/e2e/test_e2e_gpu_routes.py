@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_objects import device_class, new_pod
 
 from webhook.core.policy import default_policy
 
@@ -47,12 +48,8 @@ def _container(name: str = "main", **fields: Any) -> Obj:
 
 def _aimed(name: str, ns: str, **spec: Any) -> Obj:
     """A pod aimed at the reserved nodes: their taint tolerated, their pool label selected."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
-        "spec": {"tolerations": [RESERVED_TOLERATION], "nodeSelector": {POOL_KEY: POOL_VALUE}, **spec},
-    }
+    spec = {"tolerations": [RESERVED_TOLERATION], "nodeSelector": {POOL_KEY: POOL_VALUE}, **spec}
+    return new_pod(name, ns, labels={"app": name}, **spec)
 
 
 @dataclass(frozen=True)
@@ -110,16 +107,7 @@ def _denial(call: Callable[[], object]) -> str:
 def extended_class(cluster: Cluster) -> Iterator[str]:
     """A DeviceClass selecting AMD's driver by CEL, serving the extended resource example.com/amd-gpu
     (the scheduler turns such a request into a claim after admission)."""
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": EXTENDED_CLASS},
-        "spec": {
-            "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}],
-            "extendedResourceName": EXTENDED_RESOURCE,
-        },
-    }
-    cluster.kube.apply(device_class)
+    cluster.kube.apply(device_class(EXTENDED_CLASS, extended_resource_name=EXTENDED_RESOURCE))
     # The webhook's DeviceClass watch has the class: asked directly (not through the apiserver, whose
     # matchConditions decide whether it is asked at all), it denies row (b).
     pod = ROWS["dra-extended-resource-class-name"].make("default")
@@ -227,12 +215,7 @@ def _wait_backstop_alone(cluster: Cluster) -> None:
     """Until the apiserver's admission chain has caught up: a GPU pod is no longer placed (neither the
     webhook nor the placement policy is called) and the swapped backstop knows example.com/amd-gpu."""
     ns = "default"
-    plain = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "backstop-probe", "namespace": ns},
-        "spec": {"containers": [_container(resources={"limits": {"amd.com/gpu": "1"}})]},
-    }
+    plain = new_pod("backstop-probe", ns, {"amd.com/gpu": "1"})
     probe = _aimed("backstop-probe", ns, containers=[_container(resources={"limits": {EXTENDED_RESOURCE: "1"}})])
 
     def caught_up() -> bool:
@@ -334,12 +317,7 @@ def _on_a_reserved_node(cluster: Cluster, ns: str, how: str) -> str:
     if how == "tolerated":
         pod = _aimed(name, ns, containers=[_container(resources=resources)])
     else:
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"nodeName": cluster.reserved[0], "containers": [_container(resources=resources)]},
-        }
+        pod = new_pod(name, ns, nodeName=cluster.reserved[0], containers=[_container(resources=resources)])
     cluster.kube.create(pod)
     node = wait_until(
         lambda: cluster.kube.get("Pod", name, ns)["spec"].get("nodeName"), timeout=90, what=f"{name} bound"
@@ -484,12 +462,7 @@ def _extended_resource_claim(cluster: Cluster, ns: str, pod_name: str) -> Obj:
 
 
 def _implicit_pod(name: str, ns: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
-        "spec": {"containers": [_container(resources={"limits": {IMPLICIT_RESOURCE: "1"}})]},
-    }
+    return new_pod(name, ns, {IMPLICIT_RESOURCE: "1"}, labels={"app": name})
 
 
 # How often the apiserver evaluated the placement policy (its own histogram's count).

@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import pytest
+from cluster_objects import new_pod
 
 from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, Cluster
 from .kube import ApiError, Obj
@@ -42,12 +43,7 @@ def _large_pod(name: str, ns: str, *, last: dict[str, Any], **spec: Any) -> Obj:
             container["env"] = env + extra.pop("env", [])
             container.update(extra)
         containers.append(container)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
-        "spec": {"containers": containers, **spec},
-    }
+    return new_pod(name, ns, labels={"app": name}, containers=containers, **spec)
 
 
 GPU = {"resources": {"limits": {"amd.com/gpu": "1"}}}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jsonpatch
 import pytest
+from cluster_objects import new_namespace
 
 from webhook.core.policy import default_policy
 from webhook.deploy import mutating_policy, render
@@ -67,13 +68,7 @@ def installed(beta_apiserver: Kube, documents: list[Obj]) -> tuple[dict[str, str
     namespaces = {}
     for class_name in default_policy().spec.classes:
         namespaces[class_name] = f"beta-{class_name}"
-        kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": namespaces[class_name], "labels": {CLASS_LABEL: class_name}},
-            }
-        )
+        kube.create(new_namespace(namespaces[class_name], {CLASS_LABEL: class_name}))
     probe = gpu_pod("probe", namespaces["inference"])
     reserved_key = default_policy().spec.reserved_nodes.taint.key
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from cluster_objects import new_namespace
 
 from webhook.core import engine, placement
 from webhook.core.policy import default_policy, parse_policy
@@ -387,9 +388,7 @@ def fixture_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureW
                 world.warnings[name] += kube.last_warnings
             world.namespaces[name] = fixture_namespaces(parse_policy(text), tag)
             for namespace, labels in world.namespaces[name].items():
-                kube.create(
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
-                )
+                kube.create(new_namespace(namespace, labels))
         for name, text in FIXTURE_POLICIES:
             policy = claims_off(text)
             for namespace, labels in world.namespaces[name].items():

@@ -17,7 +17,6 @@ from audit_cluster import (
     SPLIT_LABELS,
     TOLERATE_ALL,
     four_gpus,
-    held_claim,
     populate_mixed,
     reservation_classes,
     running,
@@ -28,6 +27,8 @@ from audit_cluster import (
 from cluster_objects import (
     INFERENCE_TOLERATION,
     allocated,
+    claim_pod,
+    held_claim,
     inference_pod,
     namespace,
     node,
@@ -551,7 +552,7 @@ def test_a_node_reserved_whole_is_never_split() -> None:
             split_node_slice("d1", *four_gpus()),
             namespace("serve", {"rocm-isolation.io/class": "inference"}),
             *reservation_classes(RESERVATION),
-            held_claim("llm-gpu", "serve", "r-dra", "gpu-6-134", "llm", "rocm-isolation-shared"),
+            held_claim("llm-gpu", "serve", "r-dra", ["gpu-6-134"], pods=["llm"]),
             inference_pod(
                 "llm", "serve", node="r-dra", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "llm-gpu"}]
             ),
@@ -665,7 +666,7 @@ def test_a_released_reservation_judges_only_the_split_label() -> None:
             split_node_slice("d2", *four_gpus()),
             namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
             *reservation_classes(RELEASED_RESERVATION),
-            held_claim("old-gpu", "ml", "d2", "gpu-9-137", "trainer", "rocm-isolation-shared"),
+            held_claim("old-gpu", "ml", "d2", ["gpu-9-137"], pods=["trainer"]),
             pod("trainer", "ml", node="d2", gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": "old-gpu"}]),
         )
         report = run(cluster)
@@ -682,7 +683,7 @@ def test_device_holders_are_matched_by_uid_and_inference_on_split_nodes_is_place
     inference pod on a split node is where its placement puts it (not inference-pod-outside-reserved-pool)."""
     cluster = FakeCluster().start()
     try:
-        stale = held_claim("old-gpu", "ml", "d1", "gpu-9-137", "trainer", "gpu.amd.com")
+        stale = held_claim("old-gpu", "ml", "d1", ["gpu-9-137"], pods=["trainer"], device_class="gpu.amd.com")
         stale["status"]["reservedFor"][0]["uid"] = "uid-of-an-earlier-trainer"
         cluster.add(
             node("d1", labels=SPLIT_LABELS, allocatable={}),
@@ -732,10 +733,6 @@ def taint_rule(node_name: str, device: str, pci: str, version: str = "v1") -> di
     return device_taint_rules.rule(POLICY, TaintedDevice(node_name, node_name, device, pci), version)
 
 
-def claim_pod(name: str, ns: str, node_name: str, claim: str) -> dict[str, Any]:
-    return pod(name, ns, node=node_name, gpus={}, resource_claims=[{"name": "gpu", "resourceClaimName": claim}])
-
-
 def tainted_cluster(version: str = "v1") -> FakeCluster:
     """d1 split by taints (its two lowest GPUs, gpu-9-137 and gpu-8-136, tainted by our rules), d2 not chosen
     (its GPUs in the same slots, untainted, all shared); the classes in taint mode (the shared one selects
@@ -755,11 +752,11 @@ def tainted_cluster(version: str = "v1") -> FakeCluster:
         taint_rule("d1", "gpu-9-137", "0000:03:00.0", version),
         taint_rule("d1", "gpu-8-136", "0000:23:00.0", version),
         *split_inference("gpu-9-137"),
-        held_claim("stray-gpu", "ml", "d1", "gpu-8-136", "trainer-stray", "rocm-isolation-shared"),
+        held_claim("stray-gpu", "ml", "d1", ["gpu-8-136"], pods=["trainer-stray"]),
         claim_pod("trainer-stray", "ml", "d1", "stray-gpu"),
-        held_claim("ok-gpu", "ml", "d1", "gpu-7-135", "trainer-ok", "rocm-isolation-shared"),
+        held_claim("ok-gpu", "ml", "d1", ["gpu-7-135"], pods=["trainer-ok"]),
         claim_pod("trainer-ok", "ml", "d1", "ok-gpu"),
-        held_claim("d2-gpu", "ml", "d2", "gpu-9-137", "trainer-d2", "rocm-isolation-shared"),
+        held_claim("d2-gpu", "ml", "d2", ["gpu-9-137"], pods=["trainer-d2"]),
         claim_pod("trainer-d2", "ml", "d2", "d2-gpu"),
     )
     return cluster

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import RandomCluster, random_clusters
 
+from webhook.cluster.kubeapi import KubeApi, NotFound
 from webhook.cluster.slices import Device, Gpu, gpu_of
 from webhook.deploy.device_classes import DeviceReservation, reservation_for
+from webhook.ops import audit
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, Holder, device_state, split_nodes
 
 DRIVER = "gpu.amd.com"
@@ -178,3 +183,61 @@ def test_per_node_and_side_capacity_is_allocated_plus_free_and_each_gpu_counts_o
     for side_name in SIDES:
         assert model.capacity(side_name) == sum(n.side(side_name).capacity for n in model.pool_nodes(side_name))
         assert model.allocated(side_name) == sum(model.allocated_by_class(side_name, "-").values())
+
+
+# -- the property on random clusters, through the audit's own reading --------------------------------
+
+
+class ClusterApi:
+    """A ``KubeApi`` answering lists from a RandomCluster's objects (in memory: hypothesis runs hundreds
+    of clusters; the HTTP paging of the real client is tested in tests/cluster/test_kubeapi.py)."""
+
+    def __init__(self, cluster: RandomCluster) -> None:
+        self.lists = {
+            "/api/v1/nodes": cluster.nodes,
+            "/api/v1/namespaces": cluster.namespaces,
+            "/api/v1/pods": cluster.pods,
+            "/apis/resource.k8s.io/v1/resourceclaims": cluster.claims,
+            "/apis/resource.k8s.io/v1/resourceclaimtemplates": [],
+            "/apis/resource.k8s.io/v1/deviceclasses": cluster.device_classes,
+            "/apis/resource.k8s.io/v1/resourceslices": cluster.slices,
+        }
+
+    def list(self, path: str, **_: object) -> Iterator[dict[str, object]]:
+        yield from self.lists[path]
+
+    def get(self, path: str, **_: object) -> dict[str, object]:
+        raise NotFound("not found", status=404, method="GET", path=path)
+
+    def serving_versions(self, group: str, versions: object, resource: str) -> tuple[str, ...]:
+        return ()
+
+
+def model_of(cluster: RandomCluster) -> CapacityModel:
+    """The audit's capacity model of the cluster: run_audit's reading and pod stream, its model kept."""
+    kept: list[CapacityModel] = []
+    original = audit.capacity_model
+
+    def keep(*args: object) -> CapacityModel:
+        kept.append(original(*args))  # type: ignore[arg-type]
+        return kept[-1]
+
+    audit.capacity_model = keep  # type: ignore[assignment]
+    try:
+        audit.run_audit(cast(KubeApi, ClusterApi(cluster)), cluster.policy)
+    finally:
+        audit.capacity_model = original  # type: ignore[assignment]
+    return kept[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_clusters())
+def test_random_clusters_read_as_the_audit_reads_them_add_up_per_node_and_side(cluster: RandomCluster) -> None:
+    model = model_of(cluster)
+    for name, node in model.nodes.items():
+        for side_name, side in node.sides.items():
+            assert side.capacity == side.allocated + side.free, (name, side_name)
+            # A device is allocated at most once in these clusters: nothing is over-allocated.
+            assert side.free >= 0, (name, side_name, side)
+    for side_name in SIDES:
+        assert model.allocated(side_name) == sum(g for _, g in model.holders(side_name))

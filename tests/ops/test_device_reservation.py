@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from dra_objects import device_class, gpu, gpu_slice, held_claim, node_gpus
+from cluster_objects import device_class, gpu_device, held_claim, node_gpus, node_slice
 
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes
@@ -132,7 +132,7 @@ def test_a_node_with_few_gpus(slots: list[str], n: int, reserved: int, note: str
 
 
 def test_a_device_without_a_pci_bus_id_is_never_reserved_and_the_plan_says_so() -> None:
-    found = published(gpu_slice("mi210-x", gpu("gpu-1", None), gpu("gpu-0", "0000:03:00.0")))
+    found = published(node_slice("mi210-x", gpu_device("gpu-1"), gpu_device("gpu-0", "0000:03:00.0")))
     plan = plan_for(found, 2)
     assert plan.after.pci_bus_ids == ("0000:03:00.0",)
     assert [dr.device_state(d, plan.after) for d in plan.nodes[0].devices] == ["reserved", "shared"]

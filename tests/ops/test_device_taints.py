@@ -16,8 +16,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from cluster_objects import namespace, node
-from dra_objects import chart_class, dra_workloads, gpu, gpu_slice
+from cluster_objects import chart_class, drm_gpus, gpu_device, namespace, node, node_slice
+from dra_objects import dra_workloads
 from fake_cluster import FakeCluster
 from test_pool import run, stored_class, writes
 
@@ -50,10 +50,10 @@ def rule_name(node_name: str, device: str) -> str:
 def gpus(node_name: str, slots: tuple[str, ...], *, partitioned: bool = False) -> dict[str, Any]:
     """A node's slice, GPUs named by DRM minors as AMD's driver does (gpu-9-137 in the lowest slot, then
     gpu-8-136, ...); ``partitioned``: the lowest GPU also publishes a partition with its PCI bus ID."""
-    devices = [gpu(f"gpu-{9 - i}-{137 - i}", pci) for i, pci in enumerate(slots)]
+    devices = drm_gpus(*slots)
     if partitioned:
-        devices.append(gpu("gpu-9-137-p1", slots[0]))
-    return gpu_slice(node_name, *devices)
+        devices.append(gpu_device("gpu-9-137-p1", slots[0]))
+    return node_slice(node_name, *devices)
 
 
 def make_cluster(slots: dict[str, tuple[str, ...]], *, partitioned: str | None = None) -> FakeCluster:

@@ -18,8 +18,23 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from cluster_objects import allocated, inference_pod, namespace, node, pod, resource_claim, resource_slice
-from dra_objects import chart_class, claim_pod, device_class, dra_workloads, gpu, gpu_slice, held_claim, node_gpus
+from cluster_objects import (
+    allocated,
+    chart_class,
+    claim_pod,
+    device_class,
+    gpu_device,
+    held_claim,
+    inference_pod,
+    namespace,
+    node,
+    node_gpus,
+    node_slice,
+    pod,
+    resource_claim,
+    resource_slice,
+)
+from dra_objects import dra_workloads
 from fake_cluster import FakeCluster
 
 from webhook import cli
@@ -1095,12 +1110,12 @@ def test_the_device_plan_shown_in_operations_md_is_this_output(
             node("gpu-node-13", allocatable={}),
             node("gpu-node-05"),
             *(
-                gpu_slice(name, *(gpu(f"gpu-{i + 1}-{128 + i}", pci) for i, pci in enumerate(ids)))
+                node_slice(name, *(gpu_device(f"gpu-{i + 1}-{128 + i}", pci) for i, pci in enumerate(ids)))
                 for name, ids in (("gpu-node-11", slots), ("gpu-node-12", slots), ("gpu-node-13", moved))
             ),
             device_class("gpu.amd.com", created="2026-11-02T14:03:11Z", extended_resource_name="amd.com/gpu"),
             held_claim("trainer-gpus", "ml-training", "gpu-node-11", ["gpu-1-128", "gpu-4-131"], pods=["trainer-0"]),
-            claim_pod("trainer-0", "ml-training", "gpu-node-11", "trainer-gpus"),
+            claim_pod("trainer-0", "ml-training", "gpu-node-11", "trainer-gpus", labels={"app": "trainer-0"}),
         )
         code, out, _ = run(fake, tmp_path, capsys, "plan", "--devices-per-node", "2")
     finally:

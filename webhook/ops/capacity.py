@@ -137,6 +137,8 @@ class CapacityModel:
     nodes: dict[str, NodeCapacity] = field(default_factory=dict)
     # The reservation driver's devices of the split nodes, by (pool, device)
     _split_devices: dict[tuple[str, str], Device] = field(default_factory=dict)
+    # The split nodes' devices each pod holds, by (namespace, name): who changes side when the split does
+    held: dict[tuple[str, str], list[Device]] = field(default_factory=dict)
     # GPUs already counted for a holder (a claim several pods share counts once)
     _counted: set[Gpu] = field(default_factory=set)
 
@@ -175,6 +177,7 @@ class CapacityModel:
     def clear_pods(self) -> None:
         """The pod list started over (expired continue token): forget what was counted."""
         self._counted.clear()
+        self.held.clear()
         for node in self.nodes.values():
             for side in node.sides.values():
                 side.holders.clear()
@@ -217,6 +220,9 @@ class CapacityModel:
                 device = self.split_device(*result)
                 if device is not None and place.split:
                     per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
+                    held = self.held.setdefault(holder.ref, [])
+                    if device not in held:
+                        held.append(device)
                     extended_split = extended_split or extended
                 elif not extended:
                     elsewhere.append(_gpu(result, gpu_by_result))
