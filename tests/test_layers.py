@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,3 +97,66 @@ def test_a_module_outside_every_part_breaks_the_layers(package: Path) -> None:
     result = lint_imports(package)
     assert result.returncode != 0
     assert "webhook.helpers" in result.stdout
+
+
+# issue 34: audit takes the report writer from reports, reports the rule table from audit; being broken.
+KNOWN_CYCLES = [["webhook.ops.audit", "webhook.ops.reports"]]
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The import circles among ``package``'s modules (imports inside functions included): each strongly
+    connected component of the import graph with more than one module, its modules sorted (Tarjan)."""
+    graph = grimp.build_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_an_import_circle_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search itself: a circle of three modules, one closed inside a function, and a module outside it."""
+    package = tmp_path / "circled"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "a.py").write_text("from circled import b  # noqa\n", encoding="utf-8")
+    (package / "b.py").write_text("from circled import c  # noqa\n", encoding="utf-8")
+    (package / "c.py").write_text("def f() -> None:\n    from circled import a  # noqa\n", encoding="utf-8")
+    (package / "d.py").write_text("from circled import a  # noqa\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("circled") == [["circled.a", "circled.b", "circled.c"]]
+
+
+def test_no_import_cycles() -> None:
+    """No module of webhook/ imports itself back through others; the one circle issue 34 is breaking is
+    an expected failure while it remains, any other one fails."""
+    cycles = import_cycles("webhook")
+    assert [c for c in cycles if c not in KNOWN_CYCLES] == []
+    if cycles:
+        pytest.xfail(f"the known import circle(s) remain: {cycles}")

@@ -74,17 +74,25 @@ def test_whole_nodes_count_resources_and_claims_on_their_side_and_unknown_nodes_
     assert model.free_without("r1", RESERVED, []) == 6
 
 
-def test_the_extended_resource_claim_on_a_split_node_replaces_the_request_and_elsewhere_is_the_request() -> None:
+def test_a_dra_extended_resource_counts_the_gpus_of_the_claim_the_scheduler_made_not_the_request() -> None:
     devices = gpus_of("d1", 4)
+    partitions = gpus_of("w1", 1, partitions=2)
     model = CapacityModel.build(
-        [("d1", 0, False), ("w1", 4, False)], {"d1": devices}, reservation_for([bus(0)], 1), ["d1"], DRIVER
+        [("d1", 0, False), ("w1", 1, False)],
+        {"d1": devices, "w1": partitions},
+        reservation_for([bus(0)], 1),
+        ["d1"],
+        DRIVER,
     )
     # amd.com/gpu: 1 served by DRA on the split node: the scheduler's claim is the GPU, counted on its side.
     model.add_pod(Holder("ml", "a", "training"), "d1", 1, extended_results=[result(devices[3])])
-    # On a whole node the same request is kubelet's count; the scheduler's claim is not counted again.
-    model.add_pod(Holder("ml", "b", "training"), "w1", 1, extended_results=[(DRIVER, "w1", "gpu-0")])
+    # amd.com/gpu: 2 served by two partitions of one GPU (AMD's class before issue 35): one GPU, not two.
+    model.add_pod(Holder("ml", "b", "training"), "w1", 2, extended_results=[result(d) for d in partitions])
     assert model.nodes["d1"].side(SHARED).allocated == 1
-    assert model.nodes["w1"].side(SHARED).allocated == 1
+    assert model.nodes["w1"].side(SHARED).allocated == 1 and model.nodes["w1"].side(SHARED).free == 0
+    # Without a claim yet (device plugin, or not allocated): the request's number.
+    model.add_pod(Holder("ml", "c", "training"), "w1", 2)
+    assert model.nodes["w1"].side(SHARED).allocated == 3
 
 
 def test_fits_answers_would_it_fit_if_these_pods_left() -> None:

@@ -15,10 +15,11 @@ import pytest
 import yaml
 from cluster_objects import device_class, gpu_device, held_claim, node_gpus, node_slice
 
+from webhook.cluster import slices as slice_reader
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes
 from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
-from webhook.ops import device_reservation as dr
+from webhook.ops import capacity, device_ownership, device_plan, device_split, device_status
 from webhook.ops.reservation import PoolNode, PoolPod, Reservation, SelectionError
 
 FIXTURE = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "pool" / "device-slices.yaml").read_text())
@@ -28,11 +29,11 @@ OURS = {"app.kubernetes.io/managed-by": "rocm-isolation-webhook"}
 OUR_TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
 
 
-def published(*slices: dict[str, Any]) -> dict[str, tuple[dr.Device, ...]]:
-    return dr.published_devices(slices, "gpu.amd.com")
+def published(*slices: dict[str, Any]) -> dict[str, tuple[slice_reader.Device, ...]]:
+    return slice_reader.published_devices(slices, "gpu.amd.com")
 
 
-def two_nodes() -> dict[str, tuple[dr.Device, ...]]:
+def two_nodes() -> dict[str, tuple[slice_reader.Device, ...]]:
     """mi300-a's GPUs sit in slots 19, 3b, 4c, 5d; mi300-b's in 4c, 8e, 9a, c1."""
     return published(
         node_gpus("mi300-a", "0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:5d:00.0"),
@@ -45,26 +46,28 @@ def pool_node(name: str, *, labels: dict[str, str] | None = None, taints: tuple[
 
 
 def plan_for(
-    found: dict[str, tuple[dr.Device, ...]],
+    found: dict[str, tuple[slice_reader.Device, ...]],
     n: int,
     classes: list[dict[str, Any]] | None = None,
-    held: list[dr.Hold] | None = None,
-) -> dr.DevicePlan:
-    after, wanted = dr.split(found, n)
-    return dr.build_device_plan(POLICY, found, after, wanted, dr.class_infos(classes or []), held or [])
+    held: list[device_plan.Hold] | None = None,
+) -> device_plan.DevicePlan:
+    after, wanted = device_split.split(found, n)
+    return device_plan.build_device_plan(
+        POLICY, found, after, wanted, device_ownership.class_infos(classes or []), held or []
+    )
 
 
 # --- the devices the driver publishes -----------------------------------------------------------------
 
 
 def test_each_node_publishes_its_newest_generation_in_pci_order() -> None:
-    found = dr.published_devices(FIXTURE["slices"], "gpu.amd.com")
+    found = slice_reader.published_devices(FIXTURE["slices"], "gpu.amd.com")
     assert {node: [[d.name, d.pci_bus_id] for d in devices] for node, devices in found.items()} == FIXTURE["expected"]
     assert {d.pool for d in found["mi300-a"]} == {"mi300-a"}
 
 
 def test_a_list_that_starts_over_forgets_what_it_read() -> None:
-    devices = dr.PublishedDevices("gpu.amd.com")
+    devices = slice_reader.PublishedDevices(frozenset({"gpu.amd.com"}))
     devices.add(node_gpus("gone", "0000:19:00.0"))
     devices.clear()
     devices.add(node_gpus("kept", "0000:19:00.0"))
@@ -85,15 +88,15 @@ def test_a_list_that_starts_over_forgets_what_it_read() -> None:
     ],
 )
 def test_gpus_are_counted_by_pci_bus_id_lowest_first(ids: list[str], expected: tuple[str, ...]) -> None:
-    devices = [dr.Device("n", "n", f"d{i}", pci) for i, pci in enumerate(ids)]
-    assert dr.gpu_ids(devices) == expected
+    devices = [slice_reader.Device("n", "n", f"d{i}", pci) for i, pci in enumerate(ids)]
+    assert slice_reader.gpu_ids(devices) == expected
 
 
 # --- the split ------------------------------------------------------------------------------------------
 
 
 def test_each_node_wants_its_lowest_pci_bus_ids_and_the_classes_select_the_union() -> None:
-    after, wanted = dr.split(two_nodes(), 2)
+    after, wanted = device_split.split(two_nodes(), 2)
     assert wanted == {"mi300-a": ("0000:19:00.0", "0000:3b:00.0"), "mi300-b": ("0000:4c:00.0", "0000:8e:00.0")}
     assert after == DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0", "0000:4c:00.0", "0000:8e:00.0"))
 
@@ -108,7 +111,7 @@ def test_cel_cannot_see_the_node_and_the_plan_says_what_that_does() -> None:
         "CEL cannot see the node: mi300-a gets 3 reserved GPUs, not 2: the classes select the same PCI bus IDs on "
         "every node, and 0000:4c:00.0 (gpu-7-135, reserved on mi300-b) is in the reserved set"
     )
-    lines = dr.plan_lines(plan, POLICY)
+    lines = device_plan.plan_lines(plan, POLICY)
     assert ["mi300-a", "4", "3", "1", "-"] in [line.split() for line in lines]
     assert any(line.split() == ["mi300-a", "gpu-7-135", "0000:4c:00.0", "unreserved", "reserved"] for line in lines)
 
@@ -135,7 +138,7 @@ def test_a_device_without_a_pci_bus_id_is_never_reserved_and_the_plan_says_so() 
     found = published(node_slice("mi210-x", gpu_device("gpu-1"), gpu_device("gpu-0", "0000:03:00.0")))
     plan = plan_for(found, 2)
     assert plan.after.pci_bus_ids == ("0000:03:00.0",)
-    assert [dr.device_state(d, plan.after) for d in plan.nodes[0].devices] == ["reserved", "shared"]
+    assert [capacity.device_state(d, plan.after) for d in plan.nodes[0].devices] == ["reserved", "shared"]
     assert (
         "mi210-x: gpu-1 publishes no resource.kubernetes.io/pciBusID: never reserved (the classes select PCI bus "
         "IDs), always shared"
@@ -143,12 +146,12 @@ def test_a_device_without_a_pci_bus_id_is_never_reserved_and_the_plan_says_so() 
 
 
 def test_partitions_count_as_their_gpu() -> None:
-    found = dr.published_devices(FIXTURE["slices"], "gpu.amd.com")
+    found = slice_reader.published_devices(FIXTURE["slices"], "gpu.amd.com")
     plan = plan_for({"part": found["part"]}, 1)
     assert plan.after.pci_bus_ids == ("0000:19:00.0",)
     node = plan.nodes[0]
     assert (node.gpus, node.reserved_after, node.shared_after) == (2, 1, 1)
-    assert [dr.device_state(d, plan.after) for d in node.devices] == ["reserved", "reserved", "shared"]
+    assert [capacity.device_state(d, plan.after) for d in node.devices] == ["reserved", "reserved", "shared"]
 
 
 # --- which nodes ----------------------------------------------------------------------------------------
@@ -164,7 +167,7 @@ PLUGIN = {"plugin-1": 8, "mi300-a": 0, "mi300-b": 0, "cpu-1": 0}
 
 
 def choose(nodes: list[PoolNode] = NODES, **kwargs: Any) -> tuple[str, ...]:
-    return dr.choose_device_nodes(nodes, two_nodes(), PLUGIN, RES, "gpu.amd.com", **kwargs)
+    return device_split.choose_device_nodes(nodes, two_nodes(), PLUGIN, RES, "gpu.amd.com", **kwargs)
 
 
 def test_by_default_every_node_of_the_driver_is_split_and_device_plugin_nodes_are_left_alone() -> None:
@@ -198,7 +201,7 @@ def test_nodes_that_cannot_be_split_are_refused(kwargs: dict[str, Any], message:
     [({"names": ["mi300-a"]}, "--nodes mi300-a"), ({"selector": {"rack": "r2"}}, "--selector rack=r2")],
 )
 def test_some_nodes_of_the_driver_only_is_a_subset_cel_cannot_express(kwargs: dict[str, Any], option: str) -> None:
-    with pytest.raises(dr.SubsetError) as err:
+    with pytest.raises(device_split.SubsetError) as err:
         choose(**kwargs)
     assert err.value.option == option
     assert set(err.value.every) - set(err.value.chosen) in ({"mi300-b"}, {"mi300-a"})
@@ -231,10 +234,10 @@ def test_some_nodes_of_the_driver_only_is_a_subset_cel_cannot_express(kwargs: di
 def test_the_subset_message_says_why_device_taint_rules_cannot_be_used(
     versions: tuple[str, ...] | None, server: tuple[int, int, int] | None, opted_in: bool, served: str
 ) -> None:
-    why_not = dr.taint_rules_unusable(versions, server, opted_in=opted_in)
+    why_not = device_split.taint_rules_unusable(versions, server, opted_in=opted_in)
     assert why_not is not None and served in why_not
-    err = dr.SubsetError("--nodes mi300-a", ["mi300-a"], ["mi300-a", "mi300-b"], "gpu.amd.com")
-    message = dr.subset_message(err, why_not)
+    err = device_split.SubsetError("--nodes mi300-a", ["mi300-a"], ["mi300-a", "mi300-b"], "gpu.amd.com")
+    message = device_split.subset_message(err, why_not)
     assert message.startswith(
         "--nodes mi300-a: device-level reservation splits every node that publishes gpu.amd.com devices, not some: "
         "mi300-b also publishes them. The DeviceClasses select devices with CEL, which sees a device's driver, "
@@ -251,7 +254,7 @@ def test_the_subset_message_says_why_device_taint_rules_cannot_be_used(
 def test_device_taint_rules_are_used_when_v1_is_served_or_v1beta2_is_opted_into_on_a_fixed_scheduler(
     versions: tuple[str, ...], server: tuple[int, int, int] | None, opted_in: bool
 ) -> None:
-    assert dr.taint_rules_unusable(versions, server, opted_in=opted_in) is None
+    assert device_split.taint_rules_unusable(versions, server, opted_in=opted_in) is None
 
 
 @pytest.mark.parametrize(
@@ -275,7 +278,7 @@ def test_a_split_node_labelled_with_another_value_is_not_reserved_whole() -> Non
 
 def test_no_node_of_the_driver() -> None:
     with pytest.raises(SelectionError, match=r"no node publishes gpu\.amd\.com devices in its ResourceSlices"):
-        dr.choose_device_nodes([pool_node("cpu-1")], {}, {}, RES, "gpu.amd.com")
+        device_split.choose_device_nodes([pool_node("cpu-1")], {}, {}, RES, "gpu.amd.com")
 
 
 # --- the classes and amd.com/gpu ------------------------------------------------------------------------
@@ -302,8 +305,11 @@ def ours(name: str, created: str, **kwargs: Any) -> dict[str, Any]:
 def test_the_scheduler_maps_the_name_to_the_newest_class_then_the_lower_name(
     classes: list[tuple[str, str]], winner: str
 ) -> None:
-    infos = [dr.class_info(device_class(n, created=c, extended_resource_name="amd.com/gpu")) for n, c in classes]
-    found = dr.winner(infos)
+    infos = [
+        device_ownership.class_info(device_class(n, created=c, extended_resource_name="amd.com/gpu"))
+        for n, c in classes
+    ]
+    found = device_ownership.winner(infos)
     assert found is not None and found.name == winner
 
 
@@ -325,7 +331,7 @@ def test_apply_recreates_the_shared_class_only_when_another_class_wins(
         classes.append(device_class("gpu.amd.com", created=chart_created, extended_resource_name="amd.com/gpu"))
     if shared_created:
         classes.append(ours("rocm-isolation-shared", shared_created, extended_resource_name="amd.com/gpu"))
-    owner = dr.ownership(POLICY, dr.class_infos(classes))
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos(classes))
     assert owner.recreate is recreate
     assert owner.owner_now is not None and owner.owner_now.name == owner_now
     plan = plan_for(two_nodes(), 2, classes)
@@ -336,11 +342,11 @@ def test_the_shared_class_records_the_other_classes_naming_its_extended_resource
     chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu")
     other = device_class("other", created="2026-10-01T00:00:00Z", extended_resource_name="amd.com/gpu")
     reservation = DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0"))
-    owner = dr.ownership(POLICY, dr.class_infos([chart, other]))
-    reserved, shared = dr.desired_classes(POLICY, reservation, owner)
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, other]))
+    reserved, shared = device_ownership.desired_classes(POLICY, reservation, owner)
     assert reserved == device_classes.reserved_class(POLICY, reservation)
     expected = device_classes.shared_class(POLICY, reservation)
-    expected["metadata"]["annotations"][dr.ALSO_NAMED_BY_ANNOTATION] = "gpu.amd.com,other"
+    expected["metadata"]["annotations"][device_ownership.ALSO_NAMED_BY_ANNOTATION] = "gpu.amd.com,other"
     assert shared == expected
     for obj in (reserved, shared):
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
@@ -350,24 +356,26 @@ def test_a_class_that_stopped_naming_the_resource_makes_the_shared_class_be_rewr
     """In v1.36 that drops the scheduler's mapping of amd.com/gpu: an update of ours maps it again."""
     reservation = DeviceReservation(2, ("0000:19:00.0",))
     chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z", extended_resource_name="amd.com/gpu")
-    before = dr.ownership(POLICY, dr.class_infos([chart]))
-    _, shared = dr.desired_classes(POLICY, reservation, before)
+    before = device_ownership.ownership(POLICY, device_ownership.class_infos([chart]))
+    _, shared = device_ownership.desired_classes(POLICY, reservation, before)
     stored = copy.deepcopy(shared)
     stored["metadata"].update(resourceVersion="7", uid="u", creationTimestamp="2026-12-01T00:00:00Z")
     reserved = copy.deepcopy(device_classes.reserved_class(POLICY, reservation))
     reserved["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
-    same = dr.class_infos([chart, stored, reserved])
-    status = dr.device_status(POLICY, {}, same, [])
+    same = device_ownership.class_infos([chart, stored, reserved])
+    status = device_status.device_status(POLICY, {}, same, [])
     assert status.out_of_date == ()
     del chart["spec"]["extendedResourceName"]  # the chart's deviceClass.extendedResourceName: ""
-    changed = dr.class_infos([chart, stored, reserved])
-    status = dr.device_status(POLICY, {}, changed, [])
+    changed = device_ownership.class_infos([chart, stored, reserved])
+    status = device_status.device_status(POLICY, {}, changed, [])
     assert status.out_of_date == (
         "deviceclass/rocm-isolation-shared does not say what the reservation records: pool apply "
         "--devices-per-node 2 rewrites it",
     )
-    body = dr.replace_body(stored, dr.desired_classes(POLICY, reservation, dr.ownership(POLICY, changed))[1])
-    assert body is not None and body["metadata"]["annotations"][dr.ALSO_NAMED_BY_ANNOTATION] == ""
+    body = device_ownership.replace_body(
+        stored, device_ownership.desired_classes(POLICY, reservation, device_ownership.ownership(POLICY, changed))[1]
+    )
+    assert body is not None and body["metadata"]["annotations"][device_ownership.ALSO_NAMED_BY_ANNOTATION] == ""
 
 
 def test_replace_body_changes_only_our_fields_and_keeps_the_read_resource_version() -> None:
@@ -382,13 +390,13 @@ def test_replace_body_changes_only_our_fields_and_keeps_the_read_resource_versio
     )
     current["metadata"]["labels"]["team"] = "platform"
     current["spec"]["config"] = [{"opaque": {"driver": "gpu.amd.com", "parameters": {}}}]
-    body = dr.replace_body(current, desired)
+    body = device_ownership.replace_body(current, desired)
     assert body is not None
     assert body["metadata"]["resourceVersion"] == "41" and body["metadata"]["uid"] == "uid-1"
     assert "managedFields" not in body["metadata"]
     assert body["metadata"]["labels"] == {**desired["metadata"]["labels"], "team": "platform"}
     assert body["spec"] == {**desired["spec"], "config": current["spec"]["config"]}
-    assert dr.replace_body({**body, "metadata": {**body["metadata"]}}, desired) is None
+    assert device_ownership.replace_body({**body, "metadata": {**body["metadata"]}}, desired) is None
 
 
 def test_a_class_of_our_name_that_is_not_ours_is_never_edited() -> None:
@@ -408,27 +416,34 @@ def pod(name: str, class_name: str, namespace: str = "ml") -> PoolPod:
     return PoolPod(namespace, name, "mi300-a", f"ReplicaSet/{name}", 1, class_name, class_name == "inference")
 
 
-def test_a_pod_holds_the_devices_of_the_claims_reserved_for_it() -> None:
+def test_a_pod_holds_the_devices_its_claims_were_allocated_and_claims_of_pods_gone_are_noted() -> None:
     found = two_nodes()
     claims = [
         held_claim("train", "ml", "mi300-a", ["gpu-9-137", "gpu-6-134"], pods=["train"]),
         # one claim shared by two pods: both hold it
         held_claim("shared", "ml", "mi300-a", ["gpu-8-136"], pods=["train", "llm"]),
-        # another driver's devices, and a device no slice publishes any more: not held here
-        held_claim("nic", "ml", "mi300-a", ["gpu-9-137"], pods=["llm"], driver="nic.example.com"),
-        held_claim("gone", "ml", "mi300-a", ["gpu-0-0"], pods=["llm"]),
         # reserved for a pod that is not running (or another pod of that name: uid)
         held_claim("orphan", "ml", "mi300-b", ["gpu-9-137"], pods=["done"]),
     ]
     claims[0]["status"]["reservedFor"].append({"resource": "pods", "name": "llm", "uid": "uid-of-an-older-llm"})
     pods = [pod("train", "training"), pod("llm", "inference")]
     uids = {("ml", "train"): "uid-pod-ml-train", ("ml", "llm"): "uid-pod-ml-llm"}
-    held, notes = dr.holds(claims, "gpu.amd.com", found, pods, uids)
+    # What the capacity model read of each pod's claims (cluster/inventory.Snapshot.claim_results): another
+    # driver's device and a device no slice publishes any more are not the driver's devices held here.
+    model = capacity.CapacityModel.build([], found, None, [], "gpu.amd.com")
+
+    def on_a(*names: str) -> list[tuple[str, str, str]]:
+        return [("gpu.amd.com", "mi300-a", name) for name in names]
+
+    model.add_pod(capacity.Holder("ml", "train", "training"), "mi300-a", 0, on_a("gpu-9-137", "gpu-6-134", "gpu-8-136"))
+    other = [("nic.example.com", "mi300-a", "gpu-9-137"), ("gpu.amd.com", "mi300-a", "gpu-0-0")]
+    model.add_pod(capacity.Holder("ml", "llm", "inference", True), "mi300-a", 0, [*on_a("gpu-8-136"), *other])
+    held = device_plan.holds(model, pods)
     assert [(h.pod.name, [d.name for d in h.devices]) for h in held] == [
         ("llm", ["gpu-8-136"]),
         ("train", ["gpu-9-137", "gpu-8-136", "gpu-6-134"]),
     ]
-    assert notes == [
+    assert device_plan.claims_of_pods_gone(claims, "gpu.amd.com", pods, uids) == [
         "resourceclaim/train -n ml is reserved for pod llm, which is not among the running pods read (finished or "
         "deleted meanwhile)",
         "resourceclaim/orphan -n ml is reserved for pod done, which is not among the running pods read (finished "
@@ -446,22 +461,22 @@ def test_the_plan_lists_other_classes_on_devices_that_become_reserved_and_infere
     classes[0].update(device_classes.reserved_class(POLICY, reserved_now))
     classes[0]["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
     held = [
-        dr.Hold(pod("train", "training"), (found["mi300-a"][0],)),  # 19: reserved after
-        dr.Hold(pod("bench", ""), (found["mi300-a"][1],)),  # 3b: out of the policy's scope
-        dr.Hold(pod("llm", "inference"), (found["mi300-a"][3],)),  # 5d: reserved now, shared after
-        dr.Hold(pod("llm-2", "inference"), (found["mi300-a"][0],)),  # 19: stays reserved
-        dr.Hold(pod("etl", "training"), (found["mi300-b"][3],)),  # c1: shared
+        device_plan.Hold(pod("train", "training"), (found["mi300-a"][0],)),  # 19: reserved after
+        device_plan.Hold(pod("bench", ""), (found["mi300-a"][1],)),  # 3b: out of the policy's scope
+        device_plan.Hold(pod("llm", "inference"), (found["mi300-a"][3],)),  # 5d: reserved now, shared after
+        device_plan.Hold(pod("llm-2", "inference"), (found["mi300-a"][0],)),  # 19: stays reserved
+        device_plan.Hold(pod("etl", "training"), (found["mi300-b"][3],)),  # c1: shared
     ]
     plan = plan_for(found, 2, classes, held)
     assert plan.before == reserved_now
     assert [h.pod.name for h in plan.evicting] == ["train", "bench"]
     assert [h.pod.name for h in plan.keeping] == ["llm"]
-    lines = dr.plan_lines(plan, POLICY)
+    lines = device_plan.plan_lines(plan, POLICY)
     assert "Now: 3 devices per node, PCI bus IDs 0000:19:00.0, 0000:3b:00.0, 0000:5d:00.0." in lines
     [bench] = [line for line in lines if " bench " in line]
     assert bench.endswith("no: outside the policy's scope (excluded namespace)")
     assert "Inference pods holding devices that stop being reserved (they keep them):" in lines
-    doc = dr.plan_json(plan)
+    doc = device_plan.plan_json(plan)
     assert [p["name"] for p in doc["podsHoldingReserved"]] == ["train", "bench"]
     assert doc["classes"][0]["action"] == "replace" and doc["changes"] is True
 
@@ -473,15 +488,21 @@ def test_a_release_plan_widens_both_classes_and_deletes_nothing() -> None:
     reserved["metadata"]["creationTimestamp"] = "2026-12-01T00:00:00Z"
     shared = ours("rocm-isolation-shared", "2026-12-01T00:00:00Z", extended_resource_name="amd.com/gpu")
     chart = device_class("gpu.amd.com", created="2026-12-05T00:00:00Z", extended_resource_name="amd.com/gpu")
-    plan = dr.build_device_plan(
-        POLICY, found, RELEASED_RESERVATION, {}, dr.class_infos([reserved, shared, chart]), [], ensure_owner=False
+    plan = device_plan.build_device_plan(
+        POLICY,
+        found,
+        RELEASED_RESERVATION,
+        {},
+        device_ownership.class_infos([reserved, shared, chart]),
+        [],
+        ensure_owner=False,
     )
     assert [c.action for c in plan.classes] == ["replace", "replace"]
     assert [c.desired["spec"]["selectors"][0]["cel"]["expression"] for c in plan.classes] == [
         "device.driver == 'gpu.amd.com'",
         "device.driver == 'gpu.amd.com'",
     ]
-    lines = dr.plan_lines(plan, POLICY)
+    lines = device_plan.plan_lines(plan, POLICY)
     assert "After release: released (both classes select every device)." in lines
     assert (
         "  deviceclass/rocm-isolation-shared is not the newest; a release deletes nothing: pool apply "
@@ -510,9 +531,9 @@ def test_split_nodes_get_the_label_inference_is_placed_on(
     labels: dict[str, str], release: bool, action: str, patch: dict[str, Any] | None
 ) -> None:
     node = PoolNode("mi300-a", {"team": "ml", **labels}, (), "42", 0)
-    assert dr.split_label(POLICY) == SPLIT
-    assert dr.label_action(node, SPLIT, release=release) == action
-    made = (dr.unsplit_label_patch if release else dr.split_label_patch)(node, SPLIT)
+    assert device_split.split_label(POLICY) == SPLIT
+    assert device_split.label_action(node, SPLIT, release=release) == action
+    made = (device_split.unsplit_label_patch if release else device_split.split_label_patch)(node, SPLIT)
     assert made == (None if patch is None else {"metadata": {"labels": patch, "resourceVersion": "42"}})
 
 
@@ -522,12 +543,14 @@ def test_the_plan_says_which_nodes_get_the_label_and_status_warns_when_one_lacks
         "mi300-a": pool_node("mi300-a", labels={"rocm-isolation.io/pool": "inference-devices"}),
         "mi300-b": pool_node("mi300-b"),
     }
-    after, wanted = dr.split(found, 2)
-    plan = dr.build_device_plan(POLICY, found, after, wanted, {}, [], nodes=nodes)
+    after, wanted = device_split.split(found, 2)
+    plan = device_plan.build_device_plan(POLICY, found, after, wanted, {}, [], nodes=nodes)
     assert [(n.node, n.label) for n in plan.nodes] == [("mi300-a", "keep"), ("mi300-b", "add")]
-    assert "Split nodes are labelled rocm-isolation.io/pool=inference-devices" in dr.plan_lines(plan, POLICY)[3]
-    classes = dr.class_infos(c.desired for c in plan.classes)
-    status = dr.device_status(POLICY, found, classes, [], nodes)
+    assert (
+        "Split nodes are labelled rocm-isolation.io/pool=inference-devices" in device_plan.plan_lines(plan, POLICY)[3]
+    )
+    classes = device_ownership.class_infos(c.desired for c in plan.classes)
+    status = device_status.device_status(POLICY, found, classes, [], nodes)
     assert status.out_of_date == (
         "node/mi300-b lacks the label rocm-isolation.io/pool=inference-devices: inference is not placed there; "
         "pool apply --devices-per-node 2 labels it",
@@ -536,9 +559,9 @@ def test_the_plan_says_which_nodes_get_the_label_and_status_warns_when_one_lacks
 
 def test_a_split_node_is_not_a_whole_reserved_one() -> None:
     split = pool_node("a", labels={"rocm-isolation.io/pool": "inference-devices"})
-    assert dr.split_labelled(split, RES, "inference-devices")
-    assert not dr.split_labelled(
+    assert device_split.split_labelled(split, RES, "inference-devices")
+    assert not device_split.split_labelled(
         pool_node("b", labels={"rocm-isolation.io/pool": "inference"}), RES, "inference-devices"
     )
     tainted = pool_node("c", labels={"rocm-isolation.io/pool": "inference-devices"}, taints=(OUR_TAINT,))
-    assert not dr.split_labelled(tainted, RES, "inference-devices")
+    assert not device_split.split_labelled(tainted, RES, "inference-devices")

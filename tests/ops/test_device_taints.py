@@ -21,11 +21,11 @@ from dra_objects import dra_workloads
 from fake_cluster import FakeCluster
 from test_pool import run, stored_class, writes
 
+from webhook.cluster import slices as slice_reader
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes, device_taint_rules
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops import device_reservation as dr
-from webhook.ops import pool
+from webhook.ops import capacity, device_plan, device_split, pool_read, pool_write
 from webhook.ops.reservation import SelectionError
 
 POLICY = default_policy()
@@ -91,8 +91,8 @@ def moved() -> Iterator[FakeCluster]:
 
 @pytest.fixture(autouse=True)
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool, "CREATION_TICK", 0.0)
-    monkeypatch.setattr(pool, "EVICTION_BACKOFF", (0.01, 0.02))
+    monkeypatch.setattr(pool_write, "CREATION_TICK", 0.0)
+    monkeypatch.setattr(pool_write, "EVICTION_BACKOFF", (0.01, 0.02))
 
 
 def steps(cluster: FakeCluster, since: int = 0) -> list[tuple[str, str]]:
@@ -136,38 +136,38 @@ RESERVED_TWO = (
 # --- pure ---------------------------------------------------------------------------------------------
 
 
-def published(*slices: dict[str, Any]) -> dict[str, tuple[dr.Device, ...]]:
-    return dr.published_devices(slices, "gpu.amd.com")
+def published(*slices: dict[str, Any]) -> dict[str, tuple[slice_reader.Device, ...]]:
+    return slice_reader.published_devices(slices, "gpu.amd.com")
 
 
 def test_by_taints_each_chosen_node_taints_its_own_lowest_devices_partitions_included() -> None:
     found = published(gpus("dra-a", SLOTS, partitioned=True), gpus("dra-b", MOVED))
-    after, wanted = dr.split(found, 2, ["dra-a"], by_taints=True)
+    after, wanted = device_split.split(found, 2, ["dra-a"], by_taints=True)
     assert wanted == {"dra-a": ("0000:19:00.0", "0000:3b:00.0")}
     assert after.by_taints and after.pci_bus_ids == ("0000:19:00.0", "0000:3b:00.0")
     assert after.tainted == {("dra-a", "gpu-9-137"), ("dra-a", "gpu-9-137-p1"), ("dra-a", "gpu-8-136")}
-    states = {(d.node, d.name): dr.device_state(d, after) for devices in found.values() for d in devices}
+    states = {(d.node, d.name): capacity.device_state(d, after) for devices in found.values() for d in devices}
     # dra-b's gpu-9-137 sits in slot 3b, one of the reserved PCI bus IDs: by taints it stays shared
-    assert [k for k, v in states.items() if v == dr.RESERVED] == [
+    assert [k for k, v in states.items() if v == capacity.RESERVED] == [
         ("dra-a", "gpu-9-137"),
         ("dra-a", "gpu-9-137-p1"),
         ("dra-a", "gpu-8-136"),
     ]
-    assert dr.split_nodes(found, after) == {"dra-a"}
+    assert capacity.split_nodes(found, after) == {"dra-a"}
     # the same split by classes reserves the PCI bus IDs on every node
-    classes, _ = dr.split(found, 2, ["dra-a"])
-    assert not classes.by_taints and dr.split_nodes(found, classes) == {"dra-a", "dra-b"}
+    classes, _ = device_split.split(found, 2, ["dra-a"])
+    assert not classes.by_taints and capacity.split_nodes(found, classes) == {"dra-a", "dra-b"}
     assert device_classes.shared_selector("gpu.amd.com", after) == ONLY_DRIVER
     assert device_classes.shared_selector("gpu.amd.com", classes) != ONLY_DRIVER
 
 
 def test_differing_slots_are_found_and_taints_reserve_exactly_each_nodes_own() -> None:
     found = published(gpus("dra-a", SLOTS), gpus("dra-b", MOVED))
-    _, wanted = dr.split(found, 2)
+    _, wanted = device_split.split(found, 2)
     # the union (19, 3b, 4c) gives dra-a its 4c as well; dra-b gets exactly its own
-    assert dr.slots_differ(found, wanted) == ["dra-a"]
-    after, _ = dr.split(found, 2, by_taints=True)
-    devices = dr.tainted_devices(found, wanted)
+    assert device_split.slots_differ(found, wanted) == ["dra-a"]
+    after, _ = device_split.split(found, 2, by_taints=True)
+    devices = device_split.tainted_devices(found, wanted)
     assert [(d.node, d.device, d.pci_bus_id) for d in devices] == [
         ("dra-a", "gpu-9-137", "0000:19:00.0"),
         ("dra-a", "gpu-8-136", "0000:3b:00.0"),
@@ -175,10 +175,10 @@ def test_differing_slots_are_found_and_taints_reserve_exactly_each_nodes_own() -
         ("dra-b", "gpu-8-136", "0000:4c:00.0"),
     ]
     for name, own in wanted.items():
-        reserved = {d.pci_bus_id for d in found[name] if dr.device_state(d, after) == dr.RESERVED}
+        reserved = {d.pci_bus_id for d in found[name] if capacity.device_state(d, after) == capacity.RESERVED}
         assert reserved == set(own)
     same = published(gpus("dra-a", SLOTS), gpus("dra-b", SLOTS))
-    assert dr.slots_differ(same, dr.split(same, 2)[1]) == []
+    assert device_split.slots_differ(same, device_split.split(same, 2)[1]) == []
 
 
 def test_rule_changes_create_keep_replace_delete_and_refuse_a_rule_not_ours() -> None:
@@ -188,7 +188,7 @@ def test_rule_changes_create_keep_replace_delete_and_refuse_a_rule_not_ours() ->
     stale_pci = our_rule("dra-a", "gpu-8-136", "0000:99:00.0")  # an annotation that says something else
     gone = our_rule("dra-b", "gpu-9-137", "0000:19:00.0")
     current = [our_rule("dra-a", "gpu-9-137", "0000:19:00.0"), stale_pci, gone]
-    changes = dr.rule_changes(POLICY, [keep, moved_device, new], current, "v1")
+    changes = device_plan.rule_changes(POLICY, [keep, moved_device, new], current, "v1")
     assert [(c.name, c.action) for c in changes] == [
         (rule_name("dra-a", "gpu-9-137"), "unchanged"),
         (rule_name("dra-a", "gpu-8-136"), "replace"),
@@ -205,11 +205,11 @@ def test_rule_changes_create_keep_replace_delete_and_refuse_a_rule_not_ours() ->
     foreign = our_rule("dra-a", "gpu-9-137", "0000:19:00.0")
     del foreign["metadata"]["labels"]
     with pytest.raises(SelectionError, match=r"devicetaintrule/rocm-isolation-reserved-dra-a-gpu-9-137 exists and is"):
-        dr.rule_changes(POLICY, [keep], [foreign], "v1")
+        device_plan.rule_changes(POLICY, [keep], [foreign], "v1")
     # another tool's rule of another name is never deleted; nothing to taint and no API: nothing at all
-    assert dr.rule_changes(POLICY, [], [foreign], "v1") == ()
+    assert device_plan.rule_changes(POLICY, [], [foreign], "v1") == ()
     with pytest.raises(SelectionError, match="serves no devicetaintrules"):
-        dr.rule_changes(POLICY, [keep], [], None)
+        device_plan.rule_changes(POLICY, [keep], [], None)
 
 
 def test_a_timestamp_set_by_the_apiserver_is_no_change() -> None:
@@ -282,7 +282,7 @@ def test_v1beta2_needs_the_flag_that_says_the_schedulers_gate_is_on(
     dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a 1.36 control plane whose scheduler honours v1beta2 rules (where pool reads the apiserver's version)
-    monkeypatch.setattr(pool, "server_version", lambda api: (1, 36, 4), raising=False)
+    monkeypatch.setattr(pool_read, "server_version", lambda api: (1, 36, 4), raising=False)
     dra.serve_discovery(V1BETA2)
     code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2", "--nodes", "dra-a")
     assert code == 2 and out == ""

@@ -41,7 +41,7 @@ from webhook import cli
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
-from webhook.ops import pool
+from webhook.ops import pool_write
 
 POOL_LABEL = "rocm-isolation.io/pool"
 OURS = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}
@@ -121,7 +121,7 @@ def cluster() -> Iterator[FakeCluster]:
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     # Evictions refused by a budget are retried with backoff; the tests shorten the waits only.
-    monkeypatch.setattr(pool, "EVICTION_BACKOFF", (0.01, 0.02))
+    monkeypatch.setattr(pool_write, "EVICTION_BACKOFF", (0.01, 0.02))
 
 
 def run(cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -327,10 +327,10 @@ def test_a_node_that_keeps_changing_is_left_alone_and_reported(
     def relabel(obj: dict[str, Any]) -> None:  # a controller rewriting the node all the time
         obj["metadata"]["labels"]["example.com/heartbeat"] = str(obj["metadata"]["resourceVersion"])
 
-    cluster.edit_before_next_patch("gpu-d", relabel, times=pool.CONFLICT_RETRIES)
+    cluster.edit_before_next_patch("gpu-d", relabel, times=pool_write.CONFLICT_RETRIES)
     code, out, _ = run(cluster, tmp_path, capsys, "apply", "--nodes", "gpu-d", "-o", "json")
     assert code == 1
-    assert [r.status for r in writes(cluster)] == [409] * pool.CONFLICT_RETRIES
+    assert [r.status for r in writes(cluster)] == [409] * pool_write.CONFLICT_RETRIES
     assert json.loads(out)["nodes"][0]["result"] == "conflict"
     assert POOL_LABEL not in stored_node(cluster, "gpu-d")["metadata"]["labels"]
 
@@ -652,7 +652,7 @@ def dra() -> Iterator[FakeCluster]:
 @pytest.fixture(autouse=True)
 def no_creation_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # A tie lost by name waits for the next second of creationTimestamp; the fake's clock moves by itself.
-    monkeypatch.setattr(pool, "CREATION_TICK", 0.0)
+    monkeypatch.setattr(pool_write, "CREATION_TICK", 0.0)
 
 
 def stored_class(cluster: FakeCluster, name: str) -> dict[str, Any]:

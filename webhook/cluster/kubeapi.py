@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 from urllib.parse import quote
 
 import orjson
@@ -198,6 +198,23 @@ def resources_served(api: KubeApi, group_version: str) -> frozenset[str] | None:
     )
 
 
+class RequestOptions(TypedDict, total=False):
+    """A request's query parameters, body and its content type (JSON unless a patch says otherwise)."""
+
+    query: Mapping[str, str] | None
+    body: Any
+    content_type: str
+
+
+class ListOptions(TypedDict, total=False):
+    """What narrows a list: label and field selectors, items per page, what to do when it starts over."""
+
+    label_selector: str | None
+    field_selector: str | None
+    limit: int | None
+    on_restart: Callable[[], None] | None
+
+
 class KubeApi:
     """Raw-JSON requests through an ``ApiClient`` (its host, TLS settings and credentials)."""
 
@@ -251,22 +268,12 @@ class KubeApi:
         (``resources_served``)."""
         return tuple(v for v in versions if resource in (resources_served(self, f"{group}/{v}") or ()))
 
-    def list(
-        self,
-        path: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        on_restart: Callable[[], None] | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """The items of a collection, page by page (``limit`` items per request).
+    def list(self, path: str, **options: Unpack[ListOptions]) -> Iterator[dict[str, Any]]:
+        """The items of a collection, page by page (``limit`` items per request; ``ListOptions``).
 
         An expired continue token raises ``Expired``, unless ``on_restart`` is given: then it is
         called and the list starts over (see the module docstring)."""
-        for page in self.pages(
-            path, label_selector=label_selector, field_selector=field_selector, limit=limit, on_restart=on_restart
-        ):
+        for page in self.pages(path, **options):
             yield from page
 
     def pages(
@@ -357,17 +364,9 @@ class KubeApi:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _object(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = JSON,
-    ) -> dict[str, Any]:
+    def _object(self, method: str, path: str, **options: Unpack[RequestOptions]) -> dict[str, Any]:
         """``request`` for an answer that must be one JSON object (an object, or a discovery document)."""
-        document = self.request(method, path, query=query, body=body, content_type=content_type)
+        document = self.request(method, path, **options)
         if not isinstance(document, dict):
             raise ApiError(f"{method} {path}: the answer is not a JSON object", method=method, path=path)
         return document

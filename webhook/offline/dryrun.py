@@ -38,18 +38,14 @@ from webhook.offline.documents import (
     parse_documents,
     read_text,
 )
-from webhook.offline.outcomes import Outcome, process_document, process_object
+from webhook.offline.outcomes import RULE_PATCH_FAILED, Outcome, process_document, process_object
 
 EXIT_ADMITTED = 0
 EXIT_DENIED = 1
 EXIT_UNREADABLE = 2
-RULE_PASSED = "passed-through"
-RULE_PATCH_FAILED = "patch-not-applicable"
 
 CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
 CLAIM_NOT_IN_INPUT = "could not be resolved (not in the input: add its document to the manifests checked)"
-REVIEW_PATH = ("request", "object")
-OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
 EPILOG = """\
 input:

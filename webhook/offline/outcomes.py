@@ -25,66 +25,10 @@ from webhook.offline.documents import (
     object_items,
 )
 
-STDIN = "-"
-EXIT_ADMITTED = 0
-EXIT_DENIED = 1
-EXIT_UNREADABLE = 2
 RULE_PASSED = "passed-through"
 RULE_PATCH_FAILED = "patch-not-applicable"
-
-CORE_KINDS = frozenset({("batch", "Job"), ("batch", "CronJob")})
-CLAIM_NOT_IN_INPUT = "could not be resolved (not in the input: add its document to the manifests checked)"
 REVIEW_PATH = ("request", "object")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
-
-EPILOG = """\
-input:
-  Multi-document YAML or JSON (a file, or - for stdin; -f may be repeated): Pods; the pod
-  templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, ReplicationControllers, Jobs
-  and CronJobs, and of the ML workload CRDs (Kubeflow PyTorchJob, TFJob, MPIJob, PaddleJob,
-  XGBoostJob, JAXJob; Trainer TrainJob, TrainingRuntime, ClusterTrainingRuntime; JobSet;
-  LeaderWorkerSet; RayCluster, RayJob, RayService; KServe InferenceService; Volcano Job): each
-  checked as a CREATE of the pod the controller would make, with the labels it would add;
-  AdmissionReviews (admission.k8s.io/v1: request.object is checked with request.operation,
-  request.namespace and request.oldObject); and the items of a List. Other kinds are passed
-  through unchanged, with a note on stderr (and a warning when they request a GPU). Empty
-  documents (e.g. after a trailing ---) are skipped.
-
-namespace of an object:
-  metadata.namespace (for a review: request.namespace), else --namespace (default: default).
-
-namespace labels (they decide the class, the mode and the Pod Security level), first that applies:
-  1. --namespace-label KEY=VALUE: the labels of every object's namespace;
-  2. the labels of a `kind: Namespace` document of the same name in the input;
-  3. unknown: the policy's defaultClass applies, and stderr says so once per run.
-
-DRA claims: ResourceClaim and ResourceClaimTemplate documents (resource.k8s.io v1, v1beta2,
-  v1beta1) in the input resolve the claims of the pods in their namespace; a claim not in the
-  input counts as a GPU request, with a warning.
-
-device-level reservation (pool apply --devices-per-node), active when the input holds the reserved
-  DeviceClass labelled rocm-isolation.io/device-reservation=active, or with --device-reservation-active:
-  resource.k8s.io/v1 ResourceClaims and ResourceClaimTemplates are checked as CREATEs and printed as
-  they will be admitted (GPU requests pointed at the reserved or the shared DeviceClass; the reserved
-  one denied where no inference class is allowed), the pods see them so, and a pod's amd.com/gpu and
-  deviceclass.resource.kubernetes.io/<GPU class> are steered like the webhook steers them. A claim
-  of v1beta1 or v1beta2 is printed unchanged with a note: the webhook sees it converted to v1, which
-  the dry run does not do.
-
-output (stdout):
-  manifests  the objects in input order, mutated, as multi-document YAML; an object left unchanged
-             (or denied) is printed as the text it came in, so the stream stays aligned with the input.
-  patch      a JSON array, one entry per object: file, document, item (List items only), apiVersion,
-             kind, namespace, name, allowed, rule, message, warnings, podPath (where the pod sits
-             in the object; null for CRDs, whose entry lists its templates in "templates") and
-             patch: RFC 6902 operations relative to that object (the document, or items[item] of a
-             List); applying them gives the object of the manifests output.
-
-stderr: one line per object (per pod template for CRDs: what was done, or why it is denied) and
-  its warnings.
-exit status: 0 all admitted, 1 any denied (or, with --strict, a GPU request the dry run cannot
-  check), 2 unreadable input or policy.
-"""
 
 
 Verdict = Literal["mutated", "unchanged", "denied", "passed through"]

@@ -36,10 +36,10 @@ from webhook.core.claims import MODE_CLASSES, MODE_TAINTS
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 from webhook.deploy import device_classes, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
-from webhook.ops import device_reservation
 from webhook.ops.audit_devices import DeviceAudit, TaintRuleReading, read_taint_rules
 from webhook.ops.audit_pods import UNCLASSIFIED, Pending, PodAudit
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel
+from webhook.ops.device_plan import reservation_text
 from webhook.ops.findings import POLICY_NAME as POLICY_NAME
 from webhook.ops.findings import RULES as RULES
 from webhook.ops.findings import SOURCE as SOURCE
@@ -429,8 +429,7 @@ def write_device_table(devices: DeviceCapacity, out: TextIO) -> None:
     """The split nodes of the active device reservation: their reserved and shared GPUs, and the GPUs
     allocated on each side per class."""
     out.write(
-        f"\nSplit nodes (device-level reservation, driver {devices.driver}): "
-        f"{device_reservation.reservation_text(devices.reservation)}\n"
+        f"\nSplit nodes (device-level reservation, driver {devices.driver}): {reservation_text(devices.reservation)}\n"
     )
     rows = [["NODE", "RESERVED", "SHARED", "ALLOCATED ON RESERVED", "ALLOCATED ON SHARED"]]
     for name, reserved, shared, per_side in devices.node_counts():

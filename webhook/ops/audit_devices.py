@@ -17,9 +17,9 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import DeviceReservation, with_tainted
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops import device_reservation
-from webhook.ops.capacity import RESERVED, device_state, split_nodes
-from webhook.ops.device_reservation import split_label
+from webhook.ops import device_ownership
+from webhook.ops.capacity import RESERVED, device_state, split_node_names, split_nodes
+from webhook.ops.device_split import split_label
 from webhook.ops.findings import Finding
 
 # Device taint effects that keep a device from the claims that do not tolerate them (None does not).
@@ -90,7 +90,7 @@ class DeviceAudit:
     published: dict[str, tuple[Device, ...]]
     tainted: dict[tuple[str, str], tuple[Taint, ...]]
     nodes: Mapping[str, NodeInfo]
-    classes: dict[str, device_reservation.ClassInfo]
+    classes: dict[str, device_ownership.ClassInfo]
     # The nodes the active reservation splits, as the capacity counts them (None: not judged)
     split: frozenset[str] | None = None
     # (namespace, pod) -> [(claim, the pod's uid in reservedFor, the driver's devices allocated to it)]
@@ -103,9 +103,9 @@ class DeviceAudit:
     def of(cls, snapshot: Snapshot, rules: TaintRuleReading | None = None) -> DeviceAudit:
         policy = snapshot.policy
         devices = policy.spec.reserved_devices
-        classes = device_reservation.class_infos(snapshot.device_class_objects.values())
+        classes = device_ownership.class_infos(snapshot.device_class_objects.values())
         info = classes.get(devices.reserved_class_name)
-        reservation = device_reservation.current_reservation(policy, classes)
+        reservation = device_ownership.current_reservation(policy, classes)
         audit = cls(policy, reservation, {}, {}, snapshot.nodes, classes)
         if info is not None and not info.ours:
             audit.warnings.append(
@@ -165,10 +165,14 @@ class DeviceAudit:
         return sorted(self.chosen_nodes() | labelled)
 
     def _split(self, reservation: DeviceReservation) -> frozenset[str]:
-        """The split nodes the capacity counts on both sides: a node labelled reserved whole is never split
-        (pool apply never splits it: the taint keeps others off all its GPUs)."""
-        return frozenset(
-            name for name in self.split_nodes() if (node := self.nodes.get(name)) is None or not node.labelled
+        """The split nodes the capacity counts on both sides (``capacity.split_node_names``)."""
+        key, value = split_label(self.policy)
+        return split_node_names(
+            self.published,
+            reservation,
+            labelled=(name for name, node in self.nodes.items() if node.labels.get(key) == value),
+            rule_nodes=(_rule_node(d) for d in self.rule_devices),
+            whole=(name for name, node in self.nodes.items() if node.labelled),
         )
 
     def _held(self, snapshot: Snapshot) -> dict[tuple[str, str], list[tuple[str, str, tuple[Device, ...]]]]:
@@ -374,7 +378,7 @@ class DeviceAudit:
         return found
 
     def _ownership(self, reservation: DeviceReservation) -> list[Finding]:
-        owner = device_reservation.ownership(self.policy, self.classes)
+        owner = device_ownership.ownership(self.policy, self.classes)
         if not owner.name or (owner.owner_now is not None and owner.owner_now.name == owner.shared_class):
             return []
         if owner.owner_now is None:

@@ -15,7 +15,7 @@ from webhook.core.lending import BORROWING, is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.audit_devices import DeviceAudit
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder
-from webhook.ops.device_reservation import split_label
+from webhook.ops.device_split import split_label
 from webhook.ops.findings import Finding
 
 UNCLASSIFIED: Final = "unclassified"  # GPU pods of excluded namespaces: no class

@@ -17,10 +17,11 @@ same unit: the node's allocatable, the pod's request.
 
 What a pod holds, counted once (a claim several pods share counts for the first pod that holds it):
 - on a split node, the devices of the reservation's driver that its claims were allocated, each GPU on
-  its side (the claim the scheduler made for a DRA extended resource included: then the pod's request is
-  not counted again);
+  its side;
 - otherwise, its GPU resources (kubelet's count) and the GPUs its claims were allocated, on its node's
-  side; a pod on a node that is not known (deleted meanwhile) counts in the shared pool, with no node.
+  side; a pod on a node that is not known (deleted meanwhile) counts in the shared pool, with no node;
+- a DRA extended resource (``amd.com/gpu`` served by a DeviceClass) is counted by the GPUs of the claim the
+  scheduler made for it, not by the request's number: two partitions of one GPU are one GPU.
 
 Where the readers disagreed before this model, the answers now: a device without a PCI bus ID is its own
 GPU (or its counter set's) and is never reserved; a pre-partitioned GPU (several devices, one PCI bus ID)
@@ -66,6 +67,23 @@ def split_nodes(published: Mapping[str, Sequence[Device]], reservation: DeviceRe
     if not reservation.by_taints:
         return set(published)
     return {node for node, devices in published.items() if any(d.key in reservation.tainted for d in devices)}
+
+
+def split_node_names(
+    published: Mapping[str, Sequence[Device]],
+    reservation: DeviceReservation | None,
+    *,
+    labelled: Iterable[str] = (),
+    rule_nodes: Iterable[str] = (),
+    whole: Iterable[str] = (),
+) -> frozenset[str]:
+    """The nodes the capacity counts on both sides while a reservation is active: the nodes it splits, those
+    our DeviceTaintRules name (``rule_nodes``, published or not) and those ``labelled`` split, but never a
+    node reserved ``whole`` (pool apply never splits it: the taint keeps others off all its GPUs)."""
+    if reservation is None or not reservation.active:
+        return frozenset()
+    chosen = split_nodes(published, reservation) | (set(rule_nodes) if reservation.by_taints else set())
+    return frozenset((chosen | set(labelled)) - set(whole))
 
 
 def gpus_in_state(devices: Iterable[Device], state: str, reservation: DeviceReservation | None) -> int:
@@ -135,9 +153,10 @@ class CapacityModel:
     driver: str  # the device reservation's driver
     reservation: DeviceReservation | None  # active or not; None: no reservation recorded
     nodes: dict[str, NodeCapacity] = field(default_factory=dict)
-    # The reservation driver's devices of the split nodes, by (pool, device)
-    _split_devices: dict[tuple[str, str], Device] = field(default_factory=dict)
-    # The split nodes' devices each pod holds, by (namespace, name): who changes side when the split does
+    # The reservation driver's published devices, by (pool, device)
+    _devices: dict[tuple[str, str], Device] = field(default_factory=dict)
+    # The reservation driver's devices each pod holds, by (namespace, name), on every node that publishes
+    # them (split or not): who changes side when the split does
     held: dict[tuple[str, str], list[Device]] = field(default_factory=dict)
     # GPUs already counted for a holder (a claim several pods share counts once)
     _counted: set[Gpu] = field(default_factory=set)
@@ -170,8 +189,7 @@ class CapacityModel:
             for state in SIDES:
                 node.side(state).capacity = gpus_in_state(devices, state, reservation)
             model.nodes[name] = node
-            for device in devices:
-                model._split_devices[device.key] = device
+        model._devices = {device.key: device for devices in published.values() for device in devices}
         return model
 
     def clear_pods(self) -> None:
@@ -182,9 +200,9 @@ class CapacityModel:
             for side in node.sides.values():
                 side.holders.clear()
 
-    def split_device(self, driver: str, pool: str, name: str) -> Device | None:
-        """The split node's device an allocation result names, None when it is not one."""
-        return self._split_devices.get((pool, name)) if driver == self.driver else None
+    def device(self, driver: str, pool: str, name: str) -> Device | None:
+        """The reservation driver's device an allocation result names, None when it is not one."""
+        return self._devices.get((pool, name)) if driver == self.driver else None
 
     def _node(self, name: str) -> NodeCapacity:
         node = self.nodes.get(name)
@@ -208,25 +226,27 @@ class CapacityModel:
     ) -> None:
         """A bound, unfinished pod: ``resource_gpus`` its GPU resources as kubelet counts them,
         ``claim_results`` the (driver, pool, device)s of the GPU drivers its own claims were allocated,
-        ``extended_results`` those of the claim the scheduler made for its DRA extended resources
-        (counted in ``resource_gpus`` unless they are on a split node). ``gpu_by_result``: the GPU of each
-        published device (``PublishedDevices.gpus_by_result``)."""
+        ``extended_results`` those of the claim the scheduler made for its DRA extended resources (when
+        there are any, they are what its extended resources got: counted instead of ``resource_gpus``).
+        ``gpu_by_result``: the GPU of each published device (``PublishedDevices.gpus_by_result``)."""
         place = self._node(node)
         per_side: dict[str, list[Gpu]] = {}
         elsewhere: list[Gpu] = []
-        extended_split = False
-        for results, extended in ((claim_results, False), (extended_results, True)):
-            for result in results:
-                device = self.split_device(*result)
-                if device is not None and place.split:
-                    per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
-                    held = self.held.setdefault(holder.ref, [])
-                    if device not in held:
-                        held.append(device)
-                    extended_split = extended_split or extended
-                elif not extended:
-                    elsewhere.append(_gpu(result, gpu_by_result))
-        own = (0 if extended_split else resource_gpus) + self._new(elsewhere)
+        for result in (*claim_results, *extended_results):
+            device = self.device(*result)
+            if device is not None:
+                held = self.held.setdefault(holder.ref, [])
+                if device not in held:
+                    held.append(device)
+            split = device is not None and device.node in self.nodes and self.nodes[device.node].split
+            if device is not None and split and place.split:
+                per_side.setdefault(device_state(device, self.reservation), []).append(gpu_of(device))
+            else:
+                elsewhere.append(gpu_of(device) if device is not None else _gpu(result, gpu_by_result))
+        # The claim the scheduler made for DRA extended resources is what the request got: its GPUs count, not
+        # the request's number (two partitions of one GPU are one GPU).
+        resource_gpus = 0 if extended_results else resource_gpus
+        own = resource_gpus + self._new(elsewhere)
         if place.split:
             for state in SIDES:
                 if state in per_side:

@@ -1,0 +1,245 @@
+"""Our two DeviceClasses: what they must say, who owns the extended resource name (``amd.com/gpu``), and
+what writing them changes.
+
+Pure: ``pool_read.py`` reads the DeviceClasses and passes them in raw; ``pool_write.py`` writes them. The
+classes themselves are rendered by ``webhook.deploy.device_classes``.
+
+Why the newest class. The scheduler maps an ``extendedResourceName`` (``amd.com/gpu``) to one DeviceClass:
+when several name it, the newest (``creationTimestamp``), then the lower name on a tie
+(k8s.io/dynamic-resource-allocation ``extendedresourcecache.updateResourceName2class``, v1.36). AMD's
+chart ships ``gpu.amd.com`` naming ``amd.com/gpu``; our shared class must be the one that wins, or
+``amd.com/gpu`` pods on DRA nodes may get reserved devices.
+
+Why the shared class records the other classes that name its extended resource
+(``ALSO_NAMED_BY_ANNOTATION``). In v1.36, an update that removes the name from a class, or the deletion of
+a class naming it, deletes the scheduler's mapping of that name, whichever class it pointed to; an update
+event of the class that still names it maps it again. Recording the others makes ``pool apply`` rewrite
+the shared class (one update event) exactly when that list changed, and write nothing otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.cluster.inventory import parse_time
+from webhook.core.policy import Policy
+from webhook.deploy import device_classes
+from webhook.deploy.device_classes import MANAGED_BY, MANAGED_BY_LABEL, DeviceReservation, reservation_of
+from webhook.ops.device_split import DOCS
+from webhook.ops.raw import mapping, text
+from webhook.ops.reservation import SelectionError
+
+ALSO_NAMED_BY_ANNOTATION = "rocm-isolation.io/extended-resource-also-named-by"
+
+
+# --- the classes read --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    """What the plan needs of a DeviceClass."""
+
+    name: str
+    ours: bool  # labelled app.kubernetes.io/managed-by: rocm-isolation-webhook
+    created: str  # creationTimestamp as read
+    extended_resource_name: str
+    raw: Mapping[str, Any]
+
+    @property
+    def created_seconds(self) -> float:
+        parsed = parse_time(self.created)
+        return parsed.timestamp() if parsed is not None else float("-inf")
+
+
+def class_info(obj: Mapping[str, Any]) -> ClassInfo:
+    metadata = mapping(obj.get("metadata"))
+    return ClassInfo(
+        name=text(metadata.get("name")),
+        ours=mapping(metadata.get("labels")).get(MANAGED_BY_LABEL) == MANAGED_BY,
+        created=text(metadata.get("creationTimestamp")),
+        extended_resource_name=text(mapping(obj.get("spec")).get("extendedResourceName")),
+        raw=obj,
+    )
+
+
+def class_infos(objects: Iterable[Mapping[str, Any]]) -> dict[str, ClassInfo]:
+    found = (class_info(obj) for obj in objects)
+    return {info.name: info for info in found if info.name}
+
+
+def winner(claimants: Iterable[ClassInfo]) -> ClassInfo | None:
+    """The class the scheduler maps an extended resource name to: the newest, the lower name on a tie."""
+    return min(claimants, key=lambda c: (-c.created_seconds, c.name), default=None)
+
+
+def current_reservation(policy: Policy, classes: Mapping[str, ClassInfo]) -> DeviceReservation | None:
+    """The reservation our reserved class records; None when it does not exist (or is not ours)."""
+    info = classes.get(policy.spec.reserved_devices.reserved_class_name)
+    return reservation_of(info.raw) if info is not None else None
+
+
+# --- who maps the extended resource ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who maps the policy's extendedResourceName, and whether ``apply`` must re-create our shared class."""
+
+    name: str  # the extended resource name ("" when the policy sets none)
+    shared_class: str
+    others: tuple[ClassInfo, ...]  # the other classes naming it, newest first
+    owner_now: ClassInfo | None
+    recreate: bool  # ours exists, names it (or will) and loses to another class: delete and re-create
+
+    @property
+    def others_text(self) -> str:
+        return ",".join(sorted(c.name for c in self.others))
+
+
+def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
+    devices = policy.spec.reserved_devices
+    name, shared = devices.extended_resource_name, devices.shared_class_name
+    if not name:
+        return Ownership("", shared, (), None, False)
+    others = tuple(
+        sorted(
+            (c for c in classes.values() if c.name != shared and c.extended_resource_name == name),
+            key=lambda c: (-c.created_seconds, c.name),
+        )
+    )
+    ours = classes.get(shared)
+    current = [*others, ours] if ours is not None and ours.extended_resource_name == name else list(others)
+    owner_now = winner(current)
+    recreate = False
+    if ours is not None and ours.ours and others:
+        after = winner([*others, ClassInfo(ours.name, True, ours.created, name, ours.raw)])
+        recreate = after is not None and after.name != shared
+    return Ownership(name, shared, others, owner_now, recreate)
+
+
+def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool) -> list[str]:
+    """What the scheduler maps the extended resource to, today and after ``apply``."""
+    if not owner.name:
+        return [
+            "The policy sets no reservedDevices.extendedResourceName: no extended resource maps to the shared class."
+        ]
+    lines = [
+        f"{owner.name}: the scheduler maps it to the newest DeviceClass naming it (the lower name on a tie): "
+        + (f"deviceclass/{owner.owner_now.name} today." if owner.owner_now else "no class names it today.")
+    ]
+    for other in owner.others:
+        lines.append(
+            f"  deviceclass/{other.name} also names {owner.name} (created {other.created or 'at an unknown time'})"
+            + ("" if other.ours else "; not ours: pool never edits it")
+        )
+    if recreate_planned:
+        lines.append(
+            f"  apply deletes deviceclass/{owner.shared_class} and creates it again, so that it is the newest: it is "
+            f"ours and not the class {owner.name} maps to ({owner.name} maps to no class only between the delete "
+            "and the create)"
+        )
+    elif creating:
+        lines.append(f"  apply creates deviceclass/{owner.shared_class}, which is then the newest")
+    elif owner.recreate:
+        lines.append(
+            f"  deviceclass/{owner.shared_class} is not the newest; a release deletes nothing: pool apply "
+            "--devices-per-node N re-creates it"
+        )
+    elif owner.owner_now is not None and owner.owner_now.name == owner.shared_class:
+        lines.append(f"  deviceclass/{owner.shared_class} is the newest: it keeps {owner.name}")
+    if owner.others:
+        lines.append(f'  (AMD\'s chart stops its class naming it with deviceClass.extendedResourceName: ""; {DOCS})')
+    return lines
+
+
+def ownership_json(owner: Ownership) -> dict[str, Any]:
+    return {
+        "name": owner.name or None,
+        "ownerNow": owner.owner_now.name if owner.owner_now else None,
+        "alsoNamedBy": [{"name": c.name, "created": c.created, "ours": c.ours} for c in owner.others],
+        "recreateShared": owner.recreate,
+    }
+
+
+# --- what writing them changes -----------------------------------------------------------------
+
+
+def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Ownership) -> list[dict[str, Any]]:
+    """Both classes as ``device_classes`` renders them, the shared one recording the other classes that
+    name its extended resource (see the module docstring); reserved first (the order they are written)."""
+    reserved, shared = device_classes.classes(policy, reservation)
+    if owner.name:
+        shared["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
+    return [reserved, shared]
+
+
+def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The PUT body that makes ``current`` say what ``desired`` says (our labels, annotations, selectors and
+    extendedResourceName; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
+    None when it already does."""
+    metadata = dict(mapping(current.get("metadata")))
+    want_meta = mapping(desired.get("metadata"))
+    labels = {**mapping(metadata.get("labels")), **mapping(want_meta.get("labels"))}
+    annotations = {**mapping(metadata.get("annotations")), **mapping(want_meta.get("annotations"))}
+    spec = dict(mapping(current.get("spec")))
+    want_spec = mapping(desired.get("spec"))
+    spec["selectors"] = want_spec.get("selectors")
+    if "extendedResourceName" in want_spec:
+        spec["extendedResourceName"] = want_spec["extendedResourceName"]
+    else:
+        spec.pop("extendedResourceName", None)
+    if (
+        labels == mapping(metadata.get("labels"))
+        and annotations == mapping(metadata.get("annotations"))
+        and spec == mapping(current.get("spec"))
+    ):
+        return None
+    metadata.pop("managedFields", None)  # absent from an update: the apiserver keeps them
+    metadata["labels"], metadata["annotations"] = labels, annotations
+    return {"apiVersion": device_classes.API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+
+def foreign_class_error(name: str, role: str) -> SelectionError:
+    return SelectionError(
+        f"deviceclass/{name} exists and is not managed by rocm-isolation-webhook (label "
+        f"{MANAGED_BY_LABEL}={MANAGED_BY}): pool never edits a class that is not its own. Name another "
+        f"{role} class in the policy (reservedDevices.{role}ClassName), or delete that class if it is a leftover"
+    )
+
+
+@dataclass(frozen=True)
+class ClassChange:
+    name: str
+    role: str  # reserved, shared
+    action: str  # create, replace, unchanged, recreate
+    desired: dict[str, Any]
+    current: Mapping[str, Any] | None
+
+
+def class_changes(
+    rendered: Sequence[dict[str, Any]],
+    classes: Mapping[str, ClassInfo],
+    owner: Ownership,
+    *,
+    ensure_owner: bool = True,
+) -> tuple[ClassChange, ClassChange]:
+    """What writing the classes ``rendered`` (``desired_classes``: reserved, shared) does to ``classes`` as
+    read (``ensure_owner``: re-create the shared class when another class wins its extended resource name);
+    SelectionError when a class of that name is not ours."""
+    reserved, shared = rendered
+    changes = []
+    for role, desired in (("reserved", reserved), ("shared", shared)):
+        name = desired["metadata"]["name"]
+        info = classes.get(name)
+        if info is None:
+            action = "create"
+        elif not info.ours:
+            raise foreign_class_error(name, role)
+        elif role == "shared" and owner.recreate and ensure_owner:
+            action = "recreate"
+        else:
+            action = "unchanged" if replace_body(info.raw, desired) is None else "replace"
+        changes.append(ClassChange(name, role, action, desired, info.raw if info is not None else None))
+    return changes[0], changes[1]
