@@ -814,6 +814,7 @@ def _plan(
         _plan_affinity(review, plan)
     _plan_tolerations(review, plan)
     _plan_priority(review, plan)
+    _plan_grace(review, plan)
     _plan_spread(review, cls, labels)
     _plan_env(review, plan, gpu)
     _plan_kfd_mount(review, cls, gpu)
@@ -876,6 +877,9 @@ class _ClassPlan:
     priority: dict[str, Any] | None = None
     priority_at_most: int | None = None  # the priority fields are set when spec.priority <= this (None: always)
     labels: tuple[tuple[str, str], ...] = ()
+    # A borrower's terminationGracePeriodSeconds at most this (lending.reclaimGraceSeconds): the scheduler's
+    # preemption deletes a victim with its own grace period, so this bounds how long inference waits.
+    grace_cap: int | None = None
 
 
 @lru_cache(maxsize=256)
@@ -959,6 +963,7 @@ def borrower_plan(policy: Policy, class_name: str) -> _ClassPlan:
         anti_affinity=anti_affinity,
         priority=lending.priority_fields(settings.borrower),
         labels=((settings.pod_label, lending.BORROWING),),
+        grace_cap=policy.spec.lending.reclaim_grace_seconds,
     )
 
 
@@ -998,6 +1003,19 @@ def _plan_borrower_affinity(review: _Review, plan: _ClassPlan) -> None:
             changed_anti = True
     if changed_node or changed_anti:
         review.operations.extend(patch.set_map_entries(review.pod, ("spec",), {"affinity": affinity}))
+
+
+def _plan_grace(review: _Review, plan: _ClassPlan) -> None:
+    """A borrower's termination grace period capped at ``lending.reclaimGraceSeconds`` (absent: the
+    apiserver's default of 30 s would apply, so it is written too)."""
+    cap = plan.grace_cap
+    if cap is None:
+        return
+    current = review.spec.get("terminationGracePeriodSeconds")
+    if type(current) is int and current <= cap:
+        return
+    review.operations.extend(patch.set_map_entries(review.pod, ("spec",), {"terminationGracePeriodSeconds": cap}))
+    review.done.append("termination-grace")
 
 
 def _plan_priority(review: _Review, plan: _ClassPlan) -> None:

@@ -487,6 +487,12 @@ def _borrower_operations(policy: Policy, class_name: str) -> str:
     if tolerations is not None:
         body += " + w"
     body += f" + ({_priority_operations(plan.priority)})"
+    if plan.grace_cap is not None:
+        grace = "object.spec.terminationGracePeriodSeconds"
+        body += (
+            f" + (has({grace}) && {grace} <= {plan.grace_cap} ? [] : "
+            f"[{_operation('add', '/spec/terminationGracePeriodSeconds', str(plan.grace_cap))}])"
+        )
     if tolerations is not None:
         body = _bind(tolerations, "w", body)
     if anti is not None:
