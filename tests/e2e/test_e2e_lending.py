@@ -247,6 +247,19 @@ def _no_inference_pod_deleted(world: World) -> None:
     assert world.inference <= {p["metadata"]["uid"] for p in world.kube.list("Pod", SERVE)}
 
 
+# --- 0. the PriorityClasses ------------------------------------------------------------------------------
+
+
+def test_a_priority_class_value_cannot_be_changed_so_the_policy_carries_it(world: World) -> None:
+    """The webhook and the MAP write a class's value from the policy (no RBAC to read PriorityClasses): that
+    is sound because the apiserver refuses to change a PriorityClass's value (a changed value in the
+    policy means deleting the class and applying the manifests again)."""
+    with pytest.raises(ApiError) as refused:
+        world.kube.patch("PriorityClass", BORROWER_CLASS, {"value": -50})
+    assert refused.value.status == 422 and "value" in refused.value.message, refused.value.message
+    assert world.kube.get("PriorityClass", BORROWER_CLASS)["value"] == BORROWER_VALUE
+
+
 # --- 1. borrowers fill idle reserved GPUs ---------------------------------------------------------------
 
 
@@ -272,6 +285,9 @@ def test_borrowers_fill_idle_reserved_gpus_after_the_shared_ones(world: World) -
         )
         assert spec["terminationGracePeriodSeconds"] == GRACE
         assert pod["metadata"]["labels"][BORROW] == "true"
+        # lendFrom idleNodes: never beside an inference pod (test 2 shows preemption still removes it).
+        [anti] = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert anti["topologyKey"] == "kubernetes.io/hostname" and anti["namespaceSelector"] == {}
         assert {
             "key": "rocm-isolation.io/reserved",
             "operator": "Equal",
