@@ -17,6 +17,8 @@ The tests run in order on one world (each says what it starts from):
    and binds within the borrowers' grace period + 10 s; no inference pod is ever deleted;
 3. a training pod that is not a borrower is denied reserved capacity, with the webhook up and with it
    out of the path (the MAP and the backstop alone); a borrower is still placed as one by the MAP alone;
+3b. a reserved node tainted ``rocm-isolation.io/no-borrowers`` takes no borrower, and an inference pod at
+   once (it tolerates the taint), preempting nobody;
 4. turning lending off (the policy re-rendered and applied, the webhook's policy file rewritten) leaves
    running borrowers alone and lends nothing new.
 """
@@ -60,6 +62,7 @@ LENDING_LABEL = "rocm-isolation.io/lending"
 CLASS_LABEL = "rocm-isolation.io/class"
 TRAIN, SERVE = "lend-train", "lend-serve"
 BORROWER_CLASS, BORROWER_VALUE = "rocm-isolation-borrower", -100
+NO_BORROWERS = "rocm-isolation.io/no-borrowers"
 
 
 def lending_policy(enabled: bool) -> str:
@@ -82,6 +85,9 @@ class KubeletStandIn:
     # uid -> (namespace, name, labels) of every pod deleted while it was watched: what was taken back.
     deleted: dict[str, tuple[str, str, dict[str, str]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # uid -> (namespace, name) of every deleted pod the scheduler preempted (or the Eviction API evicted):
+    # the DisruptionTarget condition they carry while they terminate.
+    disrupted: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def _step(self) -> None:
         now = time.time()
@@ -92,6 +98,8 @@ class KubeletStandIn:
                 deleting = meta.get("deletionTimestamp")
                 if deleting:
                     self.deleted[meta["uid"]] = (namespace, name, dict(meta.get("labels") or {}))
+                    if any(c.get("type") == "DisruptionTarget" for c in status.get("conditions") or []):
+                        self.disrupted[meta["uid"]] = (namespace, name)
                     due = calendar.timegm(time.strptime(deleting, "%Y-%m-%dT%H:%M:%SZ"))
                     if now >= due:
                         self.kube.delete("Pod", name, namespace, force=True)
@@ -240,7 +248,14 @@ def _watch_inference(world: World) -> None:
         world.inference.add(pod["metadata"]["uid"])
 
 
+def _no_inference_pod_disrupted(world: World) -> None:
+    """No inference pod was ever preempted or evicted (the operator's own scale-downs aside)."""
+    taken = [name for namespace, name in world.kubelet.disrupted.values() if namespace == SERVE]
+    assert taken == [], f"inference pods were preempted or evicted: {taken}"
+
+
 def _no_inference_pod_deleted(world: World) -> None:
+    _no_inference_pod_disrupted(world)
     _watch_inference(world)
     taken = [uid for uid, (namespace, _, _) in world.kubelet.deleted.items() if namespace == SERVE]
     assert taken == [], f"inference pods were deleted: {taken}"
@@ -347,6 +362,7 @@ def test_an_inference_deployment_preempts_borrowers_despite_a_pdb_within_grace_p
         assert pod["spec"]["priority"] == 0 and pod["spec"].get("preemptionPolicy") == "PreemptLowerPriority"
     taken = [labels for namespace, _, labels in world.kubelet.deleted.values() if namespace == TRAIN]
     assert len(taken) >= 2 and all(labels.get(BORROW) == "true" for labels in taken), taken
+    assert len([1 for namespace, _ in world.kubelet.disrupted.values() if namespace == TRAIN]) >= 2, "preempted"
     # The borrower on the shared node was not touched; the recreated ones wait.
     assert on_shared[0] in {p["metadata"]["uid"] for p in _live(kube, TRAIN, "app=borrower")}
     time.sleep(2)
@@ -426,12 +442,56 @@ def test_a_training_pod_that_is_not_a_borrower_is_denied_reserved_capacity_webho
         assert "priorityClassName" not in plain["spec"]
 
 
+# --- 3b. the no-borrowers taint ------------------------------------------------------------------------
+
+
+def _taint(kube: Kube, node: str, add: bool) -> None:
+    current = kube.get("Node", node)["spec"].get("taints") or []
+    taints = [t for t in current if t["key"] != NO_BORROWERS]
+    if add:
+        taints.append({"key": NO_BORROWERS, "value": "true", "effect": "NoSchedule"})
+    kube.patch("Node", node, {"spec": {"taints": taints}})
+
+
+def test_a_reserved_node_tainted_no_borrowers_takes_no_borrower_but_inference(world: World) -> None:
+    """From test 3 (inference on both reserved nodes, a borrower on the shared node, two waiting). One
+    reserved node tainted rocm-isolation.io/no-borrowers (headroom, pausing); the inference Deployment scaled
+    to 0: one waiting borrower takes the untainted reserved node, the other keeps waiting beside the idle
+    tainted one; an inference pod (it tolerates the taint) binds there at once, preempting nobody. Ends as
+    test 4 starts: the taint removed, the inference pod gone, three borrowers running."""
+    kube = world.kube
+    _no_inference_pod_deleted(world)
+    paused, open_node = RESERVED[1], RESERVED[0]
+    _taint(kube, paused, True)
+    kube.patch("Deployment", "llm", {"spec": {"replicas": 0}}, SERVE)
+    wait_until(lambda: not kube.list("Pod", SERVE), timeout=30, what="the inference Deployment scaled to 0")
+    pods = wait_until(lambda: _running(kube, TRAIN, "app=borrower", 2), timeout=60, what="a waiting borrower bound")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted((open_node, *SHARED))
+    time.sleep(3)
+    assert len(_running(kube, TRAIN, "app=borrower", 2) or []) == 2, "no borrower on the tainted node"
+    before = len(world.kubelet.disrupted)
+    solo = gpu_pod("llm-solo", SERVE, gpus=GPUS, terminationGracePeriodSeconds=1)
+    created = kube.create(solo)
+    tolerations = created["spec"]["tolerations"]
+    assert {"key": NO_BORROWERS, "operator": "Equal", "value": "true", "effect": "NoSchedule"} in tolerations
+    bound = wait_until(
+        lambda: kube.get("Pod", "llm-solo", SERVE)["spec"].get("nodeName"), timeout=30, what="the inference pod bound"
+    )
+    assert bound == paused and len(world.kubelet.disrupted) == before, (
+        "bound on the idle tainted node, nobody preempted"
+    )
+    kube.delete("Pod", "llm-solo", SERVE)
+    wait_until(lambda: not kube.list("Pod", SERVE), timeout=30, what="the inference pod gone")
+    _taint(kube, paused, False)
+    wait_until(lambda: _running(kube, TRAIN, "app=borrower", 3), timeout=60, what="the last borrower bound")
+    _no_inference_pod_disrupted(world)
+
+
 # --- 4. turning lending off ------------------------------------------------------------------------------
 
 
 def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_new(world: World) -> None:
-    """From test 2 (inference on both reserved nodes, a borrower on the shared node, two waiting). The
-    inference Deployment scaled to 0: the two waiting borrowers take the idle reserved nodes. Lending turned
+    """From test 3b (three borrowers running, on both reserved nodes and the shared one). Lending turned
     off (the webhook's policy file rewritten, the manifests re-rendered and applied): the three running
     borrowers keep running (nothing deletes them, their status updates are admitted). One of them, on a
     reserved node, deleted by hand: its replacement, asking to borrow, is placed as a training pod (NotIn
@@ -439,7 +499,7 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
     borrowers' PriorityClass tolerating the reserved taint is denied by the backstop, the webhook out of the
     path."""
     kube = world.kube
-    _no_inference_pod_deleted(world)
+    _no_inference_pod_disrupted(world)
     kube.patch("Deployment", "llm", {"spec": {"replicas": 0}}, SERVE)
     wait_until(lambda: not kube.list("Pod", SERVE), timeout=30, what="the inference Deployment scaled to 0")
     running = wait_until(lambda: _running(kube, TRAIN, "app=borrower", 3), timeout=60, what="3 borrowers again")
@@ -488,4 +548,5 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
         lent = _tolerating("late", **{BORROW: "true"})
         lent["spec"]["priorityClassName"] = BORROWER_CLASS
         assert _denied(kube, lent, "rocm-isolation-reserved-nodes")
+    _no_inference_pod_disrupted(world)
     assert world.kubelet.errors == []
