@@ -827,7 +827,11 @@ def _plan(
             entries[MUTATIONS_ANNOTATION] = recorded
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
     review.operations.extend(
-        patch.set_map_entries(review.pod, ("metadata", "labels"), {PLACED_LABEL: class_name, **dict(plan.labels)})
+        patch.set_map_entries(
+            review.pod,
+            ("metadata", "labels"),
+            {PLACED_LABEL: class_name, **dict(plan.labels)} if plan.labels else {PLACED_LABEL: class_name},
+        )
     )
 
 
