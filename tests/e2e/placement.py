@@ -24,7 +24,7 @@ from .kube import Kube, Obj
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
 CLASS_LABEL = "rocm-isolation.io/class"
 PLACED = ("affinity", "tolerations")
-PRIORITY_FIELDS = ("priorityClassName", "priority", "preemptionPolicy")
+PRIORITY_FIELDS = ("priorityClassName", "priority", "preemptionPolicy", "terminationGracePeriodSeconds")
 BORROW_LABEL = "rocm-isolation.io/borrow"
 
 

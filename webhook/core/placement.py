@@ -170,6 +170,7 @@ def plan(
         plan_affinity(review, plan)
     plan_tolerations(review, plan)
     plan_priority(review, plan)
+    plan_grace(review, plan)
     plan_spread(review, cls, labels)
     plan_env(review, plan, gpu)
     plan_kfd_mount(review, cls, gpu)
@@ -182,7 +183,11 @@ def plan(
             entries[MUTATIONS_ANNOTATION] = recorded
     review.operations.extend(patch.set_map_entries(review.pod, ("metadata", "annotations"), entries))
     review.operations.extend(
-        patch.set_map_entries(review.pod, ("metadata", "labels"), {PLACED_LABEL: class_name, **dict(plan.labels)})
+        patch.set_map_entries(
+            review.pod,
+            ("metadata", "labels"),
+            {PLACED_LABEL: class_name, **dict(plan.labels)} if plan.labels else {PLACED_LABEL: class_name},
+        )
     )
 
 
@@ -232,6 +237,9 @@ class ClassPlan:
     priority: dict[str, Any] | None = None
     priority_at_most: int | None = None  # the priority fields are set when spec.priority <= this (None: always)
     labels: tuple[tuple[str, str], ...] = ()
+    # A borrower's terminationGracePeriodSeconds at most this (lending.reclaimGraceSeconds): the scheduler's
+    # preemption deletes a victim with its own grace period, so this bounds how long inference waits.
+    grace_cap: int | None = None
 
 
 @lru_cache(maxsize=256)
@@ -315,6 +323,7 @@ def borrower_plan(policy: Policy, class_name: str) -> ClassPlan:
         anti_affinity=anti_affinity,
         priority=lending.priority_fields(settings.borrower),
         labels=((settings.pod_label, lending.BORROWING),),
+        grace_cap=policy.spec.lending.reclaim_grace_seconds,
     )
 
 
@@ -354,6 +363,19 @@ def plan_borrower_affinity(review: Assessment, plan: ClassPlan) -> None:
             changed_anti = True
     if changed_node or changed_anti:
         review.operations.extend(patch.set_map_entries(review.pod, ("spec",), {"affinity": affinity}))
+
+
+def plan_grace(review: Assessment, plan: ClassPlan) -> None:
+    """A borrower's termination grace period capped at ``lending.reclaimGraceSeconds`` (absent: the
+    apiserver's default of 30 s would apply, so it is written too)."""
+    cap = plan.grace_cap
+    if cap is None:
+        return
+    current = review.spec.get("terminationGracePeriodSeconds")
+    if type(current) is int and current <= cap:
+        return
+    review.operations.extend(patch.set_map_entries(review.pod, ("spec",), {"terminationGracePeriodSeconds": cap}))
+    review.done.append("termination-grace")
 
 
 def plan_priority(review: Assessment, plan: ClassPlan) -> None:

@@ -252,7 +252,7 @@ def _toleration_operations(policy: Policy, class_name: str, borrower: bool = Fal
     """The engine's tolerations for the class (``placement.plan_tolerations``): on a pod without any, one
     ``add`` of the whole list; else an ``add /spec/tolerations/-`` per toleration the pod lacks (the
     reserved one unless a toleration already tolerates the taint, the class's own unless the pod has
-    the same). None when the class adds none. ``borrower``: a borrower's (``engine.borrower_plan``)."""
+    the same). None when the class adds none. ``borrower``: a borrower's (``placement.borrower_plan``)."""
     plan = placement.borrower_plan(policy, class_name) if borrower else placement.class_plan(policy, class_name)
     reserved = plan.reserved_toleration
     wanted: list[tuple[str, dict[str, Any]]] = []
@@ -457,7 +457,7 @@ def _priority_operations(fields: dict[str, Any]) -> str:
 
 
 def _borrower_operations(policy: Policy, class_name: str) -> str:
-    """Every operation for a borrower of the class, in one list (``engine.borrower_plan``): the class's own
+    """Every operation for a borrower of the class, in one list (``placement.borrower_plan``): the class's own
     required node requirements (``a``), the preference for shared nodes (``p``), the anti-affinity to
     inference (``q``, lendFrom idleNodes), the tolerations (``w``), the priority fields, the annotations and
     the labels (placed, borrow). Affinity operations run in that order, each knowing what the ones before it
@@ -487,6 +487,12 @@ def _borrower_operations(policy: Policy, class_name: str) -> str:
     if tolerations is not None:
         body += " + w"
     body += f" + ({_priority_operations(plan.priority)})"
+    if plan.grace_cap is not None:
+        grace = "object.spec.terminationGracePeriodSeconds"
+        body += (
+            f" + (has({grace}) && {grace} <= {plan.grace_cap} ? [] : "
+            f"[{_operation('add', '/spec/terminationGracePeriodSeconds', str(plan.grace_cap))}])"
+        )
     if tolerations is not None:
         body = _bind(tolerations, "w", body)
     if anti is not None:
