@@ -516,7 +516,11 @@ def start(workdir: Path, *, lending: bool = False) -> Bench:
                 "kind": "Namespace",
                 "metadata": {
                     "name": namespace,
-                    "labels": {CLASS_LABEL: class_name, **({LENDING_LABEL: "allowed"} if lending else {})},
+                    # Lending: the training namespace may borrow (the inference one never borrows).
+                    "labels": {
+                        CLASS_LABEL: class_name,
+                        **({LENDING_LABEL: "allowed"} if lending and class_name == "training" else {}),
+                    },
                 },
             }
         )
