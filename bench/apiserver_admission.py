@@ -78,7 +78,7 @@ from tests.e2e.harness import (
 from tests.e2e.kube import ApiError, Kube, Obj, wait_until
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
 from webhook.core.policy import default_policy, default_policy_text
-from webhook.deploy import mutating_policy, render, reserved_devices
+from webhook.deploy import mutating_policy, render, reserved_devices, reserved_nodes
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
 
 CLASS_LABEL = "rocm-isolation.io/class"
@@ -305,6 +305,18 @@ class Bench:
     # worst case: a borrower tolerates the reserved taint, so its conditions let it through to be judged).
     lending: bool = False
 
+    def variants(self, group: str) -> dict[str, list[str]]:
+        """The group's variants; lending on: the lending backstop with the product's (it binds the
+        namespaces labelled to borrow, the training one here), the baseline's left out (no borrowers)."""
+        variants = GROUP_VARIANTS[group]
+        if not self.lending:
+            return variants
+        return {
+            name: [*policies, reserved_nodes.LENDING_POLICY_NAME] if NODES in policies else policies
+            for name, policies in variants.items()
+            if "baseline" not in name
+        }
+
     def checks(self, policy: str) -> float:
         return float(scrape(self.kube)["checks by policy"].get(policy, Histogram(0.0, 0.0)).count)
 
@@ -350,14 +362,23 @@ class Bench:
         return check
 
     def _bindings(self, group: str, variant: str) -> list[Obj]:
-        policies = set(GROUP_VARIANTS[group][variant])
+        policies = set(self.variants(group)[variant])
         return [b for b in self.bindings if b["spec"]["policyName"] in policies]
 
     def _wait(self, group: str, variant: str, wanted: bool) -> None:
-        for policy in GROUP_VARIANTS[group][variant]:
+        for policy in self.variants(group)[variant]:
+            if self.lending and policy == NODES:
+                # Lending on, the training namespace is the lending backstop's (probed in its place); this
+                # one binds the inference namespace, where it denies nothing a probe could show.
+                continue
             if group == "map":
                 wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
-            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, BASELINE_NAMES, FLOOR_VAP_NAME) or (
+            elif policy.removesuffix(BASELINE_SUFFIX) in (
+                NODES,
+                BASELINE_NAMES,
+                FLOOR_VAP_NAME,
+                reserved_nodes.LENDING_POLICY_NAME,
+            ) or (
                 # Without the reserved DeviceClass the apiserver skips it: nothing to probe.
                 policy.removesuffix(BASELINE_SUFFIX) == DEVICE_PODS and variant in DEVICES_RESERVED
             ):
@@ -391,7 +412,7 @@ def prepare(bench: Bench) -> None:
     baseline = [d for d in yaml.safe_load_all(BASELINE_FILE.read_text(encoding="utf-8")) if d]
     for policy in (floor_map(), floor_vap(), *(d for d in baseline if not d["kind"].endswith("Binding"))):
         bench.kube.apply(policy)
-    measured = {name for variants in GROUP_VARIANTS.values() for names in variants.values() for name in names}
+    measured = {name for group in GROUPS for names in bench.variants(group).values() for name in names}
     shipped = [
         d
         for d in bench.manifests
@@ -495,7 +516,11 @@ def start(workdir: Path, *, lending: bool = False) -> Bench:
                 "kind": "Namespace",
                 "metadata": {
                     "name": namespace,
-                    "labels": {CLASS_LABEL: class_name, **({LENDING_LABEL: "allowed"} if lending else {})},
+                    # Lending: the training namespace may borrow (the inference one never borrows).
+                    "labels": {
+                        CLASS_LABEL: class_name,
+                        **({LENDING_LABEL: "allowed"} if lending and class_name == "training" else {}),
+                    },
                 },
             }
         )
@@ -563,8 +588,7 @@ def measure(
     the list of per-round figures (``gpu`` and ``other`` pods)."""
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for group in groups:
-        # --lending: the baseline (76b741a's policies) knows no borrowers and denies them: left out.
-        variants = [v for v in GROUP_VARIANTS[group] if not (bench.lending and "baseline" in v)]
+        variants = list(bench.variants(group))
         results[group] = {variant: [] for variant in variants}
         # The other group's policies as shipped while this one is measured.
         other = "vap" if group == "map" else "map"

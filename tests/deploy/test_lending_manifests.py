@@ -84,3 +84,31 @@ def test_lending_off_leaves_the_backstop_and_the_placement_policy_without_a_word
         "no-borrowers",
     ):
         assert word in text, word
+
+
+def test_lending_on_splits_the_backstop_by_the_lending_label_into_disjoint_bindings() -> None:
+    """Lending on: the borrowing namespaces (labelled) get a backstop of their own, whose condition leaves out
+    a pod at the borrowers' priority that does not tolerate the no-borrowers taint (a match condition cannot
+    read the namespace, a binding's selector can); the other namespaces keep the backstop, bound to them only.
+    Lending off: one backstop, its bindings as they were."""
+    resources = _rendered("engine-lending")
+    policies = {r["metadata"]["name"]: r for r in resources if r["kind"] == "ValidatingAdmissionPolicy"}
+    assert {reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME} <= set(policies)
+    lent = policies[reserved_nodes.LENDING_POLICY_NAME]["spec"]["matchConditions"][0]["expression"]
+    assert "object.spec.priority <= -100" in lent and "rocm-isolation.io/no-borrowers" in lent
+    selectors: dict[str, list[Any]] = {}
+    backstops = (reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME)
+    for binding in (
+        r for r in resources if r["kind"] == "ValidatingAdmissionPolicyBinding" and r["spec"]["policyName"] in backstops
+    ):
+        selectors.setdefault(binding["spec"]["policyName"], []).append(
+            binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][-1]
+        )
+    lending_key = {"key": "rocm-isolation.io/lending", "values": ["allowed"]}
+    assert [dict(e, operator=None) for e in selectors[reserved_nodes.LENDING_POLICY_NAME]] == [
+        dict(lending_key, operator=None)
+    ] * 3
+    assert [e["operator"] for e in selectors[reserved_nodes.LENDING_POLICY_NAME]] == ["In"] * 3
+    assert [e["operator"] for e in selectors[reserved_nodes.POLICY_NAME]] == ["NotIn"] * 3
+    off = render.render(policy_text=default_policy_text())
+    assert not [r for r in off if r["metadata"]["name"].startswith(reserved_nodes.LENDING_POLICY_NAME)]

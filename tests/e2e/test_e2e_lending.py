@@ -40,7 +40,7 @@ import yaml
 
 from webhook.core.policy import default_policy_text
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
 from .harness import (
     MI300X_LABELS,
     Webhook,
@@ -175,8 +175,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         policy_file.write_text(lending_policy(True), encoding="utf-8")
         cert_dir = workdir / "webhook" / "certs"
         cli("certs", "--out-dir", str(cert_dir), check=True)
-        from .controlplane import free_port
-
         port = free_port()
         manifests = render(policy_file, cert_dir / "ca.crt", port)
         assert [d["metadata"]["name"] for d in manifests if d["kind"] == "PriorityClass"] == [

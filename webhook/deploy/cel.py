@@ -514,6 +514,15 @@ def namespace_may_borrow(policy: Policy) -> str:
     return "(" + " || ".join(parts) + ")"
 
 
+def namespace_named_to_borrow(policy: Policy) -> str:
+    """The namespace is named (exact or glob) in ``lending.namespaces.names`` ('false' when none is)."""
+    names = policy.spec.lending.namespaces.names
+    exact = [name for name in names if not _is_glob(name)]
+    parts = [f"request.namespace in {str_list(exact)}"] if exact else []
+    parts += [glob_test("request.namespace", name) for name in names if _is_glob(name)]
+    return "(" + " || ".join(parts) + ")" if parts else "false"
+
+
 def borrow_requested(policy: Policy) -> str:
     """The pod's own choice as ``lending.borrow_choice`` reads it: its borrow label ``"true"``, or (with
     ``defaultBorrow``) no borrow label at all; any other value borrows nothing."""
@@ -524,13 +533,6 @@ def borrow_requested(policy: Policy) -> str:
     if lending.default_borrow:
         return f"(!has({labels}) || !({key} in {labels}) || {opted_in})"
     return f"(has({labels}) && {key} in {labels} && {opted_in})"
-
-
-def borrower_at_priority(policy: Policy) -> str:
-    """The backstop's borrower: a pod at the borrowers' priority or below (the Priority admission plugin
-    resolved ``spec.priority`` before any validation) in a namespace that may borrow."""
-    value = policy.spec.lending.borrower_priority_class.value
-    return f"(has(object.spec.priority) && object.spec.priority <= {value} && {namespace_may_borrow(policy)})"
 
 
 def _tolerates_taint(key: str, value: str, effect: str) -> str:
