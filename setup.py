@@ -15,12 +15,16 @@ from setuptools import setup
 
 # The modules on the per-review path that are ours (no I/O): the envelope, the handler, the engine and what it calls.
 COMPILED_MODULES = [
+    "webhook/core/assessment.py",
+    "webhook/core/checks.py",
     "webhook/core/decision.py",
     "webhook/core/engine.py",
     "webhook/core/handler.py",
     "webhook/core/patch.py",
+    "webhook/core/placement.py",
     "webhook/core/pods.py",
     "webhook/core/review.py",
+    "webhook/core/rules.py",
     "webhook/core/scheduling.py",
 ]
 

@@ -77,11 +77,13 @@ from tests.e2e.harness import (
 )
 from tests.e2e.kube import ApiError, Kube, Obj, wait_until
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
-from webhook.core.policy import default_policy
-from webhook.deploy import mutating_policy, render, reserved_devices
+from webhook.core.policy import default_policy, default_policy_text
+from webhook.deploy import mutating_policy, render, reserved_devices, reserved_nodes
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
 
 CLASS_LABEL = "rocm-isolation.io/class"
+LENDING_LABEL = "rocm-isolation.io/lending"
+BORROW_LABEL = "rocm-isolation.io/borrow"
 NAMESPACES = {"training": "bench-training", "inference": "bench-inference"}
 BASELINE_FILE = Path(__file__).with_name("apiserver_baseline.yaml")
 BASELINE_SUFFIX = "-baseline"
@@ -299,6 +301,21 @@ class Bench:
     manifests: list[Obj]
     # every binding a variant may create (the shipped ones, the floors', the baseline's)
     bindings: list[Obj] = field(default_factory=list)
+    # --lending: the product's policy lends, and every training GPU pod asks to borrow (the backstop's
+    # worst case: a borrower tolerates the reserved taint, so its conditions let it through to be judged).
+    lending: bool = False
+
+    def variants(self, group: str) -> dict[str, list[str]]:
+        """The group's variants; lending on: the lending backstop with the product's (it binds the
+        namespaces labelled to borrow, the training one here), the baseline's left out (no borrowers)."""
+        variants = GROUP_VARIANTS[group]
+        if not self.lending:
+            return variants
+        return {
+            name: [*policies, reserved_nodes.LENDING_POLICY_NAME] if NODES in policies else policies
+            for name, policies in variants.items()
+            if "baseline" not in name
+        }
 
     def checks(self, policy: str) -> float:
         return float(scrape(self.kube)["checks by policy"].get(policy, Histogram(0.0, 0.0)).count)
@@ -345,14 +362,23 @@ class Bench:
         return check
 
     def _bindings(self, group: str, variant: str) -> list[Obj]:
-        policies = set(GROUP_VARIANTS[group][variant])
+        policies = set(self.variants(group)[variant])
         return [b for b in self.bindings if b["spec"]["policyName"] in policies]
 
     def _wait(self, group: str, variant: str, wanted: bool) -> None:
-        for policy in GROUP_VARIANTS[group][variant]:
+        for policy in self.variants(group)[variant]:
+            if self.lending and policy == NODES:
+                # Lending on, the training namespace is the lending backstop's (probed in its place); this
+                # one binds the inference namespace, where it denies nothing a probe could show.
+                continue
             if group == "map":
                 wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
-            elif policy.removesuffix(BASELINE_SUFFIX) in (NODES, BASELINE_NAMES, FLOOR_VAP_NAME) or (
+            elif policy.removesuffix(BASELINE_SUFFIX) in (
+                NODES,
+                BASELINE_NAMES,
+                FLOOR_VAP_NAME,
+                reserved_nodes.LENDING_POLICY_NAME,
+            ) or (
                 # Without the reserved DeviceClass the apiserver skips it: nothing to probe.
                 policy.removesuffix(BASELINE_SUFFIX) == DEVICE_PODS and variant in DEVICES_RESERVED
             ):
@@ -386,7 +412,7 @@ def prepare(bench: Bench) -> None:
     baseline = [d for d in yaml.safe_load_all(BASELINE_FILE.read_text(encoding="utf-8")) if d]
     for policy in (floor_map(), floor_vap(), *(d for d in baseline if not d["kind"].endswith("Binding"))):
         bench.kube.apply(policy)
-    measured = {name for variants in GROUP_VARIANTS.values() for names in variants.values() for name in names}
+    measured = {name for group in GROUPS for names in bench.variants(group).values() for name in names}
     shipped = [
         d
         for d in bench.manifests
@@ -424,9 +450,35 @@ def prepare(bench: Bench) -> None:
         bench.unbind(group, "product")
 
 
-def start(workdir: Path) -> Bench:
+def _lending_policy(workdir: Path) -> Path:
+    document = yaml.safe_load(default_policy_text())
+    document["spec"]["lending"] = {"enabled": True}
+    path = workdir / "lending-policy.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _render_with(policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
+    """``render_manifests`` with ``manifests --policy``: the same adaptation to the loopback webhook."""
+    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), "--policy", str(policy_file))
+    if result.returncode != 0:
+        raise RuntimeError(result.stdout + result.stderr)
+    out = []
+    for doc in yaml.safe_load_all(result.stdout):
+        if not doc or doc["kind"] == "Deployment":
+            continue
+        if doc["kind"] == "MutatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                service = hook["clientConfig"].pop("service")
+                hook["clientConfig"]["url"] = f"https://{LOOPBACK}:{port}{service.get('path', '/mutate')}"
+        out.append(doc)
+    return out
+
+
+def start(workdir: Path, *, lending: bool = False) -> Bench:
     """The end-to-end suite's session set-up (tests/e2e/conftest.py), reduced to what admission needs:
-    nodes (the webhook knows the reserved ones), the manifests, the webhook, ``pool apply``."""
+    nodes (the webhook knows the reserved ones), the manifests, the webhook, ``pool apply``. ``lending``:
+    the default policy with lending on, and the training namespace allowed to borrow."""
     for variable in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         os.environ.pop(variable, None)
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = f"{LOOPBACK},localhost"
@@ -438,9 +490,20 @@ def start(workdir: Path) -> Bench:
     cert_dir = workdir / "webhook" / "certs"
     cli("certs", "--out-dir", str(cert_dir), check=True)
     port = free_port()
-    manifests = render_manifests(cert_dir / "ca.crt", port)
+    policy_file = _lending_policy(workdir) if lending else None
+    if policy_file is not None:
+        manifests = _render_with(policy_file, cert_dir / "ca.crt", port)
+    else:
+        manifests = render_manifests(cert_dir / "ca.crt", port)
     install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
-    start_webhook(plane, workdir / "webhook", service_account_kubeconfig(plane), cert_dir=cert_dir, port=port)
+    start_webhook(
+        plane,
+        workdir / "webhook",
+        service_account_kubeconfig(plane),
+        cert_dir=cert_dir,
+        port=port,
+        policy_file=policy_file,
+    )
     install(plane, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
     result = cli("pool", "apply", "--nodes", ",".join(RESERVED_NODES), kubeconfig=plane.admin_kubeconfig)
     if result.returncode != 0:
@@ -451,12 +514,19 @@ def start(workdir: Path) -> Bench:
             {
                 "apiVersion": "v1",
                 "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": {CLASS_LABEL: class_name}},
+                "metadata": {
+                    "name": namespace,
+                    # Lending: the training namespace may borrow (the inference one never borrows).
+                    "labels": {
+                        CLASS_LABEL: class_name,
+                        **({LENDING_LABEL: "allowed"} if lending and class_name == "training" else {}),
+                    },
+                },
             }
         )
         # The controller-manager creates the default ServiceAccount; pod admission needs it.
         wait_until(_default_account(kube, namespace), timeout=60, what=f"{namespace}/default")
-    return Bench(plane, kube, manifests)
+    return Bench(plane, kube, manifests, lending=lending)
 
 
 def _default_account(kube: Kube, namespace: str) -> Callable[[], bool]:
@@ -477,6 +547,12 @@ def webhook_down(bench: Bench) -> None:
 
 
 # --- measuring ------------------------------------------------------------------------------------
+
+
+def borrower_pod(name: str, namespace: str) -> Obj:
+    """A GPU pod that asks to borrow (a borrower in the training namespace, which may borrow; the label
+    changes nothing in the inference namespace)."""
+    return gpu_pod(name, namespace, labels={"app": name, BORROW_LABEL: "true"})
 
 
 def cpu_pod(name: str, namespace: str) -> Obj:
@@ -512,7 +588,7 @@ def measure(
     the list of per-round figures (``gpu`` and ``other`` pods)."""
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for group in groups:
-        variants = list(GROUP_VARIANTS[group])
+        variants = list(bench.variants(group))
         results[group] = {variant: [] for variant in variants}
         # The other group's policies as shipped while this one is measured.
         other = "vap" if group == "map" else "map"
@@ -525,7 +601,7 @@ def measure(
                     try:
                         for _ in range(5):  # warm-up, not counted
                             bench.probe()
-                        gpu, _ = create_all(bench, gpu_pod, pods)
+                        gpu, _ = create_all(bench, borrower_pod if bench.lending else gpu_pod, pods)
                         others, _ = create_all(bench, cpu_pod, other_pods) if other_pods else ({}, 0.0)
                     finally:
                         bench.unbind(group, variant)
@@ -601,7 +677,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         none = medians["none"]
         out[group] = {"ms_per_gpu_pod": medians}
         for name, numerator, denominator in RATIOS[group]:
-            out[group][name] = (medians[numerator] - none) / (medians[denominator] - none)
+            if numerator in medians and denominator in medians:
+                out[group][name] = (medians[numerator] - none) / (medians[denominator] - none)
     return out
 
 
@@ -609,7 +686,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         f"Machine: {meta['cpus']} CPUs, load average {meta['load_start']:.2f} at the start, "
         f"{meta['load_end']:.2f} at the end; {meta['rounds']} rounds of {meta['pods']} GPU pods and "
-        f"{meta['other_pods']} pods without GPU per namespace (x{len(NAMESPACES)}), webhook {meta['webhook']}.",
+        f"{meta['other_pods']} pods without GPU per namespace (x{len(NAMESPACES)}), webhook {meta['webhook']}"
+        + (", lending on (every training GPU pod a borrower)." if meta.get("lending") else "."),
         "Each cell: the median of the rounds' figures (their range), per pod; (observations per pod).",
     ]
     if "map" in results:
@@ -676,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", default="map,vap", help="what to measure: map, vap or both (default)")
     parser.add_argument("--webhook", choices=("up", "down"), default="up", help="the webhook in the path or not")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON, not tables")
+    parser.add_argument(
+        "--lending",
+        action="store_true",
+        help="the product's policy with lending on, every training GPU pod a borrower (the backstop judges each)",
+    )
     args = parser.parse_args(argv)
     groups = [g for g in args.groups.split(",") if g]
     if not set(groups) <= set(GROUPS):
@@ -691,9 +774,10 @@ def main(argv: list[str] | None = None) -> int:
         "pods": args.pods,
         "other_pods": args.other_pods,
         "webhook": args.webhook,
+        "lending": args.lending,
     }
     with tempfile.TemporaryDirectory(prefix="bench-apiserver-") as directory:
-        bench = start(Path(directory))
+        bench = start(Path(directory), lending=args.lending)
         try:
             prepare(bench)
             if args.webhook == "down":

@@ -241,9 +241,14 @@ def reserved_nodes_verdict(
     """(actions of the binding that applies, engine rules of the failed validations, messages), with
     ``params`` as in ``pod_activation``."""
     ns = namespace_object(case)
+    # Lending on: a second policy, bound to the namespaces labelled to borrow (the first to the others).
+    names = [render.RESERVED_NODES_POLICY, reserved_nodes.LENDING_POLICY_NAME]
     bindings = [
-        find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
-        for mode in render.MODES
+        binding
+        for name in names
+        for binding in resources
+        if binding["kind"] == "ValidatingAdmissionPolicyBinding"
+        and binding["metadata"]["name"] in {f"{name}-{mode}" for mode in render.MODES}
     ]
     applying = [
         b
@@ -253,7 +258,7 @@ def reserved_nodes_verdict(
     assert len(applying) <= 1, "the mode bindings must select disjoint namespaces"
     if not applying:
         return [], set(), []
-    spec = find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    spec = find(resources, "ValidatingAdmissionPolicy", applying[0]["spec"]["policyName"])["spec"]
     matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource, params))
     if not matched:
         return applying[0]["spec"]["validationActions"], set(), []

@@ -185,7 +185,7 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     """The apiserver evaluates every messageExpression of a policy for every pod it validates, passing or
     not (an activation of its own): the reserved-nodes policy has none. Each validation's static message
     names the engine's rule it enforces, the reserved label (and taint), the classes it keeps off and
-    what to do, in the engine's words (engine._denied)."""
+    what to do, in the engine's words (assessment.denied)."""
     policy = policy_for({"policy": policy_name})
     spec = find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
     key, value = policy.spec.reserved_nodes.label
@@ -196,7 +196,15 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     rules += [engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY, engine.DENY_EPHEMERAL]
     if taint is None:
         rules.remove(engine.DENY_TOLERATION)
-    for rule, validation in zip(rules, spec["validations"], strict=True):
+    validations = spec["validations"]
+    if policy.spec.lending.enabled:
+        # Lending on: one more, the no-borrowers taint is inference's (its own words: borrowers are denied too).
+        *validations, no_borrowers = validations
+        lent = policy.spec.lending.no_borrowers_taint
+        assert no_borrowers["message"].startswith(f"rocm-isolation: [{engine.DENY_TOLERATION}] only inference pods ")
+        assert f"({lent.key}={lent.value}:{lent.effect})" in no_borrowers["message"]
+        assert "messageExpression" not in no_borrowers
+    for rule, validation in zip(rules, validations, strict=True):
         assert "messageExpression" not in validation
         message = validation["message"]
         assert "\n" not in message
@@ -209,7 +217,7 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
             assert f"to use them, run the pod in a namespace labelled {policy.spec.labels.namespace_class}=" in message
 
 
-# The engine's " (a GPU pod through <field>: <why>)" (engine._direct_note), which the backstop repeats.
+# The engine's " (a GPU pod through <field>: <why>)" (assessment.direct_note), which the backstop repeats.
 DIRECT_NOTE = re.compile(r" \(a GPU pod through [^:]+: [^)]*\)")
 
 

@@ -112,7 +112,8 @@ def test_every_policy_renders_one_mutation_one_condition_one_variable_and_no_typ
     assert spec["variables"][0]["expression"] == cel.pod_class(policy)
     [mutation] = spec["mutations"]
     expression = mutation["jsonPatch"]["expression"]
-    assert "Object." not in expression
+    # (namespaceObject is the namespace, read by lending's test of whether a namespace may borrow.)
+    assert "Object." not in expression.replace("namespaceObject.", "")
     # Every class has its branch (the last is the fallback).
     for class_name in list(policy.spec.classes)[:-1]:
         assert f"variables.podClass == {cel.quote(class_name)}" in expression
@@ -229,7 +230,8 @@ def test_key_aliases_render_one_variant_per_spelling() -> None:
         assert cel.quote(key) in expression
     # No list of typed objects travels as a JSONPatch value (it panics kube-apiserver 1.36's cel-go):
     # the terms are plain maps.
-    assert "Object." not in expression
+    # (namespaceObject is the namespace, read by lending's test of whether a namespace may borrow.)
+    assert "Object." not in expression.replace("namespaceObject.", "")
 
 
 def test_the_generated_base_file_is_the_default_policy_rendering() -> None:

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "ControllerRevision": ("/apis/apps/v1", "controllerrevisions", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),

@@ -24,6 +24,8 @@ from .kube import Kube, Obj
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
 CLASS_LABEL = "rocm-isolation.io/class"
 PLACED = ("affinity", "tolerations")
+PRIORITY_FIELDS = ("priorityClassName", "priority", "preemptionPolicy", "terminationGracePeriodSeconds")
+BORROW_LABEL = "rocm-isolation.io/borrow"
 
 
 def policy_without_claims() -> Policy:
@@ -97,6 +99,10 @@ def placed(pod: Obj) -> dict[str, Any]:
         **{field: pod["spec"].get(field) for field in PLACED},
         "class": annotations.get(engine.CLASS_ANNOTATION),
         "recorded": [entry for entry in recorded if entry in ("node-affinity", "tolerations")],
+        # Lending: the priority a borrower (or an inference pod raised above borrowers) gets, and the
+        # borrow label (the engine's and the MAP's record that the pod borrows).
+        **{field: pod["spec"].get(field) for field in PRIORITY_FIELDS},
+        "borrow": (pod["metadata"].get("labels") or {}).get(BORROW_LABEL),
     }
 
 
@@ -165,6 +171,12 @@ def fixture_namespaces(policy: Policy, tag: str) -> dict[str, dict[str, str]]:
             out.setdefault(name, dict(rule.match.labels))
     placed_class = next((n for n, c in spec.classes.items() if c.placement == "reserved"), next(iter(spec.classes)))
     out[f"{tag}-audit"] = {class_key: placed_class, mode_key: "audit"}
+    lending = spec.lending
+    if lending.enabled:
+        # One namespace per unreserved class that may borrow (the lending label).
+        for name, cls in spec.classes.items():
+            if cls.placement == "unreserved":
+                out[f"{tag}-lending-{name}"] = {class_key: name, lending.namespaces.label_key: "allowed"}
     if spec.mode == "audit":
         out[f"{tag}-enforce"] = {class_key: placed_class, mode_key: "enforce"}
     excluded = set(spec.excluded_namespaces)

@@ -29,9 +29,9 @@ import jsonpatch
 import pytest
 from cluster_objects import new_namespace
 
-from webhook.core import engine
+from webhook.core import engine, placement
 from webhook.core.policy import default_policy, parse_policy
-from webhook.deploy import mutating_policy, render, reserved_names, reserved_nodes
+from webhook.deploy import mutating_policy, priority_classes, render, reserved_names, reserved_nodes
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import RESERVED_NODES, WEBHOOK_CONFIGURATION, Cluster, gpu_pod
@@ -327,7 +327,7 @@ def test_a_large_pod_is_placed_within_the_cel_cost_limits(
             "nodeSelectorTerms"
         ]
         assert len(placed_terms) == 10
-        requirement = engine._class_plan(default_policy(), class_name).requirements
+        requirement = placement.class_plan(default_policy(), class_name).requirements
         for term in placed_terms:
             assert term["matchExpressions"][-1] == requirement[0].alternatives[0], json.dumps(term)
 
@@ -380,6 +380,9 @@ def fixture_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureW
         for index, (name, text) in enumerate(FIXTURE_POLICIES):
             tag = f"pf{index}"
             world.warnings[name] = []
+            # Lending on: the PriorityClasses the MAP writes into borrowers (and inference pods) must exist.
+            for priority_class in priority_classes.resources(parse_policy(text), metadata=lambda n: {"name": n}):
+                kube.create(priority_class)
             for document in _fixture_resources(name, tag, text):
                 kube.create(document)
                 world.warnings[name] += kube.last_warnings

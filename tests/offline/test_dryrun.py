@@ -578,3 +578,25 @@ def test_claims_in_unlabelled_namespaces_are_named_in_the_one_warning() -> None:
     assert result.returncode == 0, result.stderr
     assert stderr_lines(result, "warning: namespace labels not given for lonely")
     assert not stderr_lines(result, "  warning: namespace lonely")
+
+
+def test_mutate_shows_a_borrower_as_the_cluster_admits_it_and_says_why_another_is_not_one() -> None:
+    """Lending on: the dry run runs the same decide() as the webhook. The Job of the namespace that may borrow
+    gets the borrower's placement (the reserved toleration, the preference for shared nodes, the three priority
+    fields, the capped grace period); the same Job where the namespace may not borrow is placed off the
+    reserved nodes, with a warning saying why."""
+    policy = str(Path(__file__).parents[1] / "fixtures" / "policies" / "engine-lending.yaml")
+    result = mutate("-f", fixture("lending.yaml"), "--policy", policy)
+
+    assert result.returncode == 0, result.stderr
+    _, _, allowed, refused = load_all(result.stdout)
+    borrower = pod_of(allowed)
+    assert borrower["spec"]["priorityClassName"] == "rocm-isolation-borrower"
+    assert borrower["spec"]["priority"] == -100 and borrower["spec"]["preemptionPolicy"] == "Never"
+    assert borrower["spec"]["terminationGracePeriodSeconds"] == 30
+    assert borrower["spec"]["tolerations"][0]["key"] == "rocm-isolation.io/reserved"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in borrower["spec"]["affinity"]["nodeAffinity"]
+    plain = pod_of(refused)
+    assert "priorityClassName" not in plain["spec"] and "tolerations" not in plain["spec"]
+    assert terms(plain) == [{"matchExpressions": [{"key": POOL, "operator": "NotIn", "values": ["inference"]}]}]
+    assert "namespace sandbox may not borrow" in result.stderr

@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from cluster_objects import (
     allocated,
     chart_class,
@@ -486,6 +487,26 @@ def test_status_shows_label_taint_consistency_gpus_and_pods_by_class(
         "Reserved: 2 nodes, 16 GPUs allocatable, 6 requested (inference 1 pod / 4 GPUs, training 1 pod / 2 GPUs)" in out
     )
     assert writes(cluster) == []
+
+
+def test_status_shows_the_reserved_gpus_lent_to_borrowers_when_lending_is_on(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    borrower = pod("borrower", "ml-training", node="gpu-a", gpus={"amd.com/gpu": "2"})
+    borrower["spec"].update({"priorityClassName": "rocm-isolation-borrower", "priority": -100})
+    cluster.add(borrower)
+    document = default_policy().document.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["spec"]["lending"] = {"enabled": True}
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(document))
+    code, out, _ = run(cluster, tmp_path, capsys, "status", "-o", "json", "--policy", str(policy_file))
+    assert code == 0
+    assert {n["name"]: n["gpusLent"] for n in json.loads(out)["nodes"]} == {"gpu-a": 2, "gpu-c": 0}
+    code, out, _ = run(cluster, tmp_path, capsys, "status", "--policy", str(policy_file))
+    assert code == 0 and "LENT" in out.splitlines()[2]
+    # Lending off (the shipped policy): no such column, the output as before.
+    code, out, _ = run(cluster, tmp_path, capsys, "status")
+    assert code == 0 and "LENT" not in out
 
 
 # --- errors --------------------------------------------------------------------------------------

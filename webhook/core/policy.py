@@ -1,4 +1,4 @@
-"""The IsolationPolicy: its YAML schema (pydantic), its validation, and its compiled form.
+"""The IsolationPolicy compiled: read, validated (``policy_model.py``, the schema), and compiled.
 
 A policy is loaded once and compiled (regexes, lookup tables) so that ``decide`` does no parsing.
 Every validation error names the field's path and what is wrong, so a person can fix the file.
@@ -14,496 +14,45 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ValidationError
 
 from webhook.core import rocm
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX, GpuResources, RouteMatcher
-from webhook.core.scheduling import tolerates
-
-API_VERSION = "rocm-isolation.io/v1alpha1"
-KIND = "IsolationPolicy"
-DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
-
-# AMD GPU operator taints protect unhealthy or re-partitioning GPUs: never tolerate them.
-PROTECTED_TAINT_KEYS = frozenset({"amd-gpu-unhealthy", "amd-dcm"})
-
-Mode = Literal["enforce", "warn", "audit"]
-Placement = Literal["reserved", "unreserved", "any"]
-TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
-
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_RESOURCE_NAME = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-_DEVICE_CLASS = re.compile(r"^[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?(\.[a-z0-9*?]([-a-z0-9*?]*[a-z0-9*?])?)*$")
-
-
-class PolicyError(Exception):
-    """The policy file cannot be used; ``problems`` lists each one as ``path: what is wrong``."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: invalid policy:\n  " + "\n  ".join(problems))
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=False, frozen=True, strict=True
-    )
-
-
-def _check_label_key(key: str) -> str:
-    if len(key) > 316 or not _LABEL_KEY.match(key):
-        raise ValueError(f"{key!r} is not a valid label key (prefix/name, e.g. example.com/pool)")
-    return key
-
-
-def _check_label_value(value: str) -> str:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
-        raise ValueError(f"{value!r} is not a valid label value")
-    return value
-
-
-class Taint(_Model):
-    key: str
-    value: str = ""
-    effect: TaintEffect
-
-    @model_validator(mode="after")
-    def _valid(self) -> Taint:
-        _check_label_key(self.key)
-        _check_label_value(self.value)
-        return self
-
-
-class Toleration(_Model):
-    key: str = ""
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str = ""
-    effect: TaintEffect | None = None
-    toleration_seconds: int | None = None
-
-    def tolerates(self, taint: Taint) -> bool:
-        return tolerates(self.as_k8s(), taint.key, taint.value, taint.effect)
-
-    def as_k8s(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.key:
-            out["key"] = self.key
-        out["operator"] = self.operator
-        if self.operator == "Equal":
-            out["value"] = self.value
-        if self.effect:
-            out["effect"] = self.effect
-        if self.toleration_seconds is not None:
-            out["tolerationSeconds"] = self.toleration_seconds
-        return out
-
-    @model_validator(mode="after")
-    def _valid(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("a toleration with operator Exists must not have a value")
-        if not self.key and self.operator != "Exists":
-            raise ValueError("a toleration without a key must use operator Exists")
-        return self
-
-
-class NodeSelectorRequirement(_Model):
-    key: str
-    # Other spellings of the same node label (the AMD labeller writes both amd.com/X and amd.com/gpu.X);
-    # a node carrying any one of them satisfies the requirement.
-    key_aliases: list[str] = Field(default_factory=list)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
-    values: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _valid(self) -> NodeSelectorRequirement:
-        for key in (self.key, *self.key_aliases):
-            _check_label_key(key)
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs at least one value")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not self.values[0].lstrip("-").isdigit()):
-            raise ValueError(f"operator {self.operator} takes exactly one integer value")
-        return self
-
-    def expression(self, key: str | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"key": key or self.key, "operator": self.operator}
-        if self.values:
-            out["values"] = list(self.values)
-        return out
-
-
-class TopologySpread(_Model):
-    max_skew: Annotated[int, Field(ge=1)] = 1
-    topology_key: str = "kubernetes.io/hostname"
-    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = "DoNotSchedule"
-    min_domains: Annotated[int, Field(ge=1)] | None = None
-
-    @model_validator(mode="after")
-    def _valid(self) -> TopologySpread:
-        _check_label_key(self.topology_key)
-        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
-            raise ValueError("minDomains is only allowed with whenUnsatisfiable: DoNotSchedule")
-        return self
-
-
-class EnvVar(_Model):
-    name: str
-    value: str
-    # keep: a value the container already sets wins; override: the policy's value wins
-    # (use it for anything a pod must not choose for itself, such as priorities).
-    on_conflict: Literal["keep", "override"] = "keep"
-    # The operator knows ROCm ignores this variable and sets it anyway (e.g. a runbook value):
-    # the loader's "no effect" warning is not repeated. Only for variables known to have no effect.
-    acknowledge_no_effect: bool = False
-
-    @model_validator(mode="after")
-    def _valid(self) -> EnvVar:
-        if not _ENV_NAME.match(self.name):
-            raise ValueError(f"{self.name!r} is not a valid environment variable name")
-        if self.acknowledge_no_effect and self.name not in rocm.NO_EFFECT_VARIABLES:
-            raise ValueError(
-                f"acknowledgeNoEffect: {self.name} is not a variable known to have no effect in ROCm "
-                f"({', '.join(sorted(rocm.NO_EFFECT_VARIABLES))}); remove the field"
-            )
-        if self.name == "HSA_CU_MASK":
-            errors = rocm.cu_mask_errors(self.value)
-            if errors:
-                raise ValueError(
-                    "HSA_CU_MASK "
-                    + repr(self.value)
-                    + ": "
-                    + "; ".join(errors)
-                    + " (ROCm ignores a malformed mask silently, so it is rejected here)"
-                )
-        return self
-
-
-class WorkloadClass(_Model):
-    placement: Placement
-    node_selector_requirements: list[NodeSelectorRequirement] = Field(default_factory=list)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    topology_spread: TopologySpread | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    kfd_topology_mount: bool = False
-    # A container that reaches GPUs without the device plugin or DRA (privileged, the AMD container
-    # runtime's variables or RuntimeClass) bypasses GPU accounting. isolate: placed and checked like any
-    # GPU pod, with a warning; deny: refused in this class.
-    direct_gpu_access: Literal["isolate", "deny"] = "isolate"
-
-    @model_validator(mode="after")
-    def _valid(self) -> WorkloadClass:
-        names = [var.name for var in self.env]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"env sets {', '.join(duplicates)} more than once")
-        for tol in self.tolerations:
-            if not tol.key and tol.operator == "Exists":
-                raise ValueError(
-                    "a class toleration must name a key: operator Exists without a key tolerates every taint"
-                )
-            if tol.key in PROTECTED_TAINT_KEYS:
-                raise ValueError(
-                    f"tolerating {tol.key} is not allowed: the AMD GPU operator uses it to keep pods off unhealthy "
-                    "or re-partitioning GPUs"
-                )
-        return self
-
-
-class ReservedNodes(_Model):
-    node_selector: dict[str, str] = Field(default_factory=lambda: {"rocm-isolation.io/pool": "inference"})
-    taint: Taint | None = None
-
-    @model_validator(mode="after")
-    def _valid(self) -> ReservedNodes:
-        if len(self.node_selector) != 1:
-            raise ValueError("nodeSelector must have exactly one label (key: value) that marks reserved nodes")
-        for key, value in self.node_selector.items():
-            _check_label_key(key)
-            _check_label_value(value)
-        return self
-
-    @property
-    def label(self) -> tuple[str, str]:
-        return next(iter(self.node_selector.items()))
-
-
-class ReservedDevices(_Model):
-    """Device-level reservation (``pool apply --devices-per-node N``): on nodes whose GPUs AMD's DRA driver
-    publishes, the N GPUs with the lowest PCI bus IDs of each node go to the class placed on reserved
-    nodes, through two DeviceClasses that ``pool`` writes and keeps (their CEL selectors name the reserved
-    PCI bus IDs: a class is read at every allocation, so a resize needs no restart). docs/operations.md
-    "Device-level reservation"."""
-
-    # The DRA driver whose devices are split (ROCm/k8s-gpu-dra-driver).
-    driver: str = "gpu.amd.com"
-    # The class of the reserved devices (inference) and the class of the others (every other class);
-    # the shared class owns extendedResourceName so that amd.com/gpu on DRA nodes reaches shared devices only.
-    reserved_class_name: str = "rocm-isolation-reserved"
-    shared_class_name: str = "rocm-isolation-shared"
-    extended_resource_name: str = "amd.com/gpu"
-    # Whether inference claims may fall back to shared devices when the reserved ones are taken
-    # (firstAvailable: reserved first, then shared). Off, as for nodes: inference waits for its devices.
-    inference_spillover: bool = False
-    # The value of the reserved-nodes label key (reservedNodes.nodeSelector) that ``pool`` gives the nodes
-    # whose devices are split: the inference class is placed on nodes labelled with either value (whole
-    # reserved nodes or split ones); every other class may use split nodes (they hold the shared devices).
-    node_label_value: str = "inference-devices"
-
-    @model_validator(mode="after")
-    def _valid(self) -> ReservedDevices:
-        if not _DNS_SUBDOMAIN.match(self.driver) or len(self.driver) > 63:
-            raise ValueError(f"driver: {self.driver!r} is not a DRA driver name (a DNS subdomain such as gpu.amd.com)")
-        for field_name, name in (
-            ("reservedClassName", self.reserved_class_name),
-            ("sharedClassName", self.shared_class_name),
-        ):
-            # deviceclass.resource.kubernetes.io/<name> must be a resource name: its name part is at most 63.
-            if not _DEVICE_CLASS.match(name) or any(ch in name for ch in "*?") or len(name) > 63:
-                raise ValueError(f"{field_name}: {name!r} is not a DeviceClass name (a DNS subdomain, at most 63)")
-        if self.reserved_class_name == self.shared_class_name:
-            raise ValueError("reservedClassName and sharedClassName must differ")
-        _check_label_value(self.node_label_value)
-        if self.extended_resource_name and not _RESOURCE_NAME.match(self.extended_resource_name):
-            raise ValueError(
-                f"extendedResourceName: {self.extended_resource_name!r} is not an extended resource name "
-                "(domain/name, e.g. amd.com/gpu), or '' for none"
-            )
-        return self
-
-
-class Routes(_Model):
-    """Which routes to an AMD GPU make a pod a GPU pod (``spec.scope.routes``). Each one can be switched
-    off; docs/policy.md says when that is safe (it rarely is: a route left out is a way onto the
-    reserved nodes' GPUs that nothing checks)."""
-
-    # resources.requests/limits named in gpuResources or matching gpuResourcePatterns (the device plugin).
-    device_plugin: bool = True
-    # spec.resourceClaims naming a ResourceClaim(Template) of a GPU DeviceClass (Dynamic Resource Allocation).
-    resource_claims: bool = True
-    # DRA extended resources (KEP-5004): deviceclass.resource.kubernetes.io/<GPU class>, or the
-    # extendedResourceName of a GPU DeviceClass; the scheduler makes the claim after admission.
-    dra_extended_resources: bool = True
-    # securityContext.privileged of any container (regular, init, ephemeral): it sees every device of the node.
-    privileged_containers: bool = True
-    # The AMD container runtime's GPU selection variables in a container's env, and runtimeClassNames.
-    container_runtime: bool = True
-
-
-class Scope(_Model):
-    gpu_resources: list[str] = Field(default_factory=lambda: ["amd.com/gpu"])
-    # Regular expressions (RE2-compatible, searched as CEL's matches() does). The device plugin's names
-    # vary (gpu, partitions such as cpx_nps4, gpu_vf/gpu_pf): every name under amd.com/ is a GPU.
-    gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/"])
-    # DRA DeviceClasses that hand out GPUs (exact names or shell-style globs): a pod whose
-    # ResourceClaim(Template) requests one of them is a GPU pod. gpu.amd.com: AMD's DRA driver.
-    gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
-    # DRA drivers that hand out GPUs: a DeviceClass whose selectors name one (or that does not pin a
-    # driver at all) is a GPU class too, whatever it is called (webhook.core.claims.selects_driver).
-    gpu_drivers: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
-    # extendedResourceNames of GPU DeviceClasses, for what cannot look DeviceClasses up (the webhook's
-    # matchConditions, the ValidatingAdmissionPolicy); the webhook and audit also read them from the
-    # cluster, and audit reports a GPU DeviceClass whose name is missing here.
-    extended_resource_names: list[str] = Field(default_factory=list)
-    # The AMD container runtime (ROCm container toolkit) gives the GPUs these variables select to any
-    # container it runs, unprivileged: exact names, and prefixes.
-    runtime_variables: list[str] = Field(default_factory=lambda: ["AMD_VISIBLE_DEVICES"])
-    runtime_variable_prefixes: list[str] = Field(default_factory=lambda: ["DOCKER_RESOURCE_"])
-    # RuntimeClasses whose handler is the AMD container runtime: every container of such a pod may get GPUs.
-    runtime_class_names: list[str] = Field(default_factory=list)
-    routes: Routes = Field(default_factory=Routes)
-    all_pods: bool = False
-
-    @model_validator(mode="after")
-    def _valid(self) -> Scope:
-        for pattern in self.gpu_resource_patterns:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ValueError(f"gpuResourcePatterns: {pattern!r} is not a regular expression: {err}") from None
-        for name in self.gpu_device_classes:
-            if not name or len(name) > 253 or not _DEVICE_CLASS.match(name):
-                raise ValueError(
-                    f"gpuDeviceClasses: {name!r} is not a DeviceClass name (a DNS subdomain such as gpu.amd.com; "
-                    "* and ? may stand for parts of it)"
-                )
-        for name in self.gpu_drivers:
-            if not name or len(name) > 63 or not _DNS_SUBDOMAIN.match(name):
-                raise ValueError(f"gpuDrivers: {name!r} is not a DRA driver name (a DNS subdomain such as gpu.amd.com)")
-        for name in self.extended_resource_names:
-            if not _RESOURCE_NAME.match(name):
-                raise ValueError(
-                    f"extendedResourceNames: {name!r} is not an extended resource name (domain/name, e.g. "
-                    "example.com/amd-gpu)"
-                )
-        for name in (*self.runtime_variables, *self.runtime_variable_prefixes):
-            if not _ENV_NAME.match(name):
-                raise ValueError(
-                    f"{name!r} is not an environment variable name (runtimeVariables, runtimeVariablePrefixes)"
-                )
-        for name in self.runtime_class_names:
-            if not _DNS_SUBDOMAIN.match(name):
-                raise ValueError(f"runtimeClassNames: {name!r} is not a RuntimeClass name")
-        return self
-
-
-class SpreadSelector(_Model):
-    """Which pod labels the added topology spread constraint selects its peers by.
-
-    A constraint counts the pods its selector matches; a label that a controller makes unique per pod
-    would make it count only the pod itself (maxSkew always met: nothing spreads)."""
-
-    # Per-pod identity labels: never in the selector.
-    excluded_label_keys: list[str] = Field(
-        default_factory=lambda: [
-            "statefulset.kubernetes.io/pod-name",
-            "apps.kubernetes.io/pod-index",
-            "batch.kubernetes.io/job-completion-index",
-            "leaderworkerset.sigs.k8s.io/worker-index",
-            "training.kubeflow.org/replica-index",
-        ]
-    )
-    # Labels whose values the controller chooses per revision or per instance: the constraint lists the
-    # keys in matchLabelKeys (the scheduler reads the values from the pod itself), so replicas of one
-    # revision count each other and no value is hard-wired.
-    match_label_keys: list[str] = Field(
-        default_factory=lambda: [
-            "pod-template-hash",
-            "controller-revision-hash",
-            "pod-template-generation",
-            "batch.kubernetes.io/controller-uid",
-            "controller-uid",
-            "batch.kubernetes.io/job-name",
-            "job-name",
-        ]
-    )
-
-    @model_validator(mode="after")
-    def _valid(self) -> SpreadSelector:
-        for key in (*self.excluded_label_keys, *self.match_label_keys):
-            _check_label_key(key)
-        both = sorted(set(self.excluded_label_keys) & set(self.match_label_keys))
-        if both:
-            raise ValueError(f"{', '.join(both)}: a key is either excluded or a matchLabelKey, not both")
-        return self
-
-
-class Labels(_Model):
-    namespace_class: str = "rocm-isolation.io/class"
-    namespace_mode: str = "rocm-isolation.io/mode"
-    pod_class: str = "rocm-isolation.io/workload-class"
-
-    @model_validator(mode="after")
-    def _valid(self) -> Labels:
-        for key in (self.namespace_class, self.namespace_mode, self.pod_class):
-            _check_label_key(key)
-        return self
-
-
-class NamespaceMatch(_Model):
-    # Exact names or shell-style globs (inference-*); a namespace matching any of them matches.
-    names: list[str] = Field(default_factory=list)
-    # Namespace labels that must all be present with these values.
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _valid(self) -> NamespaceMatch:
-        if not self.names and not self.labels:
-            raise ValueError("a namespace rule must match by names, by labels, or both")
-        for key in self.labels:
-            _check_label_key(key)
-        return self
-
-
-class NamespaceRule(_Model):
-    match: NamespaceMatch
-    allowed_classes: list[str]
-    default_class: str | None = None
-
-    @model_validator(mode="after")
-    def _valid(self) -> NamespaceRule:
-        if not self.allowed_classes:
-            raise ValueError("allowedClasses must name at least one class")
-        if self.default_class is not None and self.default_class not in self.allowed_classes:
-            raise ValueError(f"defaultClass {self.default_class!r} is not in allowedClasses")
-        return self
-
-    @property
-    def effective_default(self) -> str:
-        return self.default_class or self.allowed_classes[0]
-
-
-class PolicySpec(_Model):
-    mode: Mode = "enforce"
-    scope: Scope = Field(default_factory=Scope)
-    excluded_namespaces: list[str] = Field(
-        default_factory=lambda: [
-            "kube-system",
-            "kube-public",
-            "kube-node-lease",
-            "rocm-isolation-system",
-            "kube-amd-gpu",
-        ]
-    )
-    reserved_nodes: ReservedNodes = Field(default_factory=ReservedNodes)
-    reserved_devices: ReservedDevices = Field(default_factory=ReservedDevices)
-    labels: Labels = Field(default_factory=Labels)
-    default_class: str = "training"
-    spread_selector: SpreadSelector = Field(default_factory=SpreadSelector)
-    classes: dict[str, WorkloadClass]
-    namespaces: list[NamespaceRule] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _valid(self) -> PolicySpec:
-        problems: list[str] = []
-        if self.default_class not in self.classes:
-            problems.append(
-                f"defaultClass: {self.default_class!r} is not one of the classes ({', '.join(self.classes)})"
-            )
-        for index, rule in enumerate(self.namespaces):
-            for name in [*rule.allowed_classes, rule.effective_default]:
-                if name not in self.classes:
-                    problems.append(f"namespaces[{index}]: class {name!r} is not defined under classes")
-        if self.reserved_devices.node_label_value == self.reserved_nodes.label[1]:
-            problems.append(
-                "reservedDevices.nodeLabelValue must differ from the value of reservedNodes.nodeSelector (a node is "
-                "reserved whole or split, never both)"
-            )
-        taint = self.reserved_nodes.taint
-        for name, cls in self.classes.items():
-            if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name) or len(name) > 63:
-                problems.append(f"classes.{name}: a class name must be a DNS label (it is used as a label value)")
-            if cls.placement == "unreserved" and taint is not None:
-                for i, tol in enumerate(cls.tolerations):
-                    if tol.tolerates(taint):
-                        problems.append(
-                            f"classes.{name}.tolerations[{i}]: an unreserved class must not tolerate the reserved taint"
-                        )
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-
-class PolicyMetadata(_Model):
-    name: str = "default"
-
-
-class IsolationPolicy(_Model):
-    api_version: Literal["rocm-isolation.io/v1alpha1"]
-    kind: Literal["IsolationPolicy"]
-    metadata: PolicyMetadata = Field(default_factory=PolicyMetadata)
-    spec: PolicySpec
+from webhook.core.policy_model import API_VERSION as API_VERSION
+from webhook.core.policy_model import BORROW_POD_LABEL as BORROW_POD_LABEL
+from webhook.core.policy_model import DEFAULT_POLICY_RESOURCE as DEFAULT_POLICY_RESOURCE
+from webhook.core.policy_model import KIND as KIND
+from webhook.core.policy_model import LENDING_ALLOWED as LENDING_ALLOWED
+from webhook.core.policy_model import LENDING_NAMESPACE_LABEL as LENDING_NAMESPACE_LABEL
+from webhook.core.policy_model import MAX_USER_PRIORITY as MAX_USER_PRIORITY
+from webhook.core.policy_model import NO_BORROWERS_TAINT_KEY as NO_BORROWERS_TAINT_KEY
+from webhook.core.policy_model import PROTECTED_TAINT_KEYS as PROTECTED_TAINT_KEYS
+from webhook.core.policy_model import EnvVar as EnvVar
+from webhook.core.policy_model import IsolationPolicy as IsolationPolicy
+from webhook.core.policy_model import Labels as Labels
+from webhook.core.policy_model import Lending as Lending
+from webhook.core.policy_model import LendingNamespaces as LendingNamespaces
+from webhook.core.policy_model import Mode as Mode
+from webhook.core.policy_model import NamespaceMatch as NamespaceMatch
+from webhook.core.policy_model import NamespaceRule as NamespaceRule
+from webhook.core.policy_model import NodeSelectorRequirement as NodeSelectorRequirement
+from webhook.core.policy_model import Placement as Placement
+from webhook.core.policy_model import PolicyError as PolicyError
+from webhook.core.policy_model import PolicyMetadata as PolicyMetadata
+from webhook.core.policy_model import PolicySpec as PolicySpec
+from webhook.core.policy_model import PriorityClassSettings as PriorityClassSettings
+from webhook.core.policy_model import ReservedDevices as ReservedDevices
+from webhook.core.policy_model import ReservedNodes as ReservedNodes
+from webhook.core.policy_model import Routes as Routes
+from webhook.core.policy_model import Scope as Scope
+from webhook.core.policy_model import SpreadSelector as SpreadSelector
+from webhook.core.policy_model import Taint as Taint
+from webhook.core.policy_model import TaintEffect as TaintEffect
+from webhook.core.policy_model import Toleration as Toleration
+from webhook.core.policy_model import TopologySpread as TopologySpread
+from webhook.core.policy_model import WorkloadClass as WorkloadClass
 
 
 @dataclass(frozen=True)
@@ -608,6 +157,13 @@ def _policy_warnings(doc: IsolationPolicy) -> list[str]:
                 "already exposes /dev/kfd and the render nodes); it is skipped in Pod Security baseline/restricted "
                 "namespaces"
             )
+    lending = doc.spec.lending
+    if lending.enabled and lending.borrower_priority_class.value >= 0:
+        warnings.append(
+            f"spec.lending.borrowerPriorityClass.value is {lending.borrower_priority_class.value}: pods without a "
+            "PriorityClass (priority 0) are not above borrowers; the webhook gives such inference pods "
+            f"{lending.inference_priority_class.name}, but other pods do not outrank borrowers (use a negative value)"
+        )
     return warnings
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from webhook.core.policy import Policy, RouteCatalogue, glob_regex, route_catalogue
+from webhook.core.policy import LENDING_ALLOWED, Policy, RouteCatalogue, glob_regex, route_catalogue
 
 __all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
 
@@ -441,11 +441,15 @@ NOT_TERMINATING = "(request.operation != 'UPDATE' || !has(object.metadata.deleti
 
 def namespace_label_keys(policy: Policy) -> list[str]:
     """Namespace labels that decide a class or its enforcement: the class label, the mode label (``audit``
-    or ``warn`` on a namespace turns the denials off there, in the webhook and in the policy's bindings)
-    and every label a namespace rule matches on."""
+    or ``warn`` on a namespace turns the denials off there, in the webhook and in the policy's bindings),
+    every label a namespace rule matches on, and (lending on) the label that lets a namespace borrow."""
     keys = [policy.spec.labels.namespace_class, policy.spec.labels.namespace_mode]
     for rule in policy.spec.namespaces:
         keys.extend(key for key in rule.match.labels if key not in keys)
+    lending = policy.spec.lending
+    if lending.enabled and lending.namespaces.label_key not in keys:
+        # Lending on: the label that lets a namespace borrow reserved capacity is guarded the same way.
+        keys.append(lending.namespaces.label_key)
     return keys
 
 
@@ -493,3 +497,59 @@ def namespace_class_policy_spec(policy: Policy) -> dict[str, Any]:
             }
         ],
     }
+
+
+# --- lending (webhook.core.lending) ----------------------------------------------------------------
+
+
+def namespace_may_borrow(policy: Policy) -> str:
+    """``lending.namespace_may_borrow``: the namespace is labelled ``<labelKey>=allowed``, or named (exact
+    or glob) in ``lending.namespaces.names``."""
+    namespaces = policy.spec.lending.namespaces
+    parts = [_label_equals("namespaceObject", namespaces.label_key, LENDING_ALLOWED)]
+    exact = [name for name in namespaces.names if not _is_glob(name)]
+    if exact:
+        parts.append(f"request.namespace in {str_list(exact)}")
+    parts += [glob_test("request.namespace", name) for name in namespaces.names if _is_glob(name)]
+    return "(" + " || ".join(parts) + ")"
+
+
+def namespace_named_to_borrow(policy: Policy) -> str:
+    """The namespace is named (exact or glob) in ``lending.namespaces.names`` ('false' when none is)."""
+    names = policy.spec.lending.namespaces.names
+    exact = [name for name in names if not _is_glob(name)]
+    parts = [f"request.namespace in {str_list(exact)}"] if exact else []
+    parts += [glob_test("request.namespace", name) for name in names if _is_glob(name)]
+    return "(" + " || ".join(parts) + ")" if parts else "false"
+
+
+def borrow_requested(policy: Policy) -> str:
+    """The pod's own choice as ``lending.borrow_choice`` reads it: its borrow label ``"true"``, or (with
+    ``defaultBorrow``) no borrow label at all; any other value borrows nothing."""
+    lending = policy.spec.lending
+    labels = "object.metadata.labels"
+    key = quote(lending.pod_label)
+    opted_in = f"{labels}[{key}] == 'true'"
+    if lending.default_borrow:
+        return f"(!has({labels}) || !({key} in {labels}) || {opted_in})"
+    return f"(has({labels}) && {key} in {labels} && {opted_in})"
+
+
+def _tolerates_taint(key: str, value: str, effect: str) -> str:
+    """A toleration ``t`` that tolerates the taint ``key=value:effect`` (Kubernetes' ToleratesTaint)."""
+    effect_test = f"(!has(t.effect) || t.effect == '' || t.effect == {quote(effect)})"
+    exists = "(has(t.operator) && t.operator == 'Exists')"
+    equal = "(!has(t.operator) || t.operator == '' || t.operator == 'Equal')"
+    keyed = f"t.key == {quote(key)} && ({exists} || ({equal} && (has(t.value) ? t.value : '') == {quote(value)}))"
+    return f"{effect_test} &&\n  ((!has(t.key) || t.key == '') ? {exists} : ({keyed}))"
+
+
+def tolerates_no_borrowers(policy: Policy, *, added: bool) -> str:
+    """A toleration of the pod tolerates the no-borrowers taint (``added``: one the old pod did not have,
+    on UPDATE)."""
+    taint = policy.spec.lending.no_borrowers_taint
+    already = "request.operation == 'UPDATE' && has(oldObject.spec.tolerations) && t in oldObject.spec.tolerations"
+    test = _tolerates_taint(taint.key, taint.value, taint.effect)
+    if added:
+        test += f" &&\n  !({already})"
+    return f"has(object.spec.tolerations) && object.spec.tolerations.exists(t,\n  {test})"

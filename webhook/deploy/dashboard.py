@@ -211,6 +211,23 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             _timeseries(
+                "Lending: reserved GPUs lent, inference waiting",
+                "Lending on (policy spec.lending): reserved GPUs borrowers hold, reserved nodes closed to new "
+                "borrowers (headroom, or inference waiting), inference pods waiting, and the p99 of an inference "
+                "pod's creation-to-binding seconds when borrowers held reserved GPUs.",
+                "none",
+                _query("max by (pool) (rocm_isolation_lending_gpus_lent)", "{{pool}} GPUs lent"),
+                _query("max(rocm_isolation_lending_closed_nodes)", "nodes closed to borrowers"),
+                _query("max(rocm_isolation_lending_inference_waiting)", "inference pods waiting"),
+                _query(
+                    "histogram_quantile(0.99, sum by (le) "
+                    "(rate(rocm_isolation_lending_inference_bind_seconds_bucket[30m])))",
+                    "inference bind p99 (s)",
+                ),
+            )
+        )
+        .with_panel(
+            _timeseries(
                 "Audit findings by rule",
                 "Objects the background audit finds breaking each rule (`rocm-isolation-webhook audit` lists them).",
                 "none",

@@ -15,10 +15,10 @@ webhook is called:
   per spelling; a term created when there is none (``scheduling.narrow_terms``); a term that already
   holds a narrower ``In`` keeps it (``scheduling._implies``);
 - the reserved toleration unless a toleration already tolerates the taint, then the class's own
-  tolerations unless the pod has the same one (``engine._plan_tolerations``);
+  tolerations unless the pod has the same one (``placement.plan_tolerations``);
 - the class annotation ``rocm-isolation.io/class``, and ``node-affinity`` / ``tolerations`` in the
   ``rocm-isolation.io/mutations`` record when it changes them (the webhook merges its own entries into
-  that value, ``engine._recorded_mutations``; both append only what is missing), and the placed label
+  that value, ``placement.recorded_mutations``; both append only what is missing), and the placed label
   ``rocm-isolation.io/placed`` (the class), which the webhook writes too.
 
 What it costs is the apiserver's, per pod (kube-apiserver 1.36's code, docs/architecture.md, "What the
@@ -56,7 +56,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from webhook.core import engine, patch, scheduling
+from webhook.core import engine, patch, placement, scheduling
 from webhook.core.policy import Policy, RouteCatalogue, route_catalogue
 from webhook.deploy import cel
 from webhook.deploy.cel import quote, str_list
@@ -248,12 +248,12 @@ def _existing(condition: str) -> str:
     return f"object.spec.tolerations.exists(t, {condition})"
 
 
-def _toleration_operations(policy: Policy, class_name: str) -> str | None:
-    """The engine's tolerations for the class (``engine._plan_tolerations``): on a pod without any, one
+def _toleration_operations(policy: Policy, class_name: str, borrower: bool = False) -> str | None:
+    """The engine's tolerations for the class (``placement.plan_tolerations``): on a pod without any, one
     ``add`` of the whole list; else an ``add /spec/tolerations/-`` per toleration the pod lacks (the
     reserved one unless a toleration already tolerates the taint, the class's own unless the pod has
-    the same). None when the class adds none."""
-    plan = engine._class_plan(policy, class_name)
+    the same). None when the class adds none. ``borrower``: a borrower's (``placement.borrower_plan``)."""
+    plan = placement.borrower_plan(policy, class_name) if borrower else placement.class_plan(policy, class_name)
     reserved = plan.reserved_toleration
     wanted: list[tuple[str, dict[str, Any]]] = []
     reserved_wanted = None
@@ -302,7 +302,7 @@ def _new_annotations(class_name: str, entries: list[tuple[str, str]], done: list
 
 def _annotation_operations(class_name: str, adds_affinity: str | None, adds_tolerations: str | None) -> str:
     """The class annotation, and the policy's entries merged into the ``mutations`` record (what the
-    webhook's ``engine._recorded_mutations`` does with its own: the existing value kept, the missing
+    webhook's ``placement.recorded_mutations`` does with its own: the existing value kept, the missing
     entries appended, nothing when every entry is listed). ``adds_*``: CEL telling whether the
     placement operations change the pod (None: never). A pod without annotations gets them in one
     operation."""
@@ -336,16 +336,18 @@ def _annotation_operations(class_name: str, adds_affinity: str | None, adds_tole
     return f"!has({annotations}) ? {new} :\n{class_op} +\n{record_op}"
 
 
-def _label_operations(class_name: str) -> str:
+def _label_operations(class_name: str, extra: tuple[tuple[str, str], ...] = ()) -> str:
     """The placed label (``engine.PLACED_LABEL``): the binding skips a pod that carries it, so the second
-    pass of the mutating chain does not evaluate this policy's match condition again."""
+    pass of the mutating chain does not evaluate this policy's match condition again. ``extra``: labels
+    written next to it (a borrower's borrow label)."""
     labels = "object.metadata.labels"
-    key = engine.PLACED_LABEL
-    return (
-        f"!has({labels}) ? [{_operation('add', '/metadata/labels', _literal({key: class_name}))}] :\n"
-        f"({quote(key)} in {labels} && {labels}[{quote(key)}] == {quote(class_name)} ? [] : "
-        f"[{_operation('add', patch.pointer('metadata', 'labels', key), quote(class_name))}])"
+    entries = {engine.PLACED_LABEL: class_name, **dict(extra)}
+    each = " + ".join(
+        f"({quote(key)} in {labels} && {labels}[{quote(key)}] == {quote(value)} ? [] : "
+        f"[{_operation('add', patch.pointer('metadata', 'labels', key), quote(value))}])"
+        for key, value in entries.items()
     )
+    return f"!has({labels}) ? [{_operation('add', '/metadata/labels', _literal(entries))}] :\n{each}"
 
 
 # --- the policy -----------------------------------------------------------------------------------
@@ -355,7 +357,7 @@ def _class_operations(policy: Policy, class_name: str) -> str:
     """Every operation for a pod of the class, in one list: the annotations (computed on the pod as it
     arrives, like the placement after them), the affinity, the tolerations. The placement lists are
     bound once (``a``, ``t``) so that the record reads their sizes without computing them again."""
-    plan = engine._class_plan(policy, class_name)
+    plan = placement.class_plan(policy, class_name)
     affinity = _affinity_operations(plan.requirements) if plan.requirements else None
     tolerations = _toleration_operations(policy, class_name)
     annotations = _annotation_operations(
@@ -372,6 +374,159 @@ def _class_operations(policy: Policy, class_name: str) -> str:
     if affinity is not None:
         body = _bind(affinity, "a", body)
     return body
+
+
+# --- lending: borrowers and inference beside them (webhook.core.lending) ---------------------------
+
+_PREFERRED = f"{_NODE_AFFINITY}.{engine.PREFERRED}"
+_ANTI = f"{_AFFINITY}.podAntiAffinity"
+_ANTI_REQUIRED = f"{_ANTI}.{scheduling.REQUIRED}"
+
+
+def _preferred_present(preferred: dict[str, Any]) -> str:
+    """The pod's preferred node-affinity terms hold ``preferred`` (one expression, no matchFields) as it is."""
+    [expression] = preferred["preference"]["matchExpressions"]
+    same = (
+        f"x.weight == {preferred['weight']} && has(x.preference) && !has(x.preference.matchFields) && "
+        f"has(x.preference.matchExpressions) && size(x.preference.matchExpressions) == 1 && "
+        f"x.preference.matchExpressions.exists(e, {_implies_exactly(expression)})"
+    )
+    return f"(has({_AFFINITY}) && has({_NODE_AFFINITY}) && has({_PREFERRED}) && {_PREFERRED}.exists(x, {same}))"
+
+
+def _implies_exactly(expression: dict[str, Any]) -> str:
+    """Expression ``e`` equals ``expression`` (key, operator, values in order)."""
+    values = expression.get("values") or []
+    listed = " && ".join(f"e.values[{i}] == {quote(v)}" for i, v in enumerate(values))
+    values_test = f"has(e.values) && size(e.values) == {len(values)}" + (f" && {listed}" if listed else "")
+    if not values:
+        values_test = "(!has(e.values) || size(e.values) == 0)"
+    return f"e.key == {quote(expression['key'])} && e.operator == {quote(expression['operator'])} && {values_test}"
+
+
+def _anti_affinity_present(term: dict[str, Any]) -> str:
+    """The pod's required pod anti-affinity holds ``term`` as the engine writes it (a label selector of one
+    expression, every namespace, the topology key), nothing else in it."""
+    [expression] = term["labelSelector"]["matchExpressions"]
+    same = (
+        f"x.topologyKey == {quote(term['topologyKey'])} && !has(x.namespaces) && has(x.namespaceSelector) && "
+        "!has(x.namespaceSelector.matchLabels) && !has(x.namespaceSelector.matchExpressions) && "
+        "!has(x.matchLabelKeys) && !has(x.mismatchLabelKeys) && has(x.labelSelector) && "
+        "!has(x.labelSelector.matchLabels) && has(x.labelSelector.matchExpressions) && "
+        f"size(x.labelSelector.matchExpressions) == 1 && x.labelSelector.matchExpressions.exists(e, "
+        f"{_implies_exactly(expression)})"
+    )
+    return f"(has({_AFFINITY}) && has({_ANTI}) && has({_ANTI_REQUIRED}) && {_ANTI_REQUIRED}.exists(x, {same}))"
+
+
+def _preferred_operations(preferred: dict[str, Any], required_added: str) -> str:
+    """The borrower's preference for shared nodes, appended when missing. ``required_added``: CEL telling
+    whether the required-affinity operations before it create the node affinity (they run first)."""
+    node_affinity_after = f"((has({_AFFINITY}) && has({_NODE_AFFINITY})) || {required_added})"
+    path = patch.pointer("spec", "affinity", "nodeAffinity", engine.PREFERRED)
+    return (
+        f"{_preferred_present(preferred)} ? [] :\n"
+        f"{node_affinity_after} ? (has({_AFFINITY}) && has({_NODE_AFFINITY}) && has({_PREFERRED}) ? "
+        f"[{_operation('add', path + '/-', _literal(preferred))}] : [{_operation('add', path, _literal([preferred]))}]) :\n"
+        f"has({_AFFINITY}) ? [{_operation('add', '/spec/affinity/nodeAffinity', _literal({engine.PREFERRED: [preferred]}))}] :\n"
+        f"[{_operation('add', '/spec/affinity', _literal({'nodeAffinity': {engine.PREFERRED: [preferred]}}))}]"
+    )
+
+
+def _anti_affinity_operations(term: dict[str, Any], affinity_added: str) -> str:
+    """The borrower's anti-affinity to nodes running inference pods (``lendFrom: idleNodes``), appended
+    when missing; ``affinity_added``: CEL telling whether the operations before it create the affinity."""
+    path = patch.pointer("spec", "affinity", "podAntiAffinity", scheduling.REQUIRED)
+    return (
+        f"{_anti_affinity_present(term)} ? [] :\n"
+        f"has({_AFFINITY}) && has({_ANTI}) ? (has({_ANTI_REQUIRED}) ? [{_operation('add', path + '/-', _literal(term))}] : "
+        f"[{_operation('add', path, _literal([term]))}]) :\n"
+        f"has({_AFFINITY}) || {affinity_added} ? "
+        f"[{_operation('add', '/spec/affinity/podAntiAffinity', _literal({scheduling.REQUIRED: [term]}))}] :\n"
+        f"[{_operation('add', '/spec/affinity', _literal({'podAntiAffinity': {scheduling.REQUIRED: [term]}}))}]"
+    )
+
+
+def _priority_operations(fields: dict[str, Any]) -> str:
+    """The three priority fields (``placement.plan_priority``), each written when it differs."""
+    return " + ".join(
+        f"(has(object.spec.{name}) && object.spec.{name} == {_literal(value)} ? [] : "
+        f"[{_operation('add', patch.pointer('spec', name), _literal(value))}])"
+        for name, value in fields.items()
+    )
+
+
+def _borrower_operations(policy: Policy, class_name: str) -> str:
+    """Every operation for a borrower of the class, in one list (``placement.borrower_plan``): the class's own
+    required node requirements (``a``), the preference for shared nodes (``p``), the anti-affinity to
+    inference (``q``, lendFrom idleNodes), the tolerations (``w``), the priority fields, the annotations and
+    the labels (placed, borrow). Affinity operations run in that order, each knowing what the ones before it
+    created."""
+    plan = placement.borrower_plan(policy, class_name)
+    assert plan.preferred is not None and plan.priority is not None
+    affinity = _affinity_operations(plan.requirements) if plan.requirements else None
+    required_added = "size(a) > 0" if affinity is not None else "false"
+    preferred = _preferred_operations(plan.preferred, required_added)
+    anti = (
+        _anti_affinity_operations(plan.anti_affinity, f"({required_added} || size(p) > 0)")
+        if plan.anti_affinity is not None
+        else None
+    )
+    tolerations = _toleration_operations(policy, class_name, borrower=True)
+    annotations = _annotation_operations(
+        class_name,
+        f"({required_added} || size(p) > 0)",
+        "size(w) > 0" if tolerations is not None else None,
+    )
+    body = f"({annotations}) + ({_label_operations(class_name, plan.labels)})"
+    if affinity is not None:
+        body += " + a"
+    body += " + p"
+    if anti is not None:
+        body += " + q"
+    if tolerations is not None:
+        body += " + w"
+    body += f" + ({_priority_operations(plan.priority)})"
+    if plan.grace_cap is not None:
+        grace = "object.spec.terminationGracePeriodSeconds"
+        body += (
+            f" + (has({grace}) && {grace} <= {plan.grace_cap} ? [] : "
+            f"[{_operation('add', '/spec/terminationGracePeriodSeconds', str(plan.grace_cap))}])"
+        )
+    if tolerations is not None:
+        body = _bind(tolerations, "w", body)
+    if anti is not None:
+        body = _bind(anti, "q", body)
+    body = _bind(preferred, "p", body)
+    if affinity is not None:
+        body = _bind(affinity, "a", body)
+    return body
+
+
+def _inference_priority_operations(policy: Policy) -> str:
+    """Lending on: an inference pod whose resolved priority (the Priority admission plugin ran before this
+    policy) is not above the borrowers' gets the inference PriorityClass, all three fields."""
+    settings = policy.spec.lending
+    fields = {
+        "priorityClassName": settings.inference_priority_class.name,
+        "priority": settings.inference_priority_class.value,
+        "preemptionPolicy": settings.inference_priority_class.preemption_policy,
+    }
+    at_most = settings.borrower_priority_class.value
+    return f"(!has(object.spec.priority) || object.spec.priority <= {at_most}) ? ({_priority_operations(fields)}) : []"
+
+
+def _lending_operations(policy: Policy, class_name: str) -> str:
+    """A class's operations with lending on: an unreserved class's borrowers placed as borrowers, the others
+    as without lending; a reserved class's pods raised above the borrowers when they are not."""
+    cls = policy.spec.classes[class_name]
+    operations = _class_operations(policy, class_name)
+    if cls.placement == "unreserved":
+        borrower = f"{cel.namespace_may_borrow(policy)} && {cel.borrow_requested(policy)}"
+        return f"{borrower} ? (\n{_borrower_operations(policy, class_name)}) :\n({operations})"
+    if cls.placement == "reserved":
+        return f"({operations}) + ({_inference_priority_operations(policy)})"
+    return operations
 
 
 def class_variables(policy: Policy) -> list[dict[str, str]]:
@@ -417,11 +572,10 @@ def placement_policy_spec(policy: Policy) -> dict[str, Any]:
     """The MutatingAdmissionPolicy spec: the engine's placement and class annotation, per class, in one
     mutation."""
     classes = list(policy.spec.classes)
-    operations = _class_operations(policy, classes[-1])
+    of_class = _lending_operations if policy.spec.lending.enabled else _class_operations
+    operations = of_class(policy, classes[-1])
     for class_name in reversed(classes[:-1]):
-        operations = (
-            f"variables.podClass == {quote(class_name)} ? (\n{_class_operations(policy, class_name)}) :\n{operations}"
-        )
+        operations = f"variables.podClass == {quote(class_name)} ? (\n{of_class(policy, class_name)}) :\n{operations}"
     return {
         # A mutation that cannot be evaluated rejects the pod rather than admitting it unplaced
         # (docs/operations.md, "Failures"); the cost of the largest pods is measured in the e2e suite.

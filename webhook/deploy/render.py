@@ -24,7 +24,7 @@ from cryptography import x509
 
 from webhook import __version__
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
-from webhook.deploy import cel, mutating_policy, reserved_devices, reserved_nodes
+from webhook.deploy import cel, lending_access, mutating_policy, priority_classes, reserved_devices, reserved_nodes
 
 NAMESPACE = "rocm-isolation-system"
 APP_NAME = "rocm-isolation-webhook"
@@ -216,10 +216,14 @@ def _metadata(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 
 def backstop_resources(
-    policy: Policy, excluded: dict[str, Any], policies: list[tuple[str, dict[str, Any], dict[str, str]]]
+    policy: Policy,
+    excluded: dict[str, Any],
+    policies: list[tuple[str, dict[str, Any], dict[str, str]]],
+    namespaces: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[Resource]:
     """Each backstop ValidatingAdmissionPolicy and one binding per mode (the namespaces of that effective
-    mode, none excluded), each taking the policy's parameter."""
+    mode, none excluded, and ``namespaces[name]``'s requirements when given), each taking the policy's
+    parameter."""
     out: list[Resource] = []
     for name, spec, param_ref in policies:
         out.append(
@@ -241,7 +245,13 @@ def backstop_resources(
                         "validationActions": MODE_ACTIONS[mode],
                         "paramRef": dict(param_ref),
                         "matchResources": {
-                            "namespaceSelector": {"matchExpressions": [excluded, mode_selector(policy, mode)]}
+                            "namespaceSelector": {
+                                "matchExpressions": [
+                                    excluded,
+                                    mode_selector(policy, mode),
+                                    *copy.deepcopy((namespaces or {}).get(name, [])),
+                                ]
+                            }
                         },
                     },
                 }
@@ -272,7 +282,9 @@ def generated_base_files(policy: Policy, policy_text: str) -> dict[str, str]:
         "spec": cel.namespace_class_policy_spec(policy),
     }
     placement = mutating_policy.resources(policy, excluded=excluded, metadata=_metadata)
-    reserved = backstop_resources(policy, excluded, reserved_nodes.policies(policy))
+    reserved = backstop_resources(
+        policy, excluded, reserved_nodes.policies(policy), reserved_nodes.binding_namespaces(policy)
+    )
     devices = backstop_resources(policy, excluded, reserved_devices.policies(policy))
     return {
         "generated-policy-configmap.yaml": _GENERATED_HEADER + dump([configmap]),
@@ -310,9 +322,15 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
     _find(resources, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"] = mutating_policy.binding_spec(
         policy, excluded
     )
-    for module in (reserved_nodes, reserved_devices):
-        for generated in backstop_resources(policy, excluded, module.policies(policy)):
+    generated_backstop = backstop_resources(
+        policy, excluded, reserved_nodes.policies(policy), reserved_nodes.binding_namespaces(policy)
+    ) + backstop_resources(policy, excluded, reserved_devices.policies(policy))
+    for generated in generated_backstop:
+        try:
             _find(resources, generated["kind"], generated["metadata"]["name"])["spec"] = generated["spec"]
+        except RenderError:
+            # Lending on: the borrowing namespaces' backstop and its bindings, not in the base.
+            resources.append(generated)
 
 
 def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:
@@ -364,6 +382,10 @@ def render(
         raise RenderError(str(err)) from None
     resources = copy.deepcopy(build((root or manifests_dir()) / "overlays" / overlay))
     apply_policy(resources, policy, text)
+    # Lending on: the borrowers' and the inference PriorityClass (none with lending off).
+    resources.extend(priority_classes.resources(policy, metadata=_metadata))
+    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint).
+    resources.extend(lending_access.resources(policy, NAMESPACE, APP_NAME, metadata=_metadata))
     resources = with_placement_policy_version(resources, mutating_admission_policy)
     if monitoring:
         resources.extend(copy.deepcopy(build(monitoring_dir(root))))

@@ -39,11 +39,16 @@ from __future__ import annotations
 from typing import Any
 
 from webhook.core import engine
-from webhook.core.policy import Policy
+from webhook.core.policy import LENDING_ALLOWED, Policy
 from webhook.deploy import cel, reserved_names
 from webhook.deploy.cel import REQUIRED, quote, str_list
 
 POLICY_NAME = "rocm-isolation-reserved-nodes"
+# Lending on: the same backstop for the namespaces labelled to borrow, bound to them only (their bindings
+# select them by the label, the other policy's bindings the rest), so that its condition can leave out a
+# borrower at the borrowers' priority: a match condition cannot read the namespace (``namespaceObject`` is
+# null there), a binding's namespace selector can.
+LENDING_POLICY_NAME = "rocm-isolation-reserved-nodes-lending"
 PARAM_REF: dict[str, str] = {
     "name": reserved_names.PARAMS_CONFIGMAP,
     "namespace": reserved_names.NAMESPACE,
@@ -181,11 +186,13 @@ def checks(policy: Policy) -> list[Check]:
     return _label_checks(policy) + _name_checks(policy)
 
 
-def policy_spec(policy: Policy) -> dict[str, Any]:
+def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
+    """The backstop's spec; ``borrowing`` (lending on): the one bound to the namespaces labelled to borrow,
+    where a pod at the borrowers' priority is a borrower by that alone."""
     spec = policy.spec
     unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
-    # The engine's words (engine._denied, _reserved_hint): "<class> pods may not use the reserved nodes
+    # The engine's words (assessment.denied, reserved_hint): "<class> pods may not use the reserved nodes
     # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
     key, value = spec.reserved_nodes.label
     classes = " or ".join(unreserved)
@@ -221,6 +228,22 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         cel.opted_out_with_node_name("object"),
         "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
     ]
+    lending = spec.lending
+    if lending.enabled:
+        # Lending on: the taint of reserved nodes that take no new borrowers is inference's only.
+        reserved_classes = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+        taint = lending.no_borrowers_taint
+        validations.append(
+            {
+                "expression": f"!({cel.NOT_TERMINATING} &&\n{cel.tolerates_no_borrowers(policy, added=True)}) ||\n"
+                f"variables.podClass in {str_list(reserved_classes)}",
+                "message": f"rocm-isolation: [{engine.DENY_TOLERATION}] only {' or '.join(reserved_classes)} pods may "
+                f"tolerate the taint of reserved nodes that take no borrowers ({taint.key}={taint.value}:{taint.effect}); "
+                f"{advice}remove that toleration",
+                "reason": "Forbidden",
+            }
+        )
+        by_label.append(cel.tolerates_no_borrowers(policy, added=False))
     by_name = [current for _, current, _, _, _ in _name_checks(policy)]
     may_be_denied = (
         f"({cel.NOT_TERMINATING} && (\n"
@@ -232,6 +255,19 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
     # training pod the webhook or the MAP placed, most pods without GPU) stops before the GPU-route scan.
     if not spec.scope.all_pods:
         may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
+    unreserved_class = f"variables.podClass in {str_list(unreserved)}"
+    at_priority = f"(has(object.spec.priority) && object.spec.priority <= {lending.borrower_priority_class.value})"
+    if borrowing:
+        # The namespace may borrow (the binding selects it by the label): a borrower by its priority.
+        unreserved_class += f" &&\n!{at_priority}"
+        # No validation can deny a borrower that does not tolerate the no-borrowers taint: left out here,
+        # before the pod is converted for the validations (inference pods are still judged).
+        may_be_denied = (
+            f"({may_be_denied}) &&\n!({at_priority} &&\n!({cel.tolerates_no_borrowers(policy, added=False)}))"
+        )
+    elif lending.enabled and lending.namespaces.names:
+        # The other namespaces: those the policy names may borrow (a borrower by its priority there).
+        unreserved_class += f" &&\n!({at_priority} && {cel.namespace_named_to_borrow(policy)})"
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
@@ -250,12 +286,29 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
         "variables": [
             {"name": "podClass", "expression": cel.pod_class(policy)},
-            {"name": "unreservedClass", "expression": f"variables.podClass in {str_list(unreserved)}"},
+            {"name": "unreservedClass", "expression": unreserved_class},
         ],
         "validations": validations,
     }
 
 
 def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
-    """(name, spec, parameter) of the policy; ``render`` binds it per mode."""
-    return [(POLICY_NAME, policy_spec(policy), PARAM_REF)]
+    """(name, spec, parameter) of the policy (lending on: and of the borrowing namespaces' one); ``render``
+    binds each per mode (``binding_namespaces``: which namespaces)."""
+    out = [(POLICY_NAME, policy_spec(policy), PARAM_REF)]
+    if policy.spec.lending.enabled:
+        out.append((LENDING_POLICY_NAME, policy_spec(policy, borrowing=True), PARAM_REF))
+    return out
+
+
+def binding_namespaces(policy: Policy) -> dict[str, list[dict[str, Any]]]:
+    """Lending on: the namespace selector requirement of each policy's bindings (the namespaces labelled to
+    borrow, and the others); none with lending off."""
+    lending = policy.spec.lending
+    if not lending.enabled:
+        return {}
+    key = lending.namespaces.label_key
+    return {
+        POLICY_NAME: [{"key": key, "operator": "NotIn", "values": [LENDING_ALLOWED]}],
+        LENDING_POLICY_NAME: [{"key": key, "operator": "In", "values": [LENDING_ALLOWED]}],
+    }

@@ -357,6 +357,7 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
         for pod in Snapshot.pods(api, on_restart=pods.restart):
             pods.add(pod)
     report.findings.extend(pods.findings)
+    report.findings.extend(pods.judge_waiting(report.now))
     report.pods_checked = pods.pods_checked
     report.capacity = {pool: PoolCapacity.of(model, pool, pods.pending[pool]) for pool in POOLS}
     if devices.split is not None and devices.reservation is not None:

@@ -9,11 +9,12 @@ from datetime import datetime
 from typing import Any, Final
 
 from webhook.cluster.inventory import PodInfo, Pool, Snapshot, claim_names, pod_info
-from webhook.core import engine, patch
+from webhook.core import engine, patch, placement
 from webhook.core.decision import Decision, NamespaceFacts, NodeFacts
+from webhook.core.lending import BORROWING, is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.audit_devices import DeviceAudit
-from webhook.ops.capacity import CapacityModel, Holder
+from webhook.ops.capacity import RESERVED, CapacityModel, Holder
 from webhook.ops.device_split import split_label
 from webhook.ops.findings import Finding
 
@@ -46,7 +47,7 @@ def missing_mutations(decision: Decision) -> list[str]:
     """What the policy would still add to the pod (the webhook's own names: node-affinity,
     tolerations, topology-spread, env, kfd-topology-mount); empty when only the records differ (the class
     and mutations annotations, the placed label: pods admitted before it existed lack it)."""
-    if all(engine.records_only(op) for op in decision.patch):
+    if all(placement.records_only(op) for op in decision.patch):
         return []
     for op in decision.patch:
         value = op.get("value")
@@ -76,6 +77,8 @@ class PodAudit:
     inference_nodes: frozenset[str] = field(init=False)
     # Namespaces with GPU pods: their Pod Security level is judged (docs/operations.md, "Pod Security").
     gpu_namespaces: set[str] = field(default_factory=set)
+    # Pending pods of a class placed on the reserved pool (judged once the borrowers are counted).
+    waiting: list[PodInfo] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.reserved = self.snapshot.reserved_node_names
@@ -91,6 +94,7 @@ class PodAudit:
             pending.clear()
         self.pods_checked = 0
         self.gpu_namespaces.clear()
+        self.waiting.clear()
         self.capacity.clear_pods()
 
     def namespace(self, name: str) -> NamespaceFacts:
@@ -133,8 +137,76 @@ class PodAudit:
             placement = self.policy.spec.classes[class_name].placement if class_name in self.policy.spec.classes else ""
             pool: Pool = "reserved" if placement == "reserved" else "shared"
             self.pending[pool].setdefault(class_name, Pending()).add(info.created)
+            if pool == "reserved":
+                self.waiting.append(info)
         if in_scope and not metadata.get("deletionTimestamp"):
             self.findings.extend(self.judge(pod, info.namespace, info.name, info.uid, info.node, decision))
+            borrowing = self.judge_borrowing(pod, info)
+            if borrowing is not None:
+                self.findings.append(borrowing)
+
+    def judge_borrowing(self, pod: Mapping[str, Any], info: PodInfo) -> Finding | None:
+        """A pod on a reserved node that says it borrows (the borrow label the webhook and the placement policy
+        write) but is no borrower the scheduler would preempt for inference: not at the borrowers' priority, or
+        lending is off."""
+        lending = settings(self.policy)
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if info.node not in self.reserved or labels.get(lending.pod_label) != BORROWING:
+            return None
+        where = f"pod {info.namespace}/{info.name} runs on the reserved node {info.node} as a borrower ({lending.pod_label}=true)"
+        if not lending.enabled:
+            return Finding(
+                "borrower-while-lending-off",
+                "Pod",
+                info.name,
+                f"{where}, but lending is off in the policy: its GPUs are not lent any more; delete it so that its "
+                "controller recreates it through the webhook, onto shared nodes (or turn lending on again)",
+                info.namespace,
+                info.uid,
+            )
+        if is_borrower(pod, self.policy):
+            return None
+        spec = pod.get("spec") or {}
+        borrower = lending.borrower
+        return Finding(
+            "borrower-above-borrower-priority",
+            "Pod",
+            info.name,
+            f"{where} at priority {spec.get('priority', 0)} (PriorityClass {spec.get('priorityClassName') or 'none'}), "
+            f"not the borrowers' {borrower.name} ({borrower.value}): inference cannot take its GPUs back by "
+            "preemption; delete it so that its controller recreates it through the webhook",
+            info.namespace,
+            info.uid,
+        )
+
+    def judge_waiting(self, now: datetime) -> list[Finding]:
+        """Inference pods pending longer than the reclaim grace period while borrowers hold reserved GPUs: the
+        GPUs lent are not coming back (the borrowers' grace period, a PodDisruptionBudget, a request no node
+        fits even without them)."""
+        lending = settings(self.policy)
+        lent = sum(gpus for holder, gpus in self.capacity.holders(RESERVED) if holder.borrower)
+        if not lending.enabled or not lent:
+            return []
+        grace = self.policy.spec.lending.reclaim_grace_seconds
+        found = []
+        for info in self.waiting:
+            waited = (now - info.created).total_seconds() if info.created is not None else 0.0
+            if waited <= grace:
+                continue
+            found.append(
+                Finding(
+                    "inference-waits-on-borrowers",
+                    "Pod",
+                    info.name,
+                    f"pod {info.namespace}/{info.name} has waited {round(waited)}s for the reserved pool, longer than "
+                    f"the borrowers' grace period ({grace}s), while borrowers hold {lent} reserved GPU"
+                    f"{'' if lent == 1 else 's'}: kubectl describe pod -n {info.namespace} {info.name} shows the "
+                    "scheduler's reason (docs/operations.md, RocmIsolationInferenceWaitsOnBorrowers)",
+                    info.namespace,
+                    info.uid,
+                )
+            )
+        return found
 
     def count(self, pod: Mapping[str, Any], info: PodInfo, class_name: str, resource_gpus: int) -> None:
         """What a running pod holds, in the capacity model (``class_name`` "": unclassified)."""
@@ -142,7 +214,15 @@ class PodAudit:
             return
         cls = self.policy.spec.classes.get(class_name)
         inference = cls is not None and cls.placement == "reserved"
-        holder = Holder(info.namespace, info.name, class_name, inference=inference, uid=info.uid, created=info.created)
+        holder = Holder(
+            info.namespace,
+            info.name,
+            class_name,
+            inference=inference,
+            uid=info.uid,
+            borrower=is_borrower(pod, self.policy),
+            created=info.created,
+        )
         self.capacity.add_pod(
             holder,
             info.node,

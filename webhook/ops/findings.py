@@ -106,6 +106,25 @@ RULES: Final[dict[str, Rule]] = {
             "a node's split label (the reserved-nodes key = reservedDevices.nodeLabelValue) disagrees with the "
             "device reservation",
         ),
+        # Lending (policy spec.lending).
+        Rule(
+            "borrower-above-borrower-priority",
+            "Pod",
+            "high",
+            "a pod borrowing a reserved node is not at the borrowers' priority: inference cannot preempt it",
+        ),
+        Rule(
+            "borrower-while-lending-off",
+            "Pod",
+            "medium",
+            "a pod borrowing a reserved node runs while lending is off in the policy",
+        ),
+        Rule(
+            "inference-waits-on-borrowers",
+            "Pod",
+            "high",
+            "an inference pod has waited longer than the borrowers' grace period while borrowers hold reserved GPUs",
+        ),
         Rule(
             "extended-resource-not-on-shared-class",
             "DeviceClass",

@@ -18,6 +18,7 @@ from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound, api_
 from webhook.cluster.slices import Device, Gpu, PublishedDevices
 from webhook.core import claims as dra
 from webhook.core import engine
+from webhook.core.lending import is_borrower
 from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import DeviceReservation, with_tainted
@@ -86,6 +87,7 @@ class PodUsage:
     extended_results: tuple[tuple[str, str, str], ...]
     uid: str
     created: datetime | None
+    borrower: bool = False  # core/lending.is_borrower
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
                 tuple(snapshot.claim_results(raw, extended=True)),
                 info.uid,
                 info.created,
+                is_borrower(raw, policy),
             )
     plugin = {
         info.name: sum(n for name, n in info.gpu_resources.items() if name.startswith(DEVICE_PLUGIN_PREFIX))
@@ -231,7 +234,9 @@ def capacity_model(policy: Policy, read: PoolRead, reservation: Reservation) -> 
         usage = cluster.usage.get((pod.namespace, pod.name))
         if usage is None:
             continue
-        holder = Holder(pod.namespace, pod.name, pod.class_name, pod.inference, usage.uid, created=usage.created)
+        holder = Holder(
+            pod.namespace, pod.name, pod.class_name, pod.inference, usage.uid, usage.borrower, usage.created
+        )
         model.add_pod(
             holder, pod.node, usage.resource_gpus, usage.claim_results, usage.extended_results, cluster.gpu_by_result
         )

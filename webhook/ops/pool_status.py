@@ -31,7 +31,7 @@ def show(args: argparse.Namespace, policy: Policy, read: PoolRead, reservation: 
         out.warning(warning)
     split_value = policy.spec.reserved_devices.node_label_value
     model = capacity_model(policy, read, reservation)
-    lending = getattr(getattr(policy.spec, "lending", None), "enabled", False) is True
+    lending = policy.spec.lending.enabled
     return status(
         read.cluster,
         reservation,

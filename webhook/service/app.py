@@ -49,6 +49,7 @@ from webhook.core import review
 from webhook.core.handler import ClusterFacts, Handled, NoCluster, handle
 from webhook.core.review import ReviewError
 from webhook.service.drain import Drain
+from webhook.service.lending_loop import LendingKeeper
 from webhook.service.logs import DEFAULT_SUMMARY_SECONDS, ReviewCounts, log_review, review_log_level
 from webhook.service.metrics import CONTENT_TYPE, Metrics
 from webhook.service.names_sync import ReservedNamesSync
@@ -77,6 +78,8 @@ class WebhookService:
     auditor: BackgroundAudit | None = None
     # The Lease holder keeps the reserved-node-names ConfigMap in step with the labelled nodes.
     names_sync: ReservedNamesSync | None = None
+    # The Lease holder closes reserved nodes to new borrowers while lending is on.
+    lending: LendingKeeper | None = None
     policy_poll_seconds: float = 5.0
     cert_poll_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
@@ -106,6 +109,8 @@ class WebhookService:
             self.auditor.start()
         if self.names_sync is not None:
             self.names_sync.start()
+        if self.lending is not None:
+            self.lending.start()
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -117,6 +122,8 @@ class WebhookService:
         self.review_counts.log_summary()  # the last, partial period
         if self.names_sync is not None:
             await asyncio.to_thread(self.names_sync.stop)
+        if self.lending is not None:
+            await asyncio.to_thread(self.lending.stop)
         if self.auditor is not None:
             await asyncio.to_thread(self.auditor.stop)
         if self.cluster is not None:

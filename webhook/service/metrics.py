@@ -11,9 +11,13 @@ cost about twice as much per update (docs/benchmarks.md, "Metrics").
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+if TYPE_CHECKING:
+    from webhook.service.lending_loop import Observed
 
 PREFIX = "rocm_isolation"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -192,6 +196,46 @@ class Metrics:
             multiprocess_mode="livemax",
         )
 
+        # Lending (policy spec.lending), kept by the replica holding the audit Lease (service/lending_loop.py).
+        self.lending_gpus_lent = Gauge(
+            f"{PREFIX}_lending_gpus_lent",
+            "Reserved GPUs that borrowers hold now, per pool (nodes reserved whole).",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.lending_closed_nodes = Gauge(
+            f"{PREFIX}_lending_closed_nodes",
+            "Reserved nodes closed to new borrowers (the no-borrowers taint: headroom, or inference waiting).",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.lending_inference_waiting = Gauge(
+            f"{PREFIX}_lending_inference_waiting",
+            "Inference pods the scheduler could not place (PodScheduled=False, Unschedulable), seen by lending.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.lending_borrowers_taken_back = Counter(
+            f"{PREFIX}_lending_borrowers_taken_back",
+            "Borrowers whose reserved GPUs inference took back, by how (preempted: the scheduler's preemption).",
+            ["how"],
+            registry=r,
+        )
+        self.lending_inference_bind_seconds = Histogram(
+            f"{PREFIX}_lending_inference_bind_seconds",
+            "Seconds from an inference pod's creation to its binding, for inference pods that waited while "
+            "borrowers held reserved GPUs.",
+            buckets=(1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600),
+            registry=r,
+        )
+        self.lending_taint_writes = Counter(
+            f"{PREFIX}_lending_taint_writes",
+            "Writes of the no-borrowers taint on reserved nodes, by result (written, conflict).",
+            ["result"],
+            registry=r,
+        )
+
     def labelled(self, metric: Counter, *values: str) -> Counter:
         """``metric.labels(*values)``, remembered: ``labels()`` validates and locks on every call, and
         the label values of the per-review counters come from small fixed sets (the policy's classes
@@ -201,6 +245,20 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*values)
         return child
+
+    def lending_round(self, observed: Observed) -> None:
+        """What a round of lending saw and did, as metrics."""
+        self.lending_gpus_lent.labels("reserved").set(observed.lent)
+        self.lending_closed_nodes.set(len(observed.closed))
+        self.lending_inference_waiting.set(observed.waiting)
+        if observed.preempted:
+            self.lending_borrowers_taken_back.labels("preempted").inc(len(observed.preempted))
+        for seconds in observed.bound:
+            self.lending_inference_bind_seconds.observe(seconds)
+        if observed.written:
+            self.lending_taint_writes.labels("written").inc(len(observed.written))
+        if observed.conflicts:
+            self.lending_taint_writes.labels("conflict").inc(len(observed.conflicts))
 
     def render(self) -> bytes:
         if multiprocess_dir():

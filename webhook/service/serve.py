@@ -56,6 +56,7 @@ from webhook.service.tls import CertificateError, CertificateReloader
 
 if TYPE_CHECKING:
     from webhook.service.auditloop import BackgroundAudit
+    from webhook.service.lending_loop import LendingKeeper
     from webhook.service.names_sync import ReservedNamesSync
 
 SETTINGS_ENV = "ROCM_ISOLATION_WEBHOOK_SERVE"
@@ -88,6 +89,7 @@ class Settings:
     read_timeout_seconds: float = DEFAULT_READ_TIMEOUT
     audit_interval_seconds: float = 300.0
     names_sync_seconds: float = 2.0
+    lending_seconds: float = 5.0
     audit_reports: bool = True
 
     def to_env(self) -> str:
@@ -116,10 +118,13 @@ def build_service(settings: Settings) -> WebhookService:
         )
     auditor = None
     names_sync = None
+    lending = None
     if settings.cluster and settings.audit_interval_seconds > 0:
         auditor = build_auditor(settings, metrics)
         if cluster is not None and settings.names_sync_seconds > 0:
             names_sync = build_names_sync(settings, metrics, cluster, policies, auditor)
+        if settings.lending_seconds > 0:
+            lending = build_lending(settings, metrics, policies, auditor)
     return WebhookService(
         policies=policies,
         metrics=metrics,
@@ -132,6 +137,7 @@ def build_service(settings: Settings) -> WebhookService:
         log_summary_seconds=settings.log_summary_seconds,
         drain=Drain(settings.drain_seconds),
         names_sync=names_sync,
+        lending=lending,
     )
 
 
@@ -162,6 +168,23 @@ def build_names_sync(
         lambda: auditor.leading,
         interval=settings.names_sync_seconds,
         on_write=counted,
+    )
+
+
+def build_lending(
+    settings: Settings, metrics: Metrics, policies: PolicyStore, auditor: BackgroundAudit
+) -> LendingKeeper:
+    """Lending kept by the replica holding the audit Lease: the reserved nodes closed to new borrowers, and
+    lending's gauges (its own API client)."""
+    from webhook.cluster.kubeapi import KubeApi
+    from webhook.service.lending_loop import LendingKeeper
+
+    return LendingKeeper(
+        KubeApi(api_client(settings)),
+        lambda: policies.policy,
+        lambda: auditor.leading,
+        interval=settings.lending_seconds,
+        on_round=metrics.lending_round,
     )
 
 
@@ -360,6 +383,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 2; needs the background audit's Lease)",
     )
     parser.add_argument(
+        "--lending-seconds",
+        type=float,
+        default=5.0,
+        help="while the policy's lending is on, how often the replica holding the audit Lease closes reserved "
+        "nodes to new borrowers (the no-borrowers taint: every one while inference waits, else the idle ones "
+        "keeping lending.headroomGPUs free) and exports lending's gauges; 0 disables it (default: 5)",
+    )
+    parser.add_argument(
         "--audit-reports",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -402,6 +433,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         read_timeout_seconds=args.read_timeout_seconds,
         audit_interval_seconds=args.audit_interval_seconds,
         names_sync_seconds=args.names_sync_seconds,
+        lending_seconds=args.lending_seconds,
         audit_reports=args.audit_reports,
     )
 
@@ -422,6 +454,7 @@ def main(args: argparse.Namespace) -> int:
         or args.log_summary_seconds < 0
         or args.drain_seconds < 0
         or args.names_sync_seconds < 0
+        or args.lending_seconds < 0
     ):
         print("serve: intervals must be positive", file=sys.stderr)
         return 2

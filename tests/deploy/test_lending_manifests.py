@@ -1,0 +1,114 @@
+"""Lending in the manifests (issue 36): the two PriorityClasses rendered from the policy when lending is on
+(none when off), the lending namespace label guarded like the class label, and with lending off every
+manifest exactly what it was (the renderer's output for the default policy is the committed base)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook.core.policy import default_policy_text, load_policy
+from webhook.deploy import cel, mutating_policy, render, reserved_nodes
+
+POLICIES = Path(__file__).parents[1] / "fixtures" / "policies"
+
+
+def _rendered(name: str) -> list[dict[str, Any]]:
+    return render.render(policy_text=(POLICIES / f"{name}.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("name", "borrower", "inference"),
+    [
+        (
+            "engine-lending",
+            ("rocm-isolation-borrower", -100, "Never"),
+            ("rocm-isolation-inference", 1000, "PreemptLowerPriority"),
+        ),
+        (
+            "engine-lending-gpus",
+            ("lending-borrower", 0, "Never"),
+            ("lending-inference", 100000, "PreemptLowerPriority"),
+        ),
+    ],
+)
+def test_lending_on_renders_both_priority_classes_from_the_policy(
+    name: str, borrower: tuple[str, int, str], inference: tuple[str, int, str]
+) -> None:
+    classes = [r for r in _rendered(name) if r["kind"] == "PriorityClass"]
+    assert [(c["metadata"]["name"], c["value"], c["preemptionPolicy"]) for c in classes] == [borrower, inference]
+    for priority_class in classes:
+        assert priority_class["apiVersion"] == "scheduling.k8s.io/v1"
+        assert priority_class["globalDefault"] is False
+        assert priority_class["metadata"]["labels"]["app.kubernetes.io/name"] == render.APP_NAME
+
+
+def test_lending_off_renders_no_priority_class_and_no_rbac_on_them() -> None:
+    resources = render.render(policy_text=default_policy_text())
+    assert not [r for r in resources if r["kind"] == "PriorityClass"]
+    rules = [rule for r in resources if r["kind"] in ("ClusterRole", "Role") for rule in r.get("rules", [])]
+    assert not [rule for rule in rules if "priorityclasses" in rule.get("resources", [])]
+    # ... nor with lending on: the values come from the policy.
+    rules = [
+        rule for r in _rendered("engine-lending") if r["kind"] in ("ClusterRole", "Role") for rule in r.get("rules", [])
+    ]
+    assert not [rule for rule in rules if "priorityclasses" in rule.get("resources", [])]
+
+
+def test_the_lending_namespace_label_is_guarded_like_the_class_label_only_with_lending_on() -> None:
+    assert "rocm-isolation.io/lending" in cel.namespace_label_keys(load_policy(POLICIES / "engine-lending.yaml"))
+    assert "rocm-isolation.io/lending" not in cel.namespace_label_keys(load_policy(POLICIES / "good-full.yaml"))
+    guard = render._find(_rendered("engine-lending"), "ValidatingAdmissionPolicy", render.NAMESPACE_CLASS_POLICY)
+    assert "'rocm-isolation.io/lending'" in guard["spec"]["variables"][0]["expression"]
+
+
+def test_lending_off_leaves_the_backstop_and_the_placement_policy_without_a_word_of_lending() -> None:
+    policy = load_policy(POLICIES / "good-full.yaml")
+    text = str(reserved_nodes.policy_spec(policy)) + str(mutating_policy.placement_policy_spec(policy))
+    for word in (
+        "priority",
+        "rocm-isolation.io/borrow",
+        "rocm-isolation.io/lending",
+        "no-borrowers",
+        "podAntiAffinity",
+    ):
+        assert word not in text, word
+    lent = load_policy(POLICIES / "engine-lending.yaml")
+    text = str(reserved_nodes.policy_spec(lent)) + str(mutating_policy.placement_policy_spec(lent))
+    for word in (
+        "object.spec.priority <= -100",
+        "rocm-isolation.io/borrow",
+        "rocm-isolation.io/lending",
+        "no-borrowers",
+    ):
+        assert word in text, word
+
+
+def test_lending_on_splits_the_backstop_by_the_lending_label_into_disjoint_bindings() -> None:
+    """Lending on: the borrowing namespaces (labelled) get a backstop of their own, whose condition leaves out
+    a pod at the borrowers' priority that does not tolerate the no-borrowers taint (a match condition cannot
+    read the namespace, a binding's selector can); the other namespaces keep the backstop, bound to them only.
+    Lending off: one backstop, its bindings as they were."""
+    resources = _rendered("engine-lending")
+    policies = {r["metadata"]["name"]: r for r in resources if r["kind"] == "ValidatingAdmissionPolicy"}
+    assert {reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME} <= set(policies)
+    lent = policies[reserved_nodes.LENDING_POLICY_NAME]["spec"]["matchConditions"][0]["expression"]
+    assert "object.spec.priority <= -100" in lent and "rocm-isolation.io/no-borrowers" in lent
+    selectors: dict[str, list[Any]] = {}
+    backstops = (reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME)
+    for binding in (
+        r for r in resources if r["kind"] == "ValidatingAdmissionPolicyBinding" and r["spec"]["policyName"] in backstops
+    ):
+        selectors.setdefault(binding["spec"]["policyName"], []).append(
+            binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][-1]
+        )
+    lending_key = {"key": "rocm-isolation.io/lending", "values": ["allowed"]}
+    assert [dict(e, operator=None) for e in selectors[reserved_nodes.LENDING_POLICY_NAME]] == [
+        dict(lending_key, operator=None)
+    ] * 3
+    assert [e["operator"] for e in selectors[reserved_nodes.LENDING_POLICY_NAME]] == ["In"] * 3
+    assert [e["operator"] for e in selectors[reserved_nodes.POLICY_NAME]] == ["NotIn"] * 3
+    off = render.render(policy_text=default_policy_text())
+    assert not [r for r in off if r["metadata"]["name"].startswith(reserved_nodes.LENDING_POLICY_NAME)]

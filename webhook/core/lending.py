@@ -1,0 +1,128 @@
+"""Lending idle reserved capacity: the one notion of a borrower.
+
+A *borrower* is a training pod (a class with ``placement: unreserved``) that an operator lets run on idle
+reserved capacity at the borrowers' PriorityClass, below every inference pod, so that inference takes the
+capacity back by the scheduler's own preemption (docs/policy.md "Lending", docs/operations.md "Lending").
+
+``is_borrower`` is the definition every part uses on a stored pod (the engine on UPDATE, and later the
+audit, the capacity model and the reclaim controller): lending on, the pod's ``spec.priorityClassName`` is
+the borrowers' class and its ``spec.priority``, when set, is at most the class's value. Who *becomes* one on
+CREATE is ``borrow_choice``: the namespace may borrow (the guarded namespace label, or a name the policy
+lists) and the pod opts in (its borrow label) or does not opt out where the namespace default is to borrow.
+A pod label never grants what the namespace did not allow.
+
+Pure, like the rest of ``webhook.core``: everything it needs is passed in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from webhook.core.policy import LENDING_ALLOWED, Policy, PriorityClassSettings
+
+# What the engine writes on a borrower: the record that it borrows (its pod label, "true").
+BORROWING = "true"
+
+
+@dataclass(frozen=True)
+class LendingSettings:
+    """The policy's ``spec.lending``, compiled once per policy."""
+
+    enabled: bool
+    borrower: PriorityClassSettings
+    inference: PriorityClassSettings
+    namespace_label: str
+    namespace_names: re.Pattern[str] | None
+    pod_label: str
+    default_borrow: bool
+    lend_from: str
+    # The toleration of the no-borrowers taint (inference pods get it; nobody else may carry it).
+    no_borrowers_toleration: dict[str, Any]
+
+
+@lru_cache(maxsize=64)
+def settings(policy: Policy) -> LendingSettings:
+    lending = policy.spec.lending
+    taint = lending.no_borrowers_taint
+    names = lending.namespaces.names
+    return LendingSettings(
+        enabled=lending.enabled,
+        borrower=lending.borrower_priority_class,
+        inference=lending.inference_priority_class,
+        namespace_label=lending.namespaces.label_key,
+        namespace_names=re.compile("|".join(fnmatch.translate(name) for name in names)) if names else None,
+        pod_label=lending.pod_label,
+        default_borrow=lending.default_borrow,
+        lend_from=lending.lend_from,
+        no_borrowers_toleration={"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect},
+    )
+
+
+def priority_fields(priority_class: PriorityClassSettings) -> dict[str, Any]:
+    """The three pod fields that must all carry the class's values (the Priority admission plugin checks
+    the pod again after the mutating webhooks and policies: lending-facts.md §5)."""
+    return {
+        "priorityClassName": priority_class.name,
+        "priority": priority_class.value,
+        "preemptionPolicy": priority_class.preemption_policy,
+    }
+
+
+def is_borrower(pod: Mapping[str, Any], policy: Policy) -> bool:
+    """Whether a pod is a borrower: lending on, ``spec.priorityClassName`` is the borrowers' PriorityClass and
+    ``spec.priority`` (when set: the Priority admission plugin fills it) is at most that class's value.
+
+    Never raises: a pod that is not a mapping, or whose fields have the wrong types, is no borrower."""
+    lending = settings(policy)
+    if not lending.enabled or not isinstance(pod, Mapping):
+        return False
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping) or spec.get("priorityClassName") != lending.borrower.name:
+        return False
+    priority = spec.get("priority")
+    if priority is None:
+        return True
+    return isinstance(priority, int) and not isinstance(priority, bool) and priority <= lending.borrower.value
+
+
+def namespace_may_borrow(policy: Policy, namespace: str, labels: Mapping[str, str] | None) -> bool:
+    """The namespace is labelled ``<lending.namespaces.labelKey>=allowed`` or named in
+    ``lending.namespaces.names``. Unknown labels (no cluster connection): by name only."""
+    lending = settings(policy)
+    if not lending.enabled:
+        return False
+    if labels is not None and labels.get(lending.namespace_label) == LENDING_ALLOWED:
+        return True
+    return lending.namespace_names is not None and lending.namespace_names.match(namespace) is not None
+
+
+def borrow_choice(
+    policy: Policy, namespace: str, namespace_labels: Mapping[str, str] | None, pod_labels: Mapping[str, str]
+) -> tuple[bool, str]:
+    """Whether a pod of an unreserved class, created in ``namespace``, becomes a borrower; and, when it asks
+    to borrow and may not, why (a warning kubectl shows), else ''."""
+    lending = settings(policy)
+    if not lending.enabled:
+        return False, ""
+    asked = pod_labels.get(lending.pod_label)
+    may = namespace_may_borrow(policy, namespace, namespace_labels)
+    if asked is not None and asked not in ("true", "false"):
+        return False, (
+            f'metadata.labels[{lending.pod_label}]={asked!r} is neither "true" nor "false": the pod does not borrow '
+            "reserved capacity"
+        )
+    if asked == "true" and not may:
+        unknown = " (its labels are unknown: no cluster connection)" if namespace_labels is None else ""
+        return False, (
+            f"the pod asks to borrow reserved capacity ({lending.pod_label}=true) but namespace {namespace}{unknown} may "
+            f"not borrow: it runs on shared capacity only; an administrator can label the namespace "
+            f"{lending.namespace_label}={LENDING_ALLOWED}"
+        )
+    if not may or asked == "false":
+        return False, ""
+    return (asked == "true" or lending.default_borrow), ""

@@ -1,0 +1,91 @@
+"""Lending (``spec.lending``): what the webhook may write to keep it, rendered only when lending is on.
+
+The replica holding the audit Lease closes reserved nodes to new borrowers with the no-borrowers taint
+(``service/lending_loop.py``): that needs ``patch`` on nodes, a wide verb (a node's labels decide what runs
+where). So it comes with a ValidatingAdmissionPolicy that holds the webhook's ServiceAccount to what the
+keeper does: on a node UPDATE by that ServiceAccount, everything but the taints of the no-borrowers key must
+stay as it was (labels, annotations, ``unschedulable``, every other taint). Whoever takes the webhook's
+token can then add or remove that one taint (closing or opening reserved nodes to borrowers), nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from webhook.core.policy import Policy
+from webhook.deploy.cel import quote
+
+CLUSTER_ROLE = "rocm-isolation-webhook-lending"
+NODE_WRITES_POLICY = "rocm-isolation-lending-node-writes"
+
+
+def service_account(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+def node_writes_policy(policy: Policy, user: str) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec: the webhook's node UPDATEs change the no-borrowers taints only."""
+    key = quote(policy.spec.lending.no_borrowers_taint.key)
+    others = "{0}.spec.?taints.orValue([]).filter(t, t.key != " + key + ")"
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+            ]
+        },
+        "matchConditions": [{"name": "the-webhook", "expression": f"request.userInfo.username == {quote(user)}"}],
+        "validations": [
+            {
+                "expression": " && ".join(
+                    [
+                        "object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})",
+                        "object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({})",
+                        "object.spec.?unschedulable.orValue(false) == oldObject.spec.?unschedulable.orValue(false)",
+                        others.format("object") + " == " + others.format("oldObject"),
+                    ]
+                ),
+                "message": "rocm-isolation-webhook may change only the taint "
+                f"{policy.spec.lending.no_borrowers_taint.key} of a node (lending)",
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
+def resources(
+    policy: Policy, namespace: str, account: str, *, metadata: Callable[[str], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The ClusterRole and binding that let the webhook patch nodes, and the policy holding it to the
+    no-borrowers taint; none with lending off."""
+    if not policy.spec.lending.enabled:
+        return []
+    user = service_account(namespace, account)
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": metadata(CLUSTER_ROLE),
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": metadata(CLUSTER_ROLE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": metadata(NODE_WRITES_POLICY),
+            "spec": node_writes_policy(policy, user),
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": metadata(NODE_WRITES_POLICY),
+            "spec": {"policyName": NODE_WRITES_POLICY, "validationActions": ["Deny"]},
+        },
+    ]

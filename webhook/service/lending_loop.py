@@ -1,0 +1,248 @@
+"""Lending, kept by ``serve``: the reserved nodes closed to new borrowers, and what operators see of lending.
+
+The replica holding the background audit's Lease (one at a time) runs a round every ``interval`` seconds
+while the policy's lending is on:
+
+1. reads the reserved nodes (the reserved label) and the pods that matter to lending, by label: the
+   borrowers (``rocm-isolation.io/borrow=true``, judged with ``core/lending.is_borrower``) and the
+   inference pods (the placed label ``rocm-isolation.io/placed=<an inference class>``), into the capacity
+   model (``ops/capacity.py``);
+2. closes reserved nodes to new borrowers with the no-borrowers taint, and opens the others
+   (``ops/lending.closed_nodes``: every one while an inference pod waits for reserved GPUs, else the idle
+   ones that keep ``headroomGPUs`` free). A merge patch of ``spec.taints`` with the ``resourceVersion``
+   read: a node that changed meanwhile is a 409, written next round. Only our taint is ever added or
+   removed. The taint is NoSchedule: running borrowers stay; inference takes their GPUs back by the
+   scheduler's preemption (borrowers run at a priority below every inference pod);
+3. exports what it saw: reserved GPUs lent, closed nodes, inference pods waiting, borrowers preempted
+   (the scheduler's ``DisruptionTarget`` condition), and, per inference pod that waited while borrowers held
+   reserved GPUs, the seconds from its creation to its binding.
+
+With lending off, a round removes the taint from any node still carrying it (turning lending off leaves
+running borrowers alone and lends nothing new: admission stops making borrowers) and exports nothing.
+Devices of split nodes (DRA), where the scheduler cannot preempt, are not lent by this version.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from webhook.cluster.inventory import gpu_request, node_info, parse_time
+from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, api_path
+from webhook.core.lending import is_borrower, settings
+from webhook.core.policy import Policy
+from webhook.ops.capacity import CapacityModel, Holder
+from webhook.ops.lending import Waiting, closed_nodes, lent_per_node
+
+log = logging.getLogger("webhook.lending")
+
+PLACED_LABEL = "rocm-isolation.io/placed"
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one round saw and did."""
+
+    lent: int = 0
+    closed: tuple[str, ...] = ()
+    waiting: int = 0
+    written: tuple[str, ...] = ()  # nodes whose taint was added or removed
+    conflicts: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()  # borrowers seen leaving under the scheduler's preemption (uids)
+    bound: tuple[float, ...] = ()  # seconds from creation to binding of inference pods that waited on borrowers
+
+
+def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    found: dict[str, Mapping[str, Any]] = {}
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, Mapping):
+            found[str(condition.get("type", ""))] = condition
+    return found
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
+    """Not bound, and the scheduler said why (``PodScheduled=False``, reason ``Unschedulable``)."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return False
+    scheduled = _conditions(pod).get("PodScheduled")
+    return scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+
+
+def preempted(pod: Mapping[str, Any]) -> bool:
+    target = _conditions(pod).get("DisruptionTarget")
+    return target is not None and target.get("status") == "True" and target.get("reason") == "PreemptionByScheduler"
+
+
+def bound_at(pod: Mapping[str, Any]) -> datetime | None:
+    scheduled = _conditions(pod).get("PodScheduled")
+    if scheduled is None or scheduled.get("status") != "True":
+        return None
+    return parse_time(scheduled.get("lastTransitionTime"))
+
+
+def taint_patch(node: Mapping[str, Any], taint: Mapping[str, str], *, present: bool) -> dict[str, Any] | None:
+    """The merge patch that adds or removes our taint (key and effect), keeping every other taint and
+    guarded by the node's resourceVersion; None when the node is already so."""
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if isinstance(t, Mapping)]
+    ours = [t for t in taints if t.get("key") == taint["key"] and t.get("effect") == taint["effect"]]
+    if present == bool(ours) and (not present or ours[0].get("value") == taint["value"]):
+        return None
+    kept = [dict(t) for t in taints if t not in ours]
+    if present:
+        kept.append(dict(taint))
+    metadata = node.get("metadata") or {}
+    return {"metadata": {"resourceVersion": metadata.get("resourceVersion")}, "spec": {"taints": kept}}
+
+
+@dataclass
+class LendingKeeper:
+    """The rounds, and what they remember between them (preempted borrowers counted once, inference pods
+    seen waiting on borrowers)."""
+
+    api: KubeApi
+    policy: Callable[[], Policy]
+    leading: Callable[[], bool]
+    interval: float = 5.0
+    on_round: Callable[[Observed], None] = lambda observed: None
+    _preempted: set[str] = field(default_factory=set)
+    _waited: dict[str, datetime | None] = field(default_factory=dict)  # uid -> creation, of inference pods
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lending", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                # Another replica keeps lending: this one exports zeros (the alerts take the maximum).
+                self.on_round(self.run_once() if self.leading() else Observed())
+            except ApiError as err:
+                log.warning("lending: cannot read or write the cluster", extra={"error": str(err)})
+            except Exception:  # never stop the loop: the next round tries again
+                log.exception("lending: unexpected error")
+
+    def _list(self, path: str, selector: str, fields: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for obj in self.api.list(path, label_selector=selector, field_selector=fields, on_restart=found.clear):
+            found.append(obj)
+        return found
+
+    def run_once(self, now: datetime | None = None) -> Observed:
+        policy = self.policy()
+        lending = settings(policy)
+        key, value = policy.spec.reserved_nodes.label
+        nodes = self._list(api_path("v1", "nodes"), f"{key}={value}")
+        taint = {k: str(v) for k, v in lending.no_borrowers_toleration.items() if k != "operator"}
+        if not lending.enabled:
+            written, conflicts = self._taint(nodes, taint, closed=set())
+            return Observed(written=tuple(written), conflicts=tuple(conflicts))
+        inference = sorted(n for n, c in policy.spec.classes.items() if c.placement == "reserved")
+        pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
+        if inference:
+            pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)
+        model = CapacityModel.build(
+            ((info.name, info.gpus, True) for info in (node_info(n, policy) for n in nodes)),
+            {},
+            None,
+            (),
+            policy.spec.reserved_devices.driver,
+        )
+        waiting: list[Waiting] = []
+        seen: set[str] = set()
+        preempted_now: list[str] = []
+        borrowers_hold = False
+        for pod in pods:
+            metadata = pod.get("metadata") or {}
+            uid = str(metadata.get("uid", ""))
+            if uid in seen:
+                continue
+            seen.add(uid)
+            borrower = is_borrower(pod, policy)
+            labels = metadata.get("labels") or {}
+            is_inference = labels.get(PLACED_LABEL) in inference
+            if borrower and preempted(pod) and uid not in self._preempted:
+                self._preempted.add(uid)
+                preempted_now.append(uid)
+            gpus = sum(gpu_request(pod, policy).values())
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            created = parse_time(metadata.get("creationTimestamp"))
+            holder = Holder(
+                str(metadata.get("namespace", "")),
+                str(metadata.get("name", "")),
+                labels.get(PLACED_LABEL, ""),
+                inference=is_inference,
+                uid=uid,
+                borrower=borrower,
+                created=created,
+            )
+            if node and node in model.nodes:
+                model.add_pod(holder, node, gpus)
+                borrowers_hold = borrowers_hold or borrower
+            elif is_inference and unschedulable(pod):
+                waiting.append(Waiting(holder.namespace, holder.name, uid, gpus, created))
+        lent = sum(lent_per_node(model).values())
+        bound = self._bind_times(pods, policy, waiting if borrowers_hold or lent else [])
+        closed = closed_nodes(model, policy.spec.lending.headroom_gpus, waiting)
+        written, conflicts = self._taint(nodes, taint, closed=closed)
+        self._preempted &= seen  # forget the borrowers that are gone
+        return Observed(
+            lent, tuple(sorted(closed)), len(waiting), tuple(written), tuple(conflicts), tuple(preempted_now), bound
+        )
+
+    def _bind_times(
+        self, pods: Iterable[Mapping[str, Any]], policy: Policy, waiting: list[Waiting]
+    ) -> tuple[float, ...]:
+        """Remember the inference pods waiting while borrowers hold reserved GPUs; for those seen bound since,
+        the seconds from their creation to their binding."""
+        for waits in waiting:
+            self._waited.setdefault(waits.uid, waits.created)
+        times: list[float] = []
+        for pod in pods:
+            metadata = pod.get("metadata") or {}
+            uid = str(metadata.get("uid", ""))
+            if uid not in self._waited:
+                continue
+            at = bound_at(pod)
+            if at is None:
+                continue
+            created = self._waited.pop(uid)
+            if created is not None:
+                times.append(max(0.0, (at - created).total_seconds()))
+        live = {str((p.get("metadata") or {}).get("uid", "")) for p in pods}
+        for uid in [u for u in self._waited if u not in live]:
+            del self._waited[uid]  # deleted while waiting
+        return tuple(times)
+
+    def _taint(
+        self, nodes: Iterable[Mapping[str, Any]], taint: Mapping[str, str], *, closed: set[str]
+    ) -> tuple[list[str], list[str]]:
+        written: list[str] = []
+        conflicts: list[str] = []
+        for node in nodes:
+            name = str((node.get("metadata") or {}).get("name", ""))
+            body = taint_patch(node, taint, present=name in closed)
+            if body is None:
+                continue
+            try:
+                self.api.patch(api_path("v1", "nodes", name=name), body)
+            except Conflict:
+                conflicts.append(name)
+                continue
+            written.append(name)
+            log.info(
+                "lending: reserved node " + ("closed to" if name in closed else "open to") + " new borrowers",
+                extra={"node": name, "taint": f"{taint['key']}={taint['value']}:{taint['effect']}"},
+            )
+        return written, conflicts
