@@ -25,7 +25,6 @@ Devices of split nodes (DRA), where the scheduler cannot preempt, are not lent b
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +36,7 @@ from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.capacity import CapacityModel, Holder
 from webhook.ops.lending import Waiting, closed_nodes, lent_per_node
+from webhook.service.periodic import Periodic
 
 log = logging.getLogger("webhook.lending")
 
@@ -111,27 +111,22 @@ class LendingKeeper:
     on_round: Callable[[Observed], None] = lambda observed: None
     _preempted: set[str] = field(default_factory=set)
     _waited: dict[str, datetime | None] = field(default_factory=dict)  # uid -> creation, of inference pods
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _rounds: Periodic | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="lending", daemon=True)
-        self._thread.start()
+        self._rounds = Periodic("lending", self.interval, self._round, log)
+        self._rounds.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._rounds is not None:
+            self._rounds.stop(timeout)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                # Another replica keeps lending: this one exports zeros (the alerts take the maximum).
-                self.on_round(self.run_once() if self.leading() else Observed())
-            except ApiError as err:
-                log.warning("lending: cannot read or write the cluster", extra={"error": str(err)})
-            except Exception:  # never stop the loop: the next round tries again
-                log.exception("lending: unexpected error")
+    def _round(self) -> None:
+        try:
+            # Another replica keeps lending: this one exports zeros (the alerts take the maximum).
+            self.on_round(self.run_once() if self.leading() else Observed())
+        except ApiError as err:
+            log.warning("lending: cannot read or write the cluster", extra={"error": str(err)})
 
     def _list(self, path: str, selector: str, fields: str | None = None) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []

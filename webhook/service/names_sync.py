@@ -20,7 +20,6 @@ removed, by whatever tool.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from webhook.cluster.cache import ClusterCache
 from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from webhook.core.policy import Policy
 from webhook.deploy.reserved_names import CONFIGMAP_PATH, PARAMS_CONFIGMAP, configmap
+from webhook.service.periodic import Periodic
 
 log = logging.getLogger("webhook.serve")
 PATH = f"{CONFIGMAP_PATH}/{PARAMS_CONFIGMAP}"
@@ -53,24 +53,13 @@ class ReservedNamesSync:
         self.written: frozenset[str] | None = None  # what the ConfigMap was last seen or made to hold
         self.writes = 0
         self._missing_said = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rounds = Periodic("reserved-names-sync", interval, self.run_once, log)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="reserved-names-sync", daemon=True)
-        self._thread.start()
+        self._rounds.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.run_once()
-            except Exception:  # never stop the loop: the next round tries again
-                log.exception("reserved node names: unexpected error")
+        self._rounds.stop(timeout)
 
     def run_once(self) -> str:
         """One round: ``skipped`` (not leading, cache not synced), ``unchanged``, ``updated``, ``conflict``,
