@@ -339,7 +339,11 @@ def test_the_shared_class_records_the_other_classes_naming_its_extended_resource
     owner = dr.ownership(POLICY, dr.class_infos([chart, other]))
     reserved, shared = dr.desired_classes(POLICY, reservation, owner)
     assert reserved == device_classes.reserved_class(POLICY, reservation)
-    expected = device_classes.shared_class(POLICY, reservation)
+    # the newest other class (AMD's) is the one whose selectors ours keeps (issue 35)
+    expected = device_classes.shared_class(
+        POLICY, reservation, device_classes.Inherited("gpu.amd.com", ("device.driver == 'gpu.amd.com'",))
+    )
+    assert expected["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com"
     expected["metadata"]["annotations"][dr.ALSO_NAMED_BY_ANNOTATION] = "gpu.amd.com,other"
     assert shared == expected
     for obj in (reserved, shared):

@@ -492,10 +492,26 @@ def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
     return Ownership(name, shared, others, owner_now, recreate)
 
 
+def inherited(owner: Ownership) -> device_classes.Inherited | None:
+    """The class whose extendedResourceName the shared class takes over: the newest other class naming
+    it that is not ours (AMD's ``gpu.amd.com-spx``), with its CEL selectors; None when there is none.
+    Read from the cluster at every apply and release (that class keeps naming the name, older than
+    ours), so re-applying is idempotent and a release keeps what it admits."""
+    for info in owner.others:
+        if info.ours:
+            continue
+        selectors = tuple(
+            str(_mapping(_mapping(selector).get("cel")).get("expression", ""))
+            for selector in _items(_mapping(info.raw.get("spec")).get("selectors"))
+        )
+        return device_classes.Inherited(info.name, tuple(s for s in selectors if s))
+    return None
+
+
 def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Ownership) -> list[dict[str, Any]]:
     """Both classes as ``device_classes`` renders them, the shared one recording the other classes that
     name its extended resource (see the module docstring); reserved first (the order they are written)."""
-    reserved, shared = device_classes.classes(policy, reservation)
+    reserved, shared = device_classes.classes(policy, reservation, inherited(owner))
     if owner.name:
         shared["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
     return [reserved, shared]
