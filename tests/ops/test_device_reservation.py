@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from cluster_objects import device_class, gpu_device, held_claim, node_gpus, node_slice
+from cluster_objects import autopartition_slices, device_class, gpu_device, held_claim, node_gpus, node_slice
 
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes
@@ -546,3 +546,59 @@ def test_a_split_node_is_not_a_whole_reserved_one() -> None:
     )
     tainted = pool_node("c", labels={"rocm-isolation.io/pool": "inference-devices"}, taints=(OUR_TAINT,))
     assert not dr.split_labelled(tainted, RES, "inference-devices")
+
+
+# --- GPUs, not devices (issue 35) ---------------------------------------------------------------------
+
+COUNTING = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "pool" / "gpu-counting.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", COUNTING, ids=[c["case"] for c in COUNTING])
+def test_gpus_are_counted_by_pci_bus_id_whatever_the_devices(case: dict[str, Any]) -> None:
+    devices = [
+        gpu_device(name, pci, attributes={"type": {"string": kind}}) for name, kind, pci in case["devices"]
+    ]
+    found = published(node_slice("n", *devices))
+    after, _ = dr.split(found, 1)
+    assert after.pci_bus_ids == tuple(case["reserved"])
+    plan = dr.build_device_plan(POLICY, found, after, {"n": after.pci_bus_ids}, {}, [])
+    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [
+        (case["gpus"], 1, case["gpus"] - 1)
+    ]
+
+
+def autopartition_status(held: list[tuple[str, str, str]]) -> dr.DeviceStatus:
+    """Node ap: 4 MI300X under AutoPartition (16 virtual devices), 2 reserved; ``held``: (claim, device, pod
+    class) allocations."""
+    found = published(*autopartition_slices("ap", AP_PCI))
+    reservation = DeviceReservation(2, AP_PCI[:2])
+    classes = dr.class_infos(device_classes.classes(POLICY, reservation))
+    pods = [PoolPod("ml", c, "ap", f"ReplicaSet/{c}", 1, k, k == "inference") for c, _, k in held]
+    claims = [held_claim(c, "ml", "ap", [d], pods=[c]) for c, d, _ in held]
+    holds, _ = dr.holds(claims, "gpu.amd.com", found, pods)
+    return dr.device_status(POLICY, found, classes, holds)
+
+
+AP_PCI = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
+
+
+def test_status_shows_gpus_and_the_layout_each_allocated_one_is_in() -> None:
+    status = autopartition_status([("llm", "gpu-0-spx-nps1", "inference"), ("train", "gpu-3-cpx-nps1", "training")])
+    (node,) = dr.status_json(status)["nodes"]
+    assert (node["gpus"], node["reserved"], node["shared"]) == (4, 2, 2)
+    assert [(g["pciBusId"], g["state"], g["devices"], g["allocated"]) for g in node["gpuList"]] == [
+        ("0000:05:00.0", "reserved", 4, ["gpu-0-spx-nps1"]),
+        ("0000:26:00.0", "reserved", 4, []),
+        ("0000:46:00.0", "shared", 4, []),
+        ("0000:65:00.0", "shared", 4, ["gpu-3-cpx-nps1"]),
+    ]
+    assert node["gpuList"][3]["pods"] == [{"namespace": "ml", "name": "train", "class": "training"}]
+    lines = dr.status_lines(status)
+    rows = [line.split() for line in lines if line.startswith("ap ")]
+    assert [row[1:4] for row in rows[:4]] == [
+        ["gpu-0-spx-nps1", "0000:05:00.0", "reserved"],
+        ["(4", "devices,", "none"],
+        ["(4", "devices,", "none"],
+        ["gpu-3-cpx-nps1", "0000:65:00.0", "shared"],
+    ]
+    assert rows[4][:3] == ["ap", "2", "2"], lines
