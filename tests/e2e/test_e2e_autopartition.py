@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import random
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 

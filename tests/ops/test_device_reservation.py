@@ -555,16 +555,12 @@ COUNTING = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "pool" / "gp
 
 @pytest.mark.parametrize("case", COUNTING, ids=[c["case"] for c in COUNTING])
 def test_gpus_are_counted_by_pci_bus_id_whatever_the_devices(case: dict[str, Any]) -> None:
-    devices = [
-        gpu_device(name, pci, attributes={"type": {"string": kind}}) for name, kind, pci in case["devices"]
-    ]
+    devices = [gpu_device(name, pci, attributes={"type": {"string": kind}}) for name, kind, pci in case["devices"]]
     found = published(node_slice("n", *devices))
     after, _ = dr.split(found, 1)
     assert after.pci_bus_ids == tuple(case["reserved"])
     plan = dr.build_device_plan(POLICY, found, after, {"n": after.pci_bus_ids}, {}, [])
-    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [
-        (case["gpus"], 1, case["gpus"] - 1)
-    ]
+    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [(case["gpus"], 1, case["gpus"] - 1)]
 
 
 def autopartition_status(held: list[tuple[str, str, str]]) -> dr.DeviceStatus:

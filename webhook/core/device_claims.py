@@ -209,7 +209,7 @@ def _decide(
         listed = _items(body.get("selectors"), f"{field}.selectors")
         kept = _kept_selectors(body, source, devices, field)
         if len(kept) > len(listed):
-            ops.extend(patch.append_to_list(body.get("selectors"), f"{pointer}/selectors", kept[len(listed):]))
+            ops.extend(patch.append_to_list(body.get("selectors"), f"{pointer}/selectors", kept[len(listed) :]))
             changed.append(f"{field}.selectors: + the selectors of DeviceClass {source}")
 
     def tolerations(body: dict[str, Any], field: str, pointer: str, device_class: str) -> None:

@@ -163,9 +163,7 @@ def shared_class(policy: Policy, reservation: DeviceReservation, inherited: Inhe
     return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
 
 
-def classes(
-    policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None
-) -> list[dict[str, Any]]:
+def classes(policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None) -> list[dict[str, Any]]:
     """Both classes, the reserved one first (``pool`` writes them in this order, so that a shared class
     that stops selecting a device is never written before the reserved class starts to)."""
     return [reserved_class(policy, reservation), shared_class(policy, reservation, inherited)]

@@ -1380,9 +1380,7 @@ def status_lines(status: DeviceStatus) -> list[str]:
             shown = view.allocated if len(view.devices) > 1 else view.devices
             name = ", ".join(d.name for d in shown) or f"({len(view.devices)} devices, none allocated)"
             pods = [p for d in view.devices for p in holders.get(d.key, [])]
-            rows.append(
-                [node, name, view.pci_bus_id or "-", view.state, ", ".join(_pod_text(p) for p in pods) or "-"]
-            )
+            rows.append([node, name, view.pci_bus_id or "-", view.state, ", ".join(_pod_text(p) for p in pods) or "-"])
     lines += columns(rows)
     if status.reservation is not None and status.reservation.active:
         lines.append("")
