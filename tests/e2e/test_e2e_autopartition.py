@@ -262,11 +262,27 @@ def test_a_training_claim_never_gets_another_memory_mode(ap: Split, applied: Web
 
 
 def test_status_counts_gpus_not_virtual_devices(ap: Split, applied: Webhook) -> None:
-    got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 1))
-    out = apool(ap, "status", "--output", "json")
-    status = yaml.safe_load(out)
+    ((node, pci, layout),) = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 1))
+    status = yaml.safe_load(apool(ap, "status", "--output", "json"))
+    nodes = {n["name"]: n for n in status["devices"]["nodes"]} if "devices" in status else None
+    assert nodes is not None, status
+    for name in NODES:
+        assert (nodes[name]["gpus"], nodes[name]["reserved"], nodes[name]["shared"]) == (4, 2, 2), nodes[name]
+        assert len(nodes[name]["devices"]) == 16
+    gpus = {g["pciBusId"]: g for g in nodes[node]["gpuList"]}
+    assert gpus[pci]["allocated"] == [f"gpu-{PCI.index(pci)}-{layout}"], gpus
     text = apool(ap, "status")
-    assert got and status and text  # the figures are checked offline (tests/ops); here: it runs
+    assert f"gpu-{PCI.index(pci)}-{layout}" in text and "(4 devices, none allocated)" in text, text
+
+
+def test_an_inference_amd_gpu_pod_gets_a_reserved_gpu(ap: Split, applied: Webhook) -> None:
+    """The webhook rewrites it to the reserved class's implicit name: a claim of the reserved class, on a
+    reserved GPU. Known gap (docs/operations.md): the reserved class keeps every layout (for inference
+    claims of gpu.amd.com), so the pod may get a partition of it."""
+    got = layouts_of(ap, ap.inference, gpu_pods(ap, ap.inference, 4))
+    assert all(pci in PCI[:2] for _, pci, _ in got), got
+    if any(layout != "spx-nps1" for _, _, layout in got):
+        pytest.xfail(f"known gap: an inference amd.com/gpu pod got a partition: {got}")
 
 
 def test_resize_then_release(ap: Split, applied: Webhook) -> None:
