@@ -15,7 +15,7 @@ import pytest
 import yaml
 from cluster_objects import autopartition_slices, device_class, gpu_device, held_claim, node_gpus, node_slice
 
-from webhook.core.policy import default_policy
+from webhook.core.policy import default_policy, parse_policy
 from webhook.deploy import device_classes
 from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
 from webhook.ops import device_reservation as dr
@@ -598,3 +598,28 @@ def test_status_shows_gpus_and_the_layout_each_allocated_one_is_in() -> None:
         ["gpu-3-cpx-nps1", "0000:65:00.0", "shared"],
     ]
     assert rows[4][:3] == ["ap", "2", "2"], lines
+
+
+MEMORY_POLICY = (Path(__file__).parents[1] / "fixtures" / "policies" / "device-memory-partition.yaml").read_text()
+MEMORY_PIN = (
+    "!has(device.attributes['gpu.amd.com'].memoryPartition) || device.attributes['gpu.amd.com'].memoryPartition "
+    "== 'nps1'"
+)
+
+
+@pytest.mark.parametrize(("reservation", "pinned"), [(DeviceReservation(2, ("0000:05:00.0",)), True),
+                                                     (RELEASED_RESERVATION, False)])  # fmt: skip
+def test_a_pinned_memory_mode_is_selected_by_both_classes_while_reserved(
+    reservation: DeviceReservation, pinned: bool
+) -> None:
+    policy = parse_policy(MEMORY_POLICY)
+    for obj in device_classes.classes(policy, reservation):
+        expressions = [s["cel"]["expression"] for s in obj["spec"]["selectors"]]
+        assert (MEMORY_PIN in expressions) is pinned, expressions
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+@pytest.mark.parametrize("value", ["NPS1", "nps 4", "x" * 17])
+def test_a_memory_mode_must_be_a_mode_name(value: str) -> None:
+    with pytest.raises(Exception, match="memoryPartition"):
+        parse_policy(MEMORY_POLICY.replace("memoryPartition: nps1", f"memoryPartition: {value!r}"))
