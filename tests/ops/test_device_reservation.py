@@ -623,3 +623,35 @@ def test_a_pinned_memory_mode_is_selected_by_both_classes_while_reserved(
 def test_a_memory_mode_must_be_a_mode_name(value: str) -> None:
     with pytest.raises(Exception, match="memoryPartition"):
         parse_policy(MEMORY_POLICY.replace("memoryPartition: nps1", f"memoryPartition: {value!r}"))
+
+
+SPX = (
+    "device.driver == 'gpu.amd.com' && (!has(device.attributes[\"gpu.amd.com\"].computePartition) || "
+    'device.attributes["gpu.amd.com"].computePartition == "spx")'
+)
+
+
+@pytest.mark.parametrize(
+    ("reservation", "own"),
+    [
+        (DeviceReservation(2, ("0000:05:00.0", "0000:26:00.0")), "!(has("),
+        (RELEASED_RESERVATION, "device.driver == 'gpu.amd.com'"),
+    ],
+)
+def test_the_shared_class_keeps_what_amds_spx_class_admitted_reserved_or_released(
+    reservation: DeviceReservation, own: str
+) -> None:
+    """AMD's chart under AutoPartition: gpu.amd.com (every layout, no extended resource) and gpu.amd.com-spx
+    (whole GPUs, amd.com/gpu). Ours takes amd.com/gpu over with spx's selector, and keeps it once released."""
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
+    spx = device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created="2026-11-01T00:00:00Z")
+    owner = dr.ownership(POLICY, dr.class_infos([chart, spx]))
+    _, shared = dr.desired_classes(POLICY, reservation, owner)
+    expressions = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
+    assert len(expressions) == 2 and own in expressions[0] and expressions[1] == SPX, expressions
+    assert shared["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com-spx"
+    # written and read back, the next apply (or release) changes nothing: the inherited class is read again
+    stored = copy.deepcopy(shared)
+    stored["metadata"].update(creationTimestamp="2026-12-01T00:00:00Z", labels=shared["metadata"]["labels"])
+    again = dr.ownership(POLICY, dr.class_infos([chart, spx, stored]))
+    assert dr.replace_body(stored, dr.desired_classes(POLICY, reservation, again)[1]) is None
