@@ -33,7 +33,12 @@ def run(case: dict[str, Any], obj: dict[str, Any]) -> Decision:
         kind=obj["kind"],
         namespace=NamespaceFacts(ns["name"], ns.get("labels", {})),
         policy=policy_for(case),
-        devices=DeviceFacts(devices_reserved=case.get("reserved", True), devices_tainted=case.get("tainted", False)),
+        devices=DeviceFacts(
+            frozenset(case.get("classSelectors", {})),
+            devices_reserved=case.get("reserved", True),
+            devices_tainted=case.get("tainted", False),
+            class_selectors={name: tuple(found) for name, found in case.get("classSelectors", {}).items()},
+        ),
     )
 
 

@@ -6,12 +6,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
+from cluster_objects import autopartition_slices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import RandomCluster, random_clusters
 
 from webhook.cluster.kubeapi import KubeApi, NotFound
-from webhook.cluster.slices import Device, Gpu, gpu_of
+from webhook.cluster.slices import Device, Gpu, gpu_of, published_devices
 from webhook.deploy.device_classes import DeviceReservation, reservation_for
 from webhook.ops import audit
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, Holder, device_state, split_nodes
@@ -249,3 +250,19 @@ def test_random_clusters_read_as_the_audit_reads_them_add_up_per_node_and_side(c
             assert side.free >= 0, (name, side_name, side)
     for side_name in SIDES:
         assert model.allocated(side_name) == sum(g for _, g in model.holders(side_name))
+
+
+def test_an_autopartition_node_has_its_gpus_not_its_layouts() -> None:
+    """AMD's AutoPartition (issue 35): 4 GPUs x 4 layouts = 16 devices in two slices, 4 GPUs, 2 reserved; a
+    layout held counts its GPU once, on the GPU's side."""
+    ids = [bus(i) for i in range(4)]
+    devices = published_devices(autopartition_slices("ap", ids), DRIVER)["ap"]
+    assert len(devices) == 16
+    model = CapacityModel.build([("ap", 0, False)], {"ap": devices}, reservation_for(ids[:2], 2), ["ap"], DRIVER)
+    node = model.nodes["ap"]
+    assert (node.side(RESERVED).capacity, node.side(SHARED).capacity) == (2, 2)
+    by_name = {d.name: d for d in devices}
+    model.add_pod(Holder("serve", "llm", "inference", inference=True), "ap", 0, [result(by_name["gpu-0-cpx-nps1"])])
+    model.add_pod(Holder("ml", "a", "training"), "ap", 0, [result(by_name["gpu-3-cpx-nps1"])])
+    model.add_pod(Holder("ml", "b", "training"), "ap", 0, [result(by_name["gpu-3-cpx-nps1"])])
+    assert (node.side(RESERVED).free, node.side(SHARED).free) == (1, 1)

@@ -13,10 +13,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from cluster_objects import device_class, gpu_device, held_claim, node_gpus, node_slice
+from cluster_objects import autopartition_slices, device_class, gpu_device, held_claim, node_gpus, node_slice
 
 from webhook.cluster import slices as slice_reader
-from webhook.core.policy import default_policy
+from webhook.core.policy import default_policy, parse_policy
 from webhook.deploy import device_classes
 from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
 from webhook.ops import capacity, device_ownership, device_plan, device_split, device_status
@@ -345,7 +345,11 @@ def test_the_shared_class_records_the_other_classes_naming_its_extended_resource
     owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, other]))
     reserved, shared = device_ownership.desired_classes(POLICY, reservation, owner)
     assert reserved == device_classes.reserved_class(POLICY, reservation)
-    expected = device_classes.shared_class(POLICY, reservation)
+    # the newest other class (AMD's) is the one whose selectors ours keeps (issue 35)
+    expected = device_classes.shared_class(
+        POLICY, reservation, device_classes.Inherited("gpu.amd.com", ("device.driver == 'gpu.amd.com'",))
+    )
+    assert expected["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com"
     expected["metadata"]["annotations"][device_ownership.ALSO_NAMED_BY_ANNOTATION] = "gpu.amd.com,other"
     assert shared == expected
     for obj in (reserved, shared):
@@ -565,3 +569,116 @@ def test_a_split_node_is_not_a_whole_reserved_one() -> None:
     )
     tainted = pool_node("c", labels={"rocm-isolation.io/pool": "inference-devices"}, taints=(OUR_TAINT,))
     assert not device_split.split_labelled(tainted, RES, "inference-devices")
+
+
+# --- GPUs, not devices (issue 35) ---------------------------------------------------------------------
+
+COUNTING = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "pool" / "gpu-counting.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", COUNTING, ids=[c["case"] for c in COUNTING])
+def test_gpus_are_counted_by_pci_bus_id_whatever_the_devices(case: dict[str, Any]) -> None:
+    devices = [gpu_device(name, pci, attributes={"type": {"string": kind}}) for name, kind, pci in case["devices"]]
+    found = published(node_slice("n", *devices))
+    after, _ = device_split.split(found, 1)
+    assert after.pci_bus_ids == tuple(case["reserved"])
+    plan = device_plan.build_device_plan(POLICY, found, after, {"n": after.pci_bus_ids}, {}, [])
+    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [(case["gpus"], 1, case["gpus"] - 1)]
+
+
+def autopartition_status(held: list[tuple[str, str, str]]) -> device_status.DeviceStatus:
+    """Node ap: 4 MI300X under AutoPartition (16 virtual devices), 2 reserved; ``held``: (claim, device, pod
+    class) allocations."""
+    found = published(*autopartition_slices("ap", AP_PCI))
+    reservation = DeviceReservation(2, AP_PCI[:2])
+    classes = device_ownership.class_infos(device_classes.classes(POLICY, reservation))
+    pods = [PoolPod("ml", c, "ap", f"ReplicaSet/{c}", 1, k, k == "inference") for c, _, k in held]
+    # What the capacity model reads of each pod's claim (its allocation), as pool status does.
+    model = capacity.CapacityModel.build([], found, reservation, ["ap"], "gpu.amd.com")
+    for (c, d, _), pod_ in zip(held, pods, strict=True):
+        model.add_pod(capacity.Holder("ml", c, pod_.class_name, pod_.inference), "ap", 0, [("gpu.amd.com", "ap", d)])
+    return device_status.device_status(POLICY, found, classes, device_plan.holds(model, pods))
+
+
+AP_PCI = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
+
+
+def test_status_shows_gpus_and_the_layout_each_allocated_one_is_in() -> None:
+    status = autopartition_status([("llm", "gpu-0-spx-nps1", "inference"), ("train", "gpu-3-cpx-nps1", "training")])
+    (node,) = device_status.status_json(status)["nodes"]
+    assert (node["gpus"], node["reserved"], node["shared"]) == (4, 2, 2)
+    assert [(g["pciBusId"], g["state"], g["devices"], g["allocated"]) for g in node["gpuList"]] == [
+        ("0000:05:00.0", "reserved", 4, ["gpu-0-spx-nps1"]),
+        ("0000:26:00.0", "reserved", 4, []),
+        ("0000:46:00.0", "shared", 4, []),
+        ("0000:65:00.0", "shared", 4, ["gpu-3-cpx-nps1"]),
+    ]
+    assert node["gpuList"][3]["pods"] == [{"namespace": "ml", "name": "train", "class": "training"}]
+    lines = device_status.status_lines(status)
+    rows = [line.split() for line in lines if line.startswith("ap ")]
+    assert [row[1:4] for row in rows[:4]] == [
+        ["gpu-0-spx-nps1", "0000:05:00.0", "reserved"],
+        ["(4", "devices,", "none"],
+        ["(4", "devices,", "none"],
+        ["gpu-3-cpx-nps1", "0000:65:00.0", "shared"],
+    ]
+    assert rows[4][:3] == ["ap", "2", "2"], lines
+
+
+MEMORY_POLICY = (Path(__file__).parents[1] / "fixtures" / "policies" / "device-memory-partition.yaml").read_text()
+MEMORY_PIN = (
+    "!has(device.attributes['gpu.amd.com'].memoryPartition) || device.attributes['gpu.amd.com'].memoryPartition "
+    "== 'nps1'"
+)
+
+
+@pytest.mark.parametrize(("reservation", "pinned"), [(DeviceReservation(2, ("0000:05:00.0",)), True),
+                                                     (RELEASED_RESERVATION, False)])  # fmt: skip
+def test_a_pinned_memory_mode_is_selected_by_both_classes_while_reserved(
+    reservation: DeviceReservation, pinned: bool
+) -> None:
+    policy = parse_policy(MEMORY_POLICY)
+    for obj in device_classes.classes(policy, reservation):
+        expressions = [s["cel"]["expression"] for s in obj["spec"]["selectors"]]
+        assert (MEMORY_PIN in expressions) is pinned, expressions
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+@pytest.mark.parametrize("value", ["NPS1", "nps 4", "x" * 17])
+def test_a_memory_mode_must_be_a_mode_name(value: str) -> None:
+    with pytest.raises(Exception, match="memoryPartition"):
+        parse_policy(MEMORY_POLICY.replace("memoryPartition: nps1", f"memoryPartition: {value!r}"))
+
+
+SPX = (
+    "device.driver == 'gpu.amd.com' && (!has(device.attributes[\"gpu.amd.com\"].computePartition) || "
+    'device.attributes["gpu.amd.com"].computePartition == "spx")'
+)
+
+
+@pytest.mark.parametrize(
+    ("reservation", "own"),
+    [
+        (DeviceReservation(2, ("0000:05:00.0", "0000:26:00.0")), "!(has("),
+        (RELEASED_RESERVATION, "device.driver == 'gpu.amd.com'"),
+    ],
+)
+def test_the_shared_class_keeps_what_amds_spx_class_admitted_reserved_or_released(
+    reservation: DeviceReservation, own: str
+) -> None:
+    """AMD's chart under AutoPartition: gpu.amd.com (every layout, no extended resource) and gpu.amd.com-spx
+    (whole GPUs, amd.com/gpu). Ours takes amd.com/gpu over with spx's selector, and keeps it once released."""
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
+    spx = device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created="2026-11-01T00:00:00Z")
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, spx]))
+    _, shared = device_ownership.desired_classes(POLICY, reservation, owner)
+    expressions = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
+    assert len(expressions) == 2 and own in expressions[0] and expressions[1] == SPX, expressions
+    assert shared["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com-spx"
+    # written and read back, the next apply (or release) changes nothing: the inherited class is read again
+    stored = copy.deepcopy(shared)
+    stored["metadata"].update(creationTimestamp="2026-12-01T00:00:00Z", labels=shared["metadata"]["labels"])
+    again = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, spx, stored]))
+    assert (
+        device_ownership.replace_body(stored, device_ownership.desired_classes(POLICY, reservation, again)[1]) is None
+    )

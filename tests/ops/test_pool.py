@@ -768,7 +768,10 @@ def test_device_apply_writes_the_reserved_class_then_the_shared_one_and_is_idemp
     reservation = DeviceReservation(2, ("0000:19:00.0", "0000:3b:00.0"))
     policy = default_policy()
     reserved, shared = stored_class(dra, RESERVED_CLASS), stored_class(dra, SHARED_CLASS)
-    expected_shared = device_classes.shared_class(policy, reservation)
+    # issue 35: ours keeps the selectors of the class it takes amd.com/gpu from (the chart's: the same CEL)
+    expected_shared = device_classes.shared_class(
+        policy, reservation, device_classes.Inherited("gpu.amd.com", ("device.driver == 'gpu.amd.com'",))
+    )
     expected_shared["metadata"]["annotations"]["rocm-isolation.io/extended-resource-also-named-by"] = "gpu.amd.com"
     for stored, expected in ((reserved, device_classes.reserved_class(policy, reservation)), (shared, expected_shared)):
         assert stored["metadata"]["labels"] == expected["metadata"]["labels"]

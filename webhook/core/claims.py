@@ -175,6 +175,7 @@ def device_facts(
         frozenset(info.extended_resource_name for info in gpu.values() if info.extended_resource_name),
         devices_reserved=reserved is not None and reserved.reservation_active,
         devices_tainted=reserved is not None and reserved.reserved_by_taints,
+        class_selectors={name: info.selectors for name, info in gpu.items()},
     )
 
 

@@ -80,7 +80,7 @@ class DeviceFacts:
     claim, made by the scheduler without tolerations, can never get one). Empty when unknown: the
     policy's own names still apply, and no reservation."""
 
-    __slots__ = ("devices_reserved", "devices_tainted", "extended_resources", "gpu_classes")
+    __slots__ = ("class_selectors", "devices_reserved", "devices_tainted", "extended_resources", "gpu_classes")
 
     def __init__(
         self,
@@ -89,16 +89,20 @@ class DeviceFacts:
         *,
         devices_reserved: bool = False,
         devices_tainted: bool = False,
+        class_selectors: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.gpu_classes: Final = gpu_classes
         self.extended_resources: Final = extended_resources
         self.devices_reserved: Final = devices_reserved
         self.devices_tainted: Final = devices_reserved and devices_tainted
+        # The CEL selectors of each GPU class: a claim steered away from a class keeps them.
+        self.class_selectors: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(dict(class_selectors or {}))
 
     def __repr__(self) -> str:
         return (
             f"DeviceFacts(gpu_classes={self.gpu_classes!r}, extended_resources={self.extended_resources!r}, "
-            f"devices_reserved={self.devices_reserved!r}, devices_tainted={self.devices_tainted!r})"
+            f"devices_reserved={self.devices_reserved!r}, devices_tainted={self.devices_tainted!r}, "
+            f"class_selectors={dict(self.class_selectors)!r})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -108,10 +112,19 @@ class DeviceFacts:
             and self.extended_resources == other.extended_resources
             and self.devices_reserved == other.devices_reserved
             and self.devices_tainted == other.devices_tainted
+            and dict(self.class_selectors) == dict(other.class_selectors)
         )
 
     def __hash__(self) -> int:
-        return hash((self.gpu_classes, self.extended_resources, self.devices_reserved, self.devices_tainted))
+        return hash(
+            (
+                self.gpu_classes,
+                self.extended_resources,
+                self.devices_reserved,
+                self.devices_tainted,
+                frozenset(self.class_selectors.items()),
+            )
+        )
 
 
 NO_DEVICES: Final = DeviceFacts()

@@ -202,6 +202,16 @@ def _decide(
         changed.append(f"{field}: {name} -> {target}")
         return target
 
+    def keep_selectors(body: dict[str, Any], source: Any, field: str, pointer: str) -> None:
+        """A request steered away from ``source`` keeps that class's CEL selectors as its own (the
+        allocator ANDs a request's selectors with its class's): steering ``gpu.amd.com-spx`` (whole GPUs
+        only) to a product class never widens what the request may get."""
+        listed = _items(body.get("selectors"), f"{field}.selectors")
+        kept = _kept_selectors(body, source, devices, field)
+        if len(kept) > len(listed):
+            ops.extend(patch.append_to_list(body.get("selectors"), f"{pointer}/selectors", kept[len(listed) :]))
+            changed.append(f"{field}.selectors: + the selectors of DeviceClass {source}")
+
     def tolerations(body: dict[str, Any], field: str, pointer: str, device_class: str) -> None:
         """Deny a toleration of the reserved-device taint outside inference; add it to a request for the
         reserved class that lacks it."""
@@ -236,6 +246,8 @@ def _decide(
                 and not exactly.get("adminAccess")
             )
             if spill:
+                kept = _kept_selectors(exactly, name, devices, f"{field}.exactly")
+                exactly = {**exactly, "selectors": kept} if kept else exactly
                 tolerate = may_use_reserved and not any(
                     map(tolerates_reserved, _tolerations(exactly, f"{field}.exactly"))
                 )
@@ -244,6 +256,8 @@ def _decide(
                 changed.append(f"{field}.exactly: {name} -> firstAvailable [reserved, shared]")
             else:
                 steered = steer(name, f"{field}.exactly.deviceClassName", f"{pointer}/exactly/deviceClassName")
+                if steered != name:
+                    keep_selectors(exactly, name, f"{field}.exactly", f"{pointer}/exactly")
                 tolerations(exactly, f"{field}.exactly", f"{pointer}/exactly", steered)
         for j, sub in enumerate(_items(request.get("firstAvailable"), f"{field}.firstAvailable")):
             sub_field = f"{field}.firstAvailable[{j}]"
@@ -252,6 +266,8 @@ def _decide(
             steered = steer(
                 sub.get("deviceClassName"), f"{sub_field}.deviceClassName", f"{sub_pointer}/deviceClassName"
             )
+            if steered != sub.get("deviceClassName"):
+                keep_selectors(sub, sub.get("deviceClassName"), sub_field, sub_pointer)
             tolerations(sub, sub_field, sub_pointer, steered)
 
     if not ops and not violations:
@@ -259,6 +275,17 @@ def _decide(
     if ops and annotations.get(CLASS_ANNOTATION) != class_name:
         ops.extend(patch.set_map_entries(claim, ("metadata", "annotations"), {CLASS_ANNOTATION: class_name}))
     return _finish(ops, changed, violations, warnings, mode, class_name)
+
+
+def _kept_selectors(body: dict[str, Any], source: Any, devices: DeviceFacts, field: str) -> list[Any]:
+    """The request's selectors followed by those of DeviceClass ``source`` it lacks (as CEL text)."""
+    listed = _items(body.get("selectors"), f"{field}.selectors")
+    present = {
+        _dict(_dict(item, f"{field}.selectors[{k}]").get("cel"), f"{field}.selectors[{k}].cel").get("expression")
+        for k, item in enumerate(listed)
+    }
+    own = devices.class_selectors.get(source, ()) if isinstance(source, str) else ()
+    return [*listed, *({"cel": {"expression": e}} for e in own if e not in present)]
 
 
 def _spill_over(

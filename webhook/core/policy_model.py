@@ -248,6 +248,11 @@ class ReservedDevices(_Model):
     # whose devices are split: the inference class is placed on nodes labelled with either value (whole
     # reserved nodes or split ones); every other class may use split nodes (they hold the shared devices).
     node_label_value: str = "inference-devices"
+    # AMD's AutoPartition: the memory partition mode (``nps1``, ``nps2``, ``nps4``) is node-wide, and the
+    # first allocation of a layout sets it (the driver taints the other modes' layouts NoExecute). Set, both
+    # classes select only devices of that mode (or without the attribute) while a reservation is active,
+    # so neither side can switch the mode the other side's layouts need. docs/operations.md.
+    memory_partition: str = ""
 
     @model_validator(mode="after")
     def _valid(self) -> ReservedDevices:
@@ -263,6 +268,11 @@ class ReservedDevices(_Model):
         if self.reserved_class_name == self.shared_class_name:
             raise ValueError("reservedClassName and sharedClassName must differ")
         _check_label_value(self.node_label_value)
+        if self.memory_partition and not re.fullmatch(r"[a-z0-9]{1,16}", self.memory_partition):
+            raise ValueError(
+                f"memoryPartition: {self.memory_partition!r} is not a memory partition mode (nps1, nps2, nps4), "
+                "or '' for none"
+            )
         if self.extended_resource_name and not _RESOURCE_NAME.match(self.extended_resource_name):
             raise ValueError(
                 f"extendedResourceName: {self.extended_resource_name!r} is not an extended resource name "

@@ -50,9 +50,28 @@ RELEASED = RESERVATION_RELEASED
 DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
 PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
 ROLE_ANNOTATION = "rocm-isolation.io/role"
+# The class whose selectors the shared class adds to its own because it took that class's
+# extendedResourceName over (AMD's ``gpu.amd.com-spx``: whole GPUs only); '' when none.
+INHERITED_FROM_ANNOTATION = "rocm-isolation.io/extended-resource-inherited-from"
 # A device without the attribute is never reserved (and never fails the selector: an unknown attribute
 # is an evaluation error that aborts the allocation, so it is tested with has() first).
 _PCI = f"device.attributes[{quote(PCI_DOMAIN)}].pciBusID"
+
+
+def memory_selector(driver: str, memory_partition: str) -> str:
+    """CEL: a device without AMD's ``memoryPartition`` attribute, or of that memory partition mode."""
+    attribute = f"device.attributes[{quote(driver)}].memoryPartition"
+    return f"!has({attribute}) || {attribute} == {quote(memory_partition)}"
+
+
+@dataclass(frozen=True)
+class Inherited:
+    """The class that named the shared class's extendedResourceName before it (the newest other class
+    naming it), and its CEL selectors: the shared class ANDs them to its own, so that the extended
+    resource keeps admitting only what that class admitted (AMD's ``gpu.amd.com-spx``: whole GPUs)."""
+
+    name: str
+    selectors: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -107,33 +126,47 @@ def _metadata(name: str, role: str, reservation: DeviceReservation) -> dict[str,
     }
 
 
+def _selectors(expression: str, policy: Policy, reservation: DeviceReservation) -> list[dict[str, Any]]:
+    """The class's own selector, and the pinned memory partition mode while a reservation is active."""
+    devices = policy.spec.reserved_devices
+    found = [{"cel": {"expression": expression}}]
+    if reservation.active and devices.memory_partition:
+        found.append({"cel": {"expression": memory_selector(devices.driver, devices.memory_partition)}})
+    return found
+
+
 def reserved_class(policy: Policy, reservation: DeviceReservation) -> dict[str, Any]:
     devices = policy.spec.reserved_devices
     return {
         "apiVersion": API_VERSION,
         "kind": "DeviceClass",
         "metadata": _metadata(devices.reserved_class_name, "reserved", reservation),
-        "spec": {"selectors": [{"cel": {"expression": reserved_selector(devices.driver, reservation)}}]},
+        "spec": {"selectors": _selectors(reserved_selector(devices.driver, reservation), policy, reservation)},
     }
 
 
-def shared_class(policy: Policy, reservation: DeviceReservation) -> dict[str, Any]:
+def shared_class(policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None) -> dict[str, Any]:
+    """The shared class; ``inherited``: the class whose extendedResourceName it takes over, whose
+    selectors it ANDs to its own (recorded in ``INHERITED_FROM_ANNOTATION``), kept after a release too, so
+    that the name admits then exactly what that class admitted."""
     devices = policy.spec.reserved_devices
-    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": shared_selector(devices.driver, reservation)}}]}
+    selectors = _selectors(shared_selector(devices.driver, reservation), policy, reservation)
+    metadata = _metadata(devices.shared_class_name, "shared", reservation)
+    if devices.extended_resource_name:
+        metadata["annotations"][INHERITED_FROM_ANNOTATION] = inherited.name if inherited is not None else ""
+        if inherited is not None:
+            own = {selector["cel"]["expression"] for selector in selectors}
+            selectors += [{"cel": {"expression": e}} for e in dict.fromkeys(inherited.selectors) if e not in own]
+    spec: dict[str, Any] = {"selectors": selectors}
     if devices.extended_resource_name:
         spec["extendedResourceName"] = devices.extended_resource_name
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "DeviceClass",
-        "metadata": _metadata(devices.shared_class_name, "shared", reservation),
-        "spec": spec,
-    }
+    return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
 
 
-def classes(policy: Policy, reservation: DeviceReservation) -> list[dict[str, Any]]:
+def classes(policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None) -> list[dict[str, Any]]:
     """Both classes, the reserved one first (``pool`` writes them in this order, so that a shared class
     that stops selecting a device is never written before the reserved class starts to)."""
-    return [reserved_class(policy, reservation), shared_class(policy, reservation)]
+    return [reserved_class(policy, reservation), shared_class(policy, reservation, inherited)]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -28,7 +28,7 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.deploy.device_classes import MANAGED_BY, MANAGED_BY_LABEL, DeviceReservation, reservation_of
 from webhook.ops.device_split import DOCS
-from webhook.ops.raw import mapping, text
+from webhook.ops.raw import items, mapping, text
 from webhook.ops.reservation import SelectionError
 
 ALSO_NAMED_BY_ANNOTATION = "rocm-isolation.io/extended-resource-also-named-by"
@@ -166,10 +166,27 @@ def ownership_json(owner: Ownership) -> dict[str, Any]:
 # --- what writing them changes -----------------------------------------------------------------
 
 
+def inherited(owner: Ownership) -> device_classes.Inherited | None:
+    """The class whose extendedResourceName the shared class takes over: the newest other class naming
+    it that is not ours (AMD's ``gpu.amd.com-spx``), with its CEL selectors; None when there is none.
+    Read from the cluster at every apply and release (that class keeps naming the name, older than
+    ours), so re-applying is idempotent and a release keeps what it admits."""
+    for info in owner.others:
+        if info.ours:
+            continue
+        selectors = tuple(
+            str(mapping(mapping(selector).get("cel")).get("expression", ""))
+            for selector in items(mapping(info.raw.get("spec")).get("selectors"))
+        )
+        return device_classes.Inherited(info.name, tuple(s for s in selectors if s))
+    return None
+
+
 def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Ownership) -> list[dict[str, Any]]:
     """Both classes as ``device_classes`` renders them, the shared one recording the other classes that
-    name its extended resource (see the module docstring); reserved first (the order they are written)."""
-    reserved, shared = device_classes.classes(policy, reservation)
+    name its extended resource (see the module docstring) and keeping the selectors of the one it takes
+    the name over from (``inherited``); reserved first (the order they are written)."""
+    reserved, shared = device_classes.classes(policy, reservation, inherited(owner))
     if owner.name:
         shared["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
     return [reserved, shared]

@@ -125,6 +125,37 @@ def _by_class(pods: Iterable[PoolPod]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU of a node as status shows it: its devices (one for a whole-GPU driver; a partition or
+    AutoPartition layout each otherwise, all with the GPU's PCI bus ID) and those allocated (the layout
+    the GPU is in, under AutoPartition: one layout per GPU at a time)."""
+
+    key: str  # Device.gpu: the PCI bus ID, else the counter set, else pool/device
+    pci_bus_id: str
+    state: str
+    devices: tuple[Device, ...]
+    allocated: tuple[Device, ...]
+
+
+def gpu_views(devices: Sequence[Device], status: DeviceStatus) -> list[GpuView]:
+    """The node's GPUs, in the order of their first device (PCI order)."""
+    holders = _holders(status)
+    by_gpu: dict[str, list[Device]] = {}
+    for d in devices:
+        by_gpu.setdefault(d.gpu, []).append(d)
+    return [
+        GpuView(
+            key,
+            found[0].pci_bus_id,
+            device_state(found[0], status.reservation),
+            tuple(found),
+            tuple(d for d in found if holders.get(d.key)),
+        )
+        for key, found in by_gpu.items()
+    ]
+
+
 def status_json(status: DeviceStatus) -> dict[str, Any]:
     holders = _holders(status)
     nodes = []
@@ -140,6 +171,20 @@ def status_json(status: DeviceStatus) -> dict[str, Any]:
                 "reserved": split_node.count(RESERVED, status.reservation),
                 "shared": split_node.count(SHARED, status.reservation),
                 "podsByClass": {state: _by_class(pods) for state, pods in sorted(by_state.items())},
+                "gpuList": [
+                    {
+                        "pciBusId": g.pci_bus_id or None,
+                        "state": g.state,
+                        "devices": len(g.devices),
+                        "allocated": [d.name for d in g.allocated],
+                        "pods": [
+                            {"namespace": p.namespace, "name": p.name, "class": p.class_name}
+                            for d in g.allocated
+                            for p in holders.get(d.key, [])
+                        ],
+                    }
+                    for g in gpu_views(devices, status)
+                ],
                 "devices": [
                     {
                         "name": d.name,
@@ -179,16 +224,13 @@ def status_lines(status: DeviceStatus) -> list[str]:
     holders = _holders(status)
     rows = [["NODE", "DEVICE", "PCI BUS ID", "STATE", "PODS"]]
     for node, devices in status.published.items():
-        for d in devices:
-            rows.append(
-                [
-                    node,
-                    d.name,
-                    d.pci_bus_id or "-",
-                    device_state(d, status.reservation),
-                    ", ".join(_pod_text(p) for p in holders.get(d.key, [])) or "-",
-                ]
-            )
+        for view in gpu_views(devices, status):
+            # A GPU published as several devices (partitions, AutoPartition layouts): one row, the devices
+            # allocated (the layout it is in) or how many it has; a whole GPU: its device, as before.
+            shown = view.allocated if len(view.devices) > 1 else view.devices
+            name = ", ".join(d.name for d in shown) or f"({len(view.devices)} devices, none allocated)"
+            pods = [p for d in view.devices for p in holders.get(d.key, [])]
+            rows.append([node, name, view.pci_bus_id or "-", view.state, ", ".join(_pod_text(p) for p in pods) or "-"])
     lines += columns(rows)
     if status.reservation is not None and status.reservation.active:
         lines.append("")

@@ -13,3 +13,7 @@ def mapping(value: Any) -> Mapping[str, Any]:
 
 def text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def items(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

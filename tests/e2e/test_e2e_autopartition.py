@@ -1,0 +1,307 @@
+"""Device-level reservation on nodes whose GPUs AMD's DRA driver publishes with its ``AutoPartition`` gate
+(issue 35; reference §11), on a real control plane of its own (v1.36.2):
+
+- two DRA-only nodes, each with four MI300X GPUs published in the driver's exact shape: two ResourceSlices
+  per pool (one with the ``sharedCounters`` ``gpu-<i>-mutex``, one with the devices), one virtual device per
+  compute+memory layout (``gpu-<i>-spx-nps1``, ``-dpx-nps2``, ``-cpx-nps1``, ``-cpx-nps4``), consumable
+  capacity ``partitions``, ``allowMultipleAllocations``, every layout consuming its GPU's counter (one
+  layout per GPU at a time), in an arbitrary order (the driver lists them from a Go map);
+- AMD's two DeviceClasses: ``gpu.amd.com`` (every layout) and ``gpu.amd.com-spx`` (whole GPUs only), the
+  latter owning ``amd.com/gpu``;
+- the policy pins the node-wide memory mode (``reservedDevices.memoryPartition: nps1``).
+
+Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU), after
+a resize and after ``release`` (AMD's class's answer again); claims of both AMD classes keep what their
+class admits, restricted to their side (the webhook steers them); a training claim can never get a
+layout of another memory mode than the pinned one. No kubelet: the scheduler allocates from the slices.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_objects import (
+    LAYOUTS,
+    autopartition_slices,
+    device_class,
+    exactly,
+    new_claim,
+    new_claim_pod,
+    new_namespace,
+    new_pod,
+)
+
+from webhook.core.policy import default_policy
+
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .harness import DRIVER, MI210_LABELS, Webhook, install, make_node, render_manifests
+from .kube import Kube, Obj, wait_until
+from .test_e2e_device_reservation import (
+    SHARED_CLASS,
+    Split,
+    _steered_class,
+    allocated,
+    delete_claims,
+    delete_pods,
+    never_scheduled,
+    pool,
+    running_webhook,
+    split_label,
+)
+
+POLICY = default_policy()
+DEVICES = POLICY.spec.reserved_devices
+RESERVED_CLASS = DEVICES.reserved_class_name
+NODES = ("mi300x-ap-1", "mi300x-ap-2")
+PCI = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
+SPX_CLASS = "gpu.amd.com-spx"
+# AMD's chart class for whole GPUs (helm-charts-k8s templates/deviceclass.yaml under AutoPartition).
+SPX_SELECTOR = (
+    "device.driver == 'gpu.amd.com' && "
+    '(!has(device.attributes["gpu.amd.com"].computePartition) || '
+    'device.attributes["gpu.amd.com"].computePartition == "spx")'
+)
+MEMORY_MODE = "nps1"
+POLICY_FILE = Path(__file__).parents[1] / "fixtures" / "policies" / "device-memory-partition.yaml"
+
+
+def mi300x_slices(node: str, seed: int) -> list[Obj]:
+    """The node's two slices, the devices in an arbitrary (seeded) order."""
+    slices = autopartition_slices(node, PCI, layouts=LAYOUTS)
+    random.Random(seed).shuffle(slices[1]["spec"]["devices"])
+    return slices
+
+
+def selector(expression: str) -> dict[str, Any]:
+    return {"cel": {"expression": expression}}
+
+
+def attribute(name: str, value: str) -> str:
+    return f'device.attributes["gpu.amd.com"].{name} == "{value}"'
+
+
+@pytest.fixture(scope="module")
+def ap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
+    loopback_only()
+    workdir = tmp_path_factory.mktemp("controlplane-autopartition")
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir)
+    try:
+        plane.start()
+        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+        for seed, node in enumerate(NODES):
+            make_node(kube, node, MI210_LABELS, gpus=0)
+            gone = {"amd.com/gpu": None}
+            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
+            for resource_slice in mi300x_slices(node, seed):
+                kube.apply(resource_slice)
+        kube.create(device_class(DRIVER, f"device.driver == '{DRIVER}'", None))
+        kube.create(device_class(SPX_CLASS, SPX_SELECTOR, "amd.com/gpu"))
+        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
+        install(plane, manifests)
+        names = ("ap-training", "ap-inference", "ap-admin")
+        labels: list[dict[str, str]] = [{}, {POLICY.spec.labels.namespace_class: "inference"}, {}]
+        for name, label in zip(names, labels, strict=True):
+            kube.create(new_namespace(name, label))
+        for name in names:
+            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
+        pci = {
+            (s["spec"]["pool"]["name"], d["name"]): d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+            for s in kube.list("ResourceSlice")
+            for d in s["spec"].get("devices") or []
+        }
+        yield Split(plane, kube, *names, pci)
+        plane.check_alive()
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(autouse=True)
+def emptied(ap: Split) -> Iterator[None]:
+    yield
+    delete_pods(ap, bound=False)
+    delete_pods(ap, bound=True)
+    delete_claims(ap)
+    wait_until(
+        lambda: not any(ap.kube.list("ResourceClaim", ns) for ns in ap.namespaces),
+        timeout=60,
+        what="every claim of the test deleted",
+    )
+
+
+def apool(split: Split, *args: str) -> str:
+    return pool(split.plane, *args, "--policy", str(POLICY_FILE)).stdout
+
+
+def gpu_pods(split: Split, ns: str, count: int, prefix: str = "p") -> list[str]:
+    names = [f"{prefix}{i}" for i in range(count)]
+    for name in names:
+        split.kube.create(new_pod(name, ns, {"amd.com/gpu": "1"}))
+    return names
+
+
+def layouts_of(split: Split, ns: str, names: list[str]) -> list[tuple[str, str, str]]:
+    """(node, PCI bus ID, layout) of each pod's one device."""
+    found = []
+    for name in names:
+        alloc = allocated(split, ns, name)
+        (device,) = alloc.devices
+        found.append((device.node, device.pci, device.name.split("-", 2)[2]))
+    return found
+
+
+def claim_layout(split: Split, ns: str, name: str, request: dict[str, Any]) -> tuple[str, str, str]:
+    split.kube.create(new_claim(name, ns, request))
+    split.kube.create(new_claim_pod(name, ns, claim_name=name))
+    ((node, pci, layout),) = layouts_of(split, ns, [name])
+    return node, pci, layout
+
+
+# --- before the reservation: AMD's classes alone -------------------------------------------------------
+
+
+def test_before_apply_amd_gpu_pods_get_whole_gpus(ap: Split) -> None:
+    got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 3))
+    assert all(layout == "spx-nps1" for _, _, layout in got), got
+
+
+# --- the reservation (the webhook steers claims) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def applied(ap: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    out = apool(ap, "apply", "--devices-per-node", "2")
+    assert "After apply: 2 devices per node, PCI bus IDs 0000:05:00.0, 0000:26:00.0 (" in out, out
+    assert all(split_label(ap.kube, node) == DEVICES.node_label_value for node in NODES), out
+    shared = ap.kube.get("DeviceClass", SHARED_CLASS)
+    expressions = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
+    assert SPX_SELECTOR in expressions, expressions
+    assert shared["metadata"]["annotations"]["rocm-isolation.io/extended-resource-inherited-from"] == SPX_CLASS
+    status = apool(ap, "status")
+    assert f"{DEVICES.extended_resource_name} maps to deviceclass/{SHARED_CLASS}" in status, status
+    directory = tmp_path_factory.mktemp("webhook-autopartition")
+    with running_webhook(ap, directory, lambda: _steered_class(ap), SHARED_CLASS) as running:
+        yield running
+
+
+def test_after_apply_amd_gpu_pods_get_whole_shared_gpus_never_a_partition(ap: Split, applied: Webhook) -> None:
+    got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 4))
+    assert all(layout == "spx-nps1" and pci in PCI[2:] for _, pci, layout in got), got
+    assert len({(node, pci) for node, pci, _ in got}) == 4, got
+    # every shared GPU is in use as a whole one: a fifth waits (no partition of a reserved GPU, no layout)
+    ap.kube.create(new_pod("p4", ap.training, {"amd.com/gpu": "1"}))
+    never_scheduled(ap, ap.training, "p4")
+
+
+CLAIMS = {
+    # (namespace role, request) -> (the PCI bus IDs of its side, the layouts it may get)
+    "training-spx-class": ("training", exactly(SPX_CLASS), PCI[2:], {"spx-nps1"}),
+    "training-chart-class-cpx": (
+        "training",
+        exactly(DRIVER, selectors=[selector(attribute("computePartition", "cpx"))]),
+        PCI[2:],
+        {"cpx-nps1"},  # cpx-nps4 is another memory mode than the pinned one
+    ),
+    "training-shared-class": ("training", exactly(SHARED_CLASS), PCI[2:], {"spx-nps1"}),
+    "inference-spx-class": ("inference", exactly(SPX_CLASS), PCI[:2], {"spx-nps1"}),
+    "inference-chart-class-dpx": (
+        "inference",
+        exactly(DRIVER, selectors=[selector(attribute("computePartition", "dpx"))]),
+        PCI[:2],
+        set(),  # dpx-nps2 only: another memory mode than the pinned one: never allocated
+    ),
+    "inference-reserved-class-cpx": (
+        "inference",
+        exactly(RESERVED_CLASS, selectors=[selector(attribute("computePartition", "cpx"))]),
+        PCI[:2],
+        {"cpx-nps1"},
+    ),
+}
+
+
+# Known gap (docs/operations.md, "AutoPartition"): the shared class owns amd.com/gpu and so keeps AMD's spx
+# selector, which every claim steered to it gets too: a training claim of gpu.amd.com asking for a partition
+# is narrowed to whole GPUs while the reservation inherits it. A third class owning the name fixes it.
+NARROWED = {"training-chart-class-cpx"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="the shared class keeps spx: see NARROWED"))
+        if c in NARROWED
+        else c
+        for c in CLAIMS
+    ],
+)
+def test_claims_keep_what_their_class_admits_on_their_side(ap: Split, applied: Webhook, case: str) -> None:
+    role, request, side, layouts = CLAIMS[case]
+    ns = ap.training if role == "training" else ap.inference
+    name = case.replace("_", "-")
+    if not layouts:
+        ap.kube.create(new_claim(name, ns, request))
+        ap.kube.create(new_claim_pod(name, ns, claim_name=name))
+        never_scheduled(ap, ns, name)
+        return
+    _, pci, layout = claim_layout(ap, ns, name, request)
+    assert pci in side and layout in layouts, (case, pci, layout)
+
+
+def test_a_training_claim_never_gets_another_memory_mode(ap: Split, applied: Webhook) -> None:
+    """The node-wide memory mode: training asks for nps4 (which would taint inference's nps1 layouts)."""
+    request = exactly(DRIVER, selectors=[selector(attribute("memoryPartition", "nps4"))])
+    ap.kube.create(new_claim("nps4", ap.training, request))
+    ap.kube.create(new_claim_pod("nps4", ap.training, claim_name="nps4"))
+    never_scheduled(ap, ap.training, "nps4")
+
+
+def test_status_counts_gpus_not_virtual_devices(ap: Split, applied: Webhook) -> None:
+    ((node, pci, layout),) = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 1))
+    status = yaml.safe_load(apool(ap, "status", "--output", "json"))
+    nodes = {n["name"]: n for n in status["devices"]["nodes"]} if "devices" in status else None
+    assert nodes is not None, status
+    for name in NODES:
+        assert (nodes[name]["gpus"], nodes[name]["reserved"], nodes[name]["shared"]) == (4, 2, 2), nodes[name]
+        assert len(nodes[name]["devices"]) == 16
+    gpus = {g["pciBusId"]: g for g in nodes[node]["gpuList"]}
+    assert gpus[pci]["allocated"] == [f"gpu-{PCI.index(pci)}-{layout}"], gpus
+    text = apool(ap, "status")
+    assert f"gpu-{PCI.index(pci)}-{layout}" in text and "(4 devices, none allocated)" in text, text
+
+
+def test_an_inference_amd_gpu_pod_gets_a_reserved_gpu(ap: Split, applied: Webhook) -> None:
+    """The webhook rewrites it to the reserved class's implicit name: a claim of the reserved class, on a
+    reserved GPU. Known gap (docs/operations.md): the reserved class keeps every layout (for inference
+    claims of gpu.amd.com), so the pod may get a partition of it."""
+    got = layouts_of(ap, ap.inference, gpu_pods(ap, ap.inference, 4))
+    assert all(pci in PCI[:2] for _, pci, _ in got), got
+    if any(layout != "spx-nps1" for _, _, layout in got):
+        pytest.xfail(f"known gap: an inference amd.com/gpu pod got a partition: {got}")
+
+
+def test_resize_then_release(ap: Split, applied: Webhook) -> None:
+    out = apool(ap, "apply", "--devices-per-node", "1")
+    assert "After apply: 1 device per node, PCI bus IDs 0000:05:00.0 (" in out, out
+    names = gpu_pods(ap, ap.training, 6, "r")
+    got = layouts_of(ap, ap.training, names)
+    assert all(layout == "spx-nps1" and pci in PCI[1:] for _, pci, layout in got), got
+    delete_pods(ap)
+    delete_claims(ap)
+    wait_until(lambda: not ap.kube.list("ResourceClaim", ap.training), timeout=60, what="claims deleted")
+    out = apool(ap, "release", "--devices", "--all")
+    assert "After release: released" in out, out
+    shared = ap.kube.get("DeviceClass", SHARED_CLASS)
+    # amd.com/gpu admits again exactly what AMD's gpu.amd.com-spx admitted: every whole GPU, nothing else
+    assert [s["cel"]["expression"] for s in shared["spec"]["selectors"]] == [
+        f"device.driver == '{DRIVER}'",
+        SPX_SELECTOR,
+    ]
+    got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 8, "x"))
+    assert all(layout == "spx-nps1" for _, _, layout in got), got
+    assert len({(node, pci) for node, pci, _ in got}) == 8, got
