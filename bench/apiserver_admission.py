@@ -458,23 +458,6 @@ def _lending_policy(workdir: Path) -> Path:
     return path
 
 
-def _render_with(policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
-    """``render_manifests`` with ``manifests --policy``: the same adaptation to the loopback webhook."""
-    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), "--policy", str(policy_file))
-    if result.returncode != 0:
-        raise RuntimeError(result.stdout + result.stderr)
-    out = []
-    for doc in yaml.safe_load_all(result.stdout):
-        if not doc or doc["kind"] == "Deployment":
-            continue
-        if doc["kind"] == "MutatingWebhookConfiguration":
-            for hook in doc["webhooks"]:
-                service = hook["clientConfig"].pop("service")
-                hook["clientConfig"]["url"] = f"https://{LOOPBACK}:{port}{service.get('path', '/mutate')}"
-        out.append(doc)
-    return out
-
-
 def start(workdir: Path, *, lending: bool = False) -> Bench:
     """The end-to-end suite's session set-up (tests/e2e/conftest.py), reduced to what admission needs:
     nodes (the webhook knows the reserved ones), the manifests, the webhook, ``pool apply``. ``lending``:
@@ -492,7 +475,7 @@ def start(workdir: Path, *, lending: bool = False) -> Bench:
     port = free_port()
     policy_file = _lending_policy(workdir) if lending else None
     if policy_file is not None:
-        manifests = _render_with(policy_file, cert_dir / "ca.crt", port)
+        manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
     else:
         manifests = render_manifests(cert_dir / "ca.crt", port)
     install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])

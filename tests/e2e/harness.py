@@ -407,9 +407,10 @@ DEVICE_CLASS: Obj = device_class(DRIVER)
 NIC_DEVICE_CLASS: Obj = device_class("nic.example.com", "device.driver == 'nic.example.com'")
 
 
-def render_manifests(ca_file: Path, webhook_port: int) -> list[Obj]:
-    """The project's ``manifests`` output, made to run against this control plane."""
-    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), check=True)
+def render_manifests(ca_file: Path, webhook_port: int, policy_file: Path | None = None) -> list[Obj]:
+    """The project's ``manifests`` output (``--policy`` when given), made to run against this control plane."""
+    policy = ["--policy", str(policy_file)] if policy_file is not None else []
+    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), *policy, check=True)
     out: list[Obj] = []
     for doc in yaml.safe_load_all(result.stdout):
         if not doc:

@@ -48,6 +48,7 @@ from .harness import (
     gpu_pod,
     install,
     make_node,
+    render_manifests,
     service_account_kubeconfig,
     start_webhook,
 )
@@ -140,20 +141,8 @@ class World:
 
 
 def render(policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
-    """``manifests --policy`` made to run against this control plane (as harness.render_manifests)."""
-    result = cli(
-        "manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), "--policy", str(policy_file), check=True
-    )
-    out = []
-    for doc in yaml.safe_load_all(result.stdout):
-        if not doc or doc["kind"] == "Deployment":
-            continue
-        if doc["kind"] == "MutatingWebhookConfiguration":
-            for hook in doc["webhooks"]:
-                service = hook["clientConfig"].pop("service")
-                hook["clientConfig"]["url"] = f"https://{LOOPBACK}:{port}{service.get('path', '/mutate')}"
-        out.append(doc)
-    return out
+    """``manifests --policy`` made to run against this control plane."""
+    return render_manifests(ca_file, port, policy_file)
 
 
 def _namespace(kube: Kube, name: str, labels: dict[str, str]) -> None:
