@@ -269,7 +269,10 @@ def _decide(
                 and not exactly.get("adminAccess")
             )
             if borrow:
-                kept = _kept_selectors(exactly, name, devices, f"{field}.exactly")
+                # The selectors of the class it named go with it, but never the shared class's own (a template
+                # steered at its CREATE names the shared class): they leave out the devices that may be lent.
+                source = None if name == reserved_devices.shared_class_name else name
+                kept = _kept_selectors(exactly, source, devices, f"{field}.exactly")
                 exactly = {**exactly, "selectors": kept} if kept else exactly
                 ops.extend(_first_available(request, exactly, pointer, [
                     ("shared", reserved_devices.shared_class_name, False), ("lendable", lendable, False)
