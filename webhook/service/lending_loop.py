@@ -17,9 +17,13 @@ while the policy's lending is on:
    (the scheduler's ``DisruptionTarget`` condition), and, per inference pod that waited while borrowers held
    reserved GPUs, the seconds from its creation to its binding.
 
-With lending off, a round removes the taint from any node still carrying it (turning lending off leaves
-running borrowers alone and lends nothing new: admission stops making borrowers) and exports nothing.
-Devices of split nodes (DRA), where the scheduler cannot preempt, are not lent by this version.
+4. lends and takes back the reserved devices of split nodes (DRA), where the scheduler cannot preempt:
+   the lendable DeviceClass opened or closed, borrowers evicted for waiting inference pods
+   (``service/device_lending.py``).
+
+With lending off, a round removes the taint from any node still carrying it and closes the lendable class
+(turning lending off leaves running borrowers alone and lends nothing new: admission stops making
+borrowers) and exports nothing.
 """
 
 from __future__ import annotations
