@@ -376,3 +376,41 @@ def test_a_new_lease_holder_finishes_a_reclaim_in_flight_without_evicting_twice(
     no_inference_disrupted(world)
     no_nonborrower_on_reserved(world)
     assert world.keeper_errors == [], world.keeper_errors
+
+
+# --- 4. pool with borrowers present ----------------------------------------------------------------------
+
+
+def lendable_selectors(world: World) -> str:
+    return str(world.kube.get("DeviceClass", LENDABLE)["spec"]["selectors"])
+
+
+def test_pool_resize_and_release_with_borrowers_present(world: World) -> None:
+    world.start_keeper()
+    reserved_before = str(world.kube.get("DeviceClass", RESERVED)["spec"]["selectors"])
+    out = cli("pool", "apply", "--devices-per-node", "1", kubeconfig=world.plane.admin_kubeconfig)
+    assert out.returncode == 0, out.stdout + out.stderr
+    reserved_now = str(world.kube.get("DeviceClass", RESERVED)["spec"]["selectors"])
+    assert reserved_now != reserved_before
+    # Within a round the lendable class lends the new reserved slot, or nothing (inference waiting, headroom).
+    wait_until(
+        lambda: lendable_selectors(world) in (reserved_now, str([{"cel": {"expression": "false"}}])),
+        timeout=30,
+        what="the lendable class following the resize",
+    )
+    assert RESERVED_PCI[1] not in lendable_selectors(world)
+    running = {p["metadata"]["name"] for p in world.kube.list("Pod", TRAIN) if p["spec"].get("nodeName")}
+    out = cli("pool", "release", "--devices", "--all", kubeconfig=world.plane.admin_kubeconfig)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_until(
+        lambda: (
+            world.kube.get("DeviceClass", LENDABLE)["metadata"]["annotations"]["rocm-isolation.io/lending"] == "closed"
+        ),
+        timeout=30,
+        what="the lendable class closed once released",
+    )
+    assert lendable_selectors(world) == str([{"cel": {"expression": "false"}}])
+    # Running borrowers keep their devices: neither command evicted anybody.
+    still = {p["metadata"]["name"] for p in world.kube.list("Pod", TRAIN) if p["spec"].get("nodeName")}
+    assert running <= still, running - still
+    assert world.keeper_errors == [], world.keeper_errors
