@@ -39,6 +39,7 @@ def run(case: dict[str, Any], obj: dict[str, Any]) -> Decision:
             devices_tainted=case.get("tainted", False),
             class_selectors={name: tuple(found) for name, found in case.get("classSelectors", {}).items()},
         ),
+        owner=case.get("owner"),
     )
 
 

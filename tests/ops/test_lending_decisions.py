@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from webhook.cluster.slices import Device
 from webhook.deploy.device_classes import reservation_for
 from webhook.ops.capacity import CapacityModel, Holder
-from webhook.ops.lending import Waiting, closed_nodes, lent_per_node, reclaim
+from webhook.ops.lending import Waiting, closed_nodes, lent_per_node, plan_reclaims, reclaim
 
 DRIVER = "gpu.amd.com"
 T0 = datetime(2026, 12, 4, tzinfo=UTC)
@@ -83,3 +83,67 @@ def test_devices_are_reclaimed_on_split_nodes_only() -> None:
     assert found is not None and (found.node, [h.name for h in found.victims]) == ("d1", ["b-dev"])
     found = reclaim(model, Waiting("serve", "llm", "u", 1))
     assert found is not None and found.node == "r0"
+
+
+def split_model(nodes: int = 2) -> CapacityModel:
+    """``nodes`` split nodes of 4 devices, the two lowest PCI bus IDs reserved."""
+    published = {
+        f"d{n}": tuple(Device(f"d{n}", f"d{n}", f"gpu-{i}", f"0000:{0x10 + i:02x}:00.0", DRIVER) for i in range(4))
+        for n in range(nodes)
+    }
+    reservation = reservation_for([d.pci_bus_id for d in published["d0"][:2]], 2)
+    return CapacityModel.build(
+        [(name, 0, False) for name in published], published, reservation, list(published), DRIVER
+    )
+
+
+def hold(model: CapacityModel, holder: Holder, node: str, *devices: int) -> None:
+    model.add_pod(holder, node, 0, [(DRIVER, node, f"gpu-{i}") for i in devices])
+
+
+def device_wait(name: str, gpus: int, minutes: int = 0) -> Waiting:
+    return Waiting("serve", name, name, gpus, T0 + timedelta(minutes=minutes), devices=True)
+
+
+def test_plans_give_each_waiting_pod_its_own_victims_the_oldest_pod_first() -> None:
+    model = split_model()
+    for node in ("d0", "d1"):
+        hold(model, borrower(f"{node}-a", 1), node, 0)
+        hold(model, borrower(f"{node}-b", 2), node, 1)
+    plans = plan_reclaims(model, [device_wait("young", 1, 5), device_wait("old", 2, 0)])
+    assert [(p.pod.name, p.node, sorted(h.name for h in p.victims)) for p in plans] == [
+        ("old", "d0", ["d0-a", "d0-b"]),  # two victims on either node: the name decides
+        ("young", "d1", ["d1-b"]),  # the youngest of d1, not d0's again
+    ]
+
+
+def test_victims_already_leaving_count_as_gone_so_nothing_is_evicted_twice() -> None:
+    model = split_model(1)
+    hold(model, borrower("a", 1), "d0", 0)
+    hold(model, borrower("b", 2), "d0", 1)
+    # A holder before the failover evicted b; the new one, with no memory of it, evicts a only.
+    plans = plan_reclaims(model, [device_wait("llm", 2)], leaving=[("ml", "b")])
+    assert [(p.node, [h.name for h in p.victims]) for p in plans] == [("d0", ["a"])]
+    # Both leaving: room is on its way, nobody more is evicted.
+    plans = plan_reclaims(model, [device_wait("llm", 2)], leaving=[("ml", "a"), ("ml", "b")])
+    assert [(p.node, p.victims) for p in plans] == [("d0", ())]
+
+
+def test_plans_never_take_inference_a_non_borrower_or_a_spared_borrower() -> None:
+    model = split_model(1)
+    hold(model, inference("i"), "d0", 0)
+    hold(model, Holder("ml", "strict", "training"), "d0", 1)  # a non-borrower on a reserved device
+    assert plan_reclaims(model, [device_wait("llm", 1)]) == []
+    model = split_model(1)
+    hold(model, borrower("kept", 9), "d0", 0)
+    hold(model, borrower("other", 1), "d0", 1)
+    [plan] = plan_reclaims(model, [device_wait("llm", 1)], spared=[("ml", "kept")])
+    assert [h.name for h in plan.victims] == ["other"]
+    assert plan_reclaims(model, [device_wait("llm", 1)], spared=[("ml", "kept"), ("ml", "other")]) == []
+
+
+def test_plans_promise_free_devices_once() -> None:
+    model = split_model(1)
+    hold(model, borrower("b", 1), "d0", 1)  # gpu-0 free
+    plans = plan_reclaims(model, [device_wait("first", 1, 0), device_wait("second", 1, 1)])
+    assert [(p.pod.name, [h.name for h in p.victims]) for p in plans] == [("first", []), ("second", ["b"])]

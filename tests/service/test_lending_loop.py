@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import yaml
 
-from webhook.cluster.kubeapi import Conflict, KubeApi
+from webhook.cluster.kubeapi import Conflict, KubeApi, NotFound
 from webhook.core.policy import Policy, default_policy, parse_policy
 from webhook.service.lending_loop import LendingKeeper, Observed, taint_patch
 from webhook.service.metrics import Metrics
@@ -76,6 +76,10 @@ class Api:
         for item in items:
             if selects(label_selector or "", item["metadata"].get("labels") or {}):
                 yield item
+
+    def get(self, path: str) -> dict[str, Any]:
+        # No DeviceClass here (no device-level reservation): the device part of the round reads nothing more.
+        raise NotFound("not found", status=404, method="GET", path=path)
 
     def patch(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         name = path.rsplit("/", 1)[-1]

@@ -43,6 +43,8 @@ from webhook.core.decision import (
 from webhook.core.policy import Policy
 
 log = logging.getLogger("webhook.cluster")
+# A claim's pod read while admitting the claim: the apiserver's webhook timeout bounds the whole review.
+POD_READ_SECONDS = 1.0  # the webhook's timeoutSeconds is 2
 
 
 class _Labelled(Protocol):
@@ -462,6 +464,18 @@ class ClusterCache:
         self._device_generation = 0
         self._devices: tuple[int, Policy, DeviceFacts] | None = None
         self.api_client = api_client
+        self._read_pod = core.read_namespaced_pod
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as stored, read live (pods are not watched: too many), None when it cannot be read: the
+        caller treats an unknown pod as no borrower, the safe side (a claim then gets shared devices only)."""
+        try:
+            response: Any = self._read_pod(name, namespace, _preload_content=False, _request_timeout=POD_READ_SECONDS)
+            found = json.loads(response.data)
+        except Exception as err:  # any failure: unknown, never an error of the admission
+            log.warning("cannot read a claim's pod", extra={"namespace": namespace, "pod": name, "error": str(err)})
+            return None
+        return found if isinstance(found, dict) else None
 
     @property
     def reflectors(self) -> tuple[Reflector, ...]:

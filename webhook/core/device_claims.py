@@ -54,6 +54,7 @@ from webhook.core.engine import (
     RULE_OPERATION,
     namespace_mode,
 )
+from webhook.core.lending import borrows_devices, namespace_may_borrow
 from webhook.core.policy import Mode, Policy
 
 RULE_NOT_RESERVED = "no-device-reservation"
@@ -121,9 +122,11 @@ def decide_claim(
     namespace: NamespaceFacts,
     policy: Policy,
     devices: DeviceFacts,
+    owner: Any = None,
 ) -> Decision:
     """Decide what to do with one ResourceClaim (``kind`` ResourceClaim) or ResourceClaimTemplate. Pure;
-    never raises."""
+    never raises. ``owner``: the pod the claim was made for, as stored (``core/lending.owner_to_read`` says
+    when the caller reads it), else None."""
     spec = policy.spec
     mode, mode_warnings = namespace_mode(spec, namespace)
     if operation != "CREATE":
@@ -134,7 +137,7 @@ def decide_claim(
     if not devices.devices_reserved:
         return _allow(RULE_NOT_RESERVED, "no device-level reservation is active", mode)
     try:
-        return _decide(claim, kind, namespace, policy, devices, mode, mode_warnings)
+        return _decide(claim, kind, namespace, policy, devices, mode, mode_warnings, owner)
     except _Malformed as err:
         return Decision(
             allowed=False,
@@ -154,6 +157,7 @@ def _decide(
     devices: DeviceFacts,
     mode: Mode,
     warnings: list[str],
+    owner: Any,
 ) -> Decision:
     spec = policy.spec
     reserved_devices = spec.reserved_devices
@@ -173,6 +177,16 @@ def _decide(
     requests = _items(_dict(claim_spec.get("devices"), f"{where}.devices").get("requests"), f"{where}.devices.requests")
 
     target = reserved_devices.reserved_class_name if inference else reserved_devices.shared_class_name
+    lendable = reserved_devices.lendable_class_name
+    # A borrower's claim (made for a borrower pod, lending on, the lendable class there): shared devices
+    # first, then the reserved ones the lending keeper lends now (firstAvailable: [shared, lendable]).
+    borrowing = (
+        kind == CLAIM_KIND
+        and not inference
+        and lendable in devices.gpu_classes
+        and namespace_may_borrow(policy, namespace.name, namespace.labels)
+        and borrows_devices(claim, owner, policy)
+    )
     ops: list[dict[str, Any]] = []
     changed: list[str] = []
     violations: list[Violation] = []
@@ -185,6 +199,8 @@ def _decide(
         if not isinstance(name, str):
             return ""
         if not name or not is_gpu(name):
+            return name
+        if borrowing and name == lendable:
             return name
         if name in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name):
             if name == reserved_devices.reserved_class_name and not may_use_reserved:
@@ -245,14 +261,33 @@ def _decide(
                 and name not in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name)
                 and not exactly.get("adminAccess")
             )
-            if spill:
+            borrow = (
+                borrowing
+                and isinstance(name, str)
+                and is_gpu(name)
+                and name not in (reserved_devices.reserved_class_name, lendable)
+                and not exactly.get("adminAccess")
+            )
+            if borrow:
+                # The selectors of the class it named go with it, but never the shared class's own (a template
+                # steered at its CREATE names the shared class): they leave out the devices that may be lent.
+                source = None if name == reserved_devices.shared_class_name else name
+                kept = _kept_selectors(exactly, source, devices, f"{field}.exactly")
+                exactly = {**exactly, "selectors": kept} if kept else exactly
+                ops.extend(_first_available(request, exactly, pointer, [
+                    ("shared", reserved_devices.shared_class_name, False), ("lendable", lendable, False)
+                ]))  # fmt: skip
+                changed.append(f"{field}.exactly: {name} -> firstAvailable [shared, lendable] (a borrower's claim)")
+            elif spill:
                 kept = _kept_selectors(exactly, name, devices, f"{field}.exactly")
                 exactly = {**exactly, "selectors": kept} if kept else exactly
                 tolerate = may_use_reserved and not any(
                     map(tolerates_reserved, _tolerations(exactly, f"{field}.exactly"))
                 )
-                ops.extend(_spill_over(request, exactly, pointer, reserved_devices.reserved_class_name,
-                                       reserved_devices.shared_class_name, tolerate=tolerate))  # fmt: skip
+                ops.extend(_first_available(request, exactly, pointer, [
+                    ("reserved", reserved_devices.reserved_class_name, tolerate),
+                    ("shared", reserved_devices.shared_class_name, False),
+                ]))  # fmt: skip
                 changed.append(f"{field}.exactly: {name} -> firstAvailable [reserved, shared]")
             else:
                 steered = steer(name, f"{field}.exactly.deviceClassName", f"{pointer}/exactly/deviceClassName")
@@ -288,19 +323,23 @@ def _kept_selectors(body: dict[str, Any], source: Any, devices: DeviceFacts, fie
     return [*listed, *({"cel": {"expression": e}} for e in own if e not in present)]
 
 
-def _spill_over(
-    request: dict[str, Any], exactly: dict[str, Any], pointer: str, reserved: str, shared: str, *, tolerate: bool
+def _first_available(
+    request: dict[str, Any], exactly: dict[str, Any], pointer: str, choices: list[tuple[str, str, bool]]
 ) -> list[dict[str, Any]]:
-    """The request with ``exactly`` as ``firstAvailable: [reserved, shared]`` (a subrequest has every
-    field of an exact request but ``adminAccess``: a request asking for it is never spilled, and an
-    ``adminAccess: false`` is left out); ``tolerate``: the reserved subrequest also gets the toleration of
-    the reserved-device taint (the shared one does not need it)."""
+    """The request with ``exactly`` as ``firstAvailable``, one subrequest per (name, class, tolerate) in
+    order: an inference spill-over ``[reserved, shared]``, a borrower's ``[shared, lendable]``. A subrequest
+    has every field of an exact request but ``adminAccess`` (a request asking for it is never rewritten,
+    and an ``adminAccess: false`` is left out); ``tolerate``: that subrequest also gets the toleration of the
+    reserved-device taint."""
     fields = {key: value for key, value in exactly.items() if key not in ("deviceClassName", "adminAccess")}
     body = {key: value for key, value in request.items() if key != "exactly"}
-    first = {"name": "reserved", **fields, "deviceClassName": reserved}
-    if tolerate:
-        first["tolerations"] = [*(exactly.get("tolerations") or []), dict(RESERVED_TOLERATION)]
-    body["firstAvailable"] = [first, {"name": "shared", **fields, "deviceClassName": shared}]
+    subrequests = []
+    for name, device_class, tolerate in choices:
+        sub = {"name": name, **fields, "deviceClassName": device_class}
+        if tolerate:
+            sub["tolerations"] = [*(exactly.get("tolerations") or []), dict(RESERVED_TOLERATION)]
+        subrequests.append(sub)
+    body["firstAvailable"] = subrequests
     return [patch.replace(pointer, body)]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from webhook.core import review
+from webhook.core import lending, review
 from webhook.core.decision import NO_CLAIMS, NO_DEVICES, ClaimFacts, Decision, DeviceFacts, NamespaceFacts, NodeFacts
 from webhook.core.device_claims import decide_claim
 from webhook.core.engine import EPHEMERAL_CONTAINERS, decide
@@ -27,6 +27,10 @@ class ClusterFacts(Protocol):
     def claims(self, namespace: str) -> ClaimFacts: ...
 
     def devices(self, policy: Policy) -> DeviceFacts: ...
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as stored (a live read: the caller runs it off the event loop), None when unknown."""
+        ...
 
 
 _UNKNOWN_NODES = NodeFacts(reserved_node_names=None)
@@ -49,6 +53,9 @@ class NoCluster:
 
     def devices(self, policy: Policy) -> DeviceFacts:
         return NO_DEVICES
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
 
 class Handled:
@@ -83,12 +90,26 @@ def _names_claims(pod: dict[str, Any]) -> bool:
     return type(spec) is dict and bool(spec.get("resourceClaims"))
 
 
-def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
+def owner_to_read(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> tuple[str, str] | None:
+    """The pod (name, uid) whose claim this CREATE is, when it must be read before ``handle`` decides (a
+    claim that may borrow reserved devices: ``core/lending.owner_to_read``), else None."""
+    if request.is_pod or not request.is_claim or request.operation != "CREATE" or request.sub_resource:
+        return None
+    devices = policy.spec.reserved_devices
+    namespace = facts.namespace(request.namespace)
+    lendable = devices.lendable_class_name in facts.devices(policy).gpu_classes
+    return lending.owner_to_read(policy, request.namespace, namespace.labels, request.object, lendable)
+
+
+def handle(
+    request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts, owner: dict[str, Any] | None = None
+) -> Handled:
+    """``owner``: the pod a claim was made for, read by the caller when ``owner_to_read`` asked."""
     mode = policy.spec.mode
     if not request.is_pod:
         # Pods are nearly every review: the claim check comes only after the pod one.
         if request.is_claim:
-            return _handle_claim(request, policy=policy, facts=facts)
+            return _handle_claim(request, policy=policy, facts=facts, owner=owner)
         return _skip("skip.not-a-pod", mode)
     if request.sub_resource and request.sub_resource != EPHEMERAL_CONTAINERS:
         # pods/status, pods/binding, ...: not the pod spec we place. pods/ephemeralcontainers (kubectl
@@ -128,7 +149,9 @@ def handle(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) ->
     return _handled(decision)
 
 
-def _handle_claim(request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts) -> Handled:
+def _handle_claim(
+    request: AdmissionRequest, *, policy: Policy, facts: ClusterFacts, owner: dict[str, Any] | None
+) -> Handled:
     """A ResourceClaim or ResourceClaimTemplate: steered while a device-level reservation is active."""
     mode = policy.spec.mode
     if request.sub_resource:
@@ -148,6 +171,7 @@ def _handle_claim(request: AdmissionRequest, *, policy: Policy, facts: ClusterFa
         namespace=facts.namespace(request.namespace),
         policy=policy,
         devices=facts.devices(policy),
+        owner=owner,
     )
     return _handled(decision)
 

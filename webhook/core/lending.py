@@ -126,3 +126,54 @@ def borrow_choice(
     if not may or asked == "false":
         return False, ""
     return (asked == "true" or lending.default_borrow), ""
+
+
+# --- devices: a borrower's claims ------------------------------------------------------------------------
+
+POD_KIND = "Pod"
+
+
+def claim_owner(claim: Any) -> tuple[str, str] | None:
+    """The pod a ResourceClaim was made for, as (name, uid): the resourceclaim controller makes a pod's
+    claims from its templates with one controller ``ownerReference`` to the pod (the only link: nothing
+    else of the pod is copied into the claim; device-reservation-facts.md §3). None for any other claim."""
+    if not isinstance(claim, Mapping):
+        return None
+    metadata = claim.get("metadata")
+    references = metadata.get("ownerReferences") if isinstance(metadata, Mapping) else None
+    if not isinstance(references, list):
+        return None
+    for reference in references:
+        if (
+            isinstance(reference, Mapping)
+            and reference.get("controller") is True
+            and reference.get("kind") == POD_KIND
+            and reference.get("apiVersion") == "v1"
+        ):
+            name, uid = reference.get("name"), reference.get("uid")
+            if isinstance(name, str) and name and isinstance(uid, str) and uid:
+                return name, uid
+    return None
+
+
+def owner_to_read(
+    policy: Policy, namespace: str, namespace_labels: Mapping[str, str] | None, claim: Any, lendable: bool
+) -> tuple[str, str] | None:
+    """The pod to read before deciding on a claim (its name and uid), or None when nothing it could say
+    changes the decision: lending off, the lendable class absent (``lendable``), the namespace may not
+    borrow, or the claim was not made for a pod. Keeps the read (the webhook's one API call while admitting)
+    to the claims that may borrow."""
+    if not lendable or not namespace_may_borrow(policy, namespace, namespace_labels):
+        return None
+    return claim_owner(claim)
+
+
+def borrows_devices(claim: Any, owner: Any, policy: Policy) -> bool:
+    """Whether a claim is a borrower's: it was made for ``owner`` (the pod as stored, read by uid: a pod
+    of the same name made since is not it) and that pod is a borrower (``is_borrower``: its priority, which
+    never changes after CREATE)."""
+    ref = claim_owner(claim)
+    if ref is None or not isinstance(owner, Mapping):
+        return False
+    metadata = owner.get("metadata")
+    return isinstance(metadata, Mapping) and metadata.get("uid") == ref[1] and is_borrower(owner, policy)

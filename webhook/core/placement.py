@@ -291,7 +291,8 @@ def borrower_plan(policy: Policy, class_name: str) -> ClassPlan:
     """What a borrower of an unreserved class gets instead of its class's placement: the class's own node
     requirements without the one that keeps it off reserved nodes, the reserved toleration, a preference for
     shared nodes, the borrowers' priority (all three fields), its borrow label; with ``lendFrom: idleNodes``
-    a required anti-affinity to the nodes where inference pods run (the placed label of the reserved classes)."""
+    a required anti-affinity to the nodes where inference pods run (the placed label of the reserved classes),
+    for a pod without claims (``plan_borrower_affinity``)."""
     plan = class_plan(policy, class_name)
     settings = lending.settings(policy)
     reserved = reserved_nodes(policy, None)
@@ -352,7 +353,10 @@ def plan_borrower_affinity(review: Assessment, plan: ClassPlan) -> None:
         affinity["nodeAffinity"] = node_affinity
         review.done.append("node-affinity")
     changed_anti = False
-    if plan.anti_affinity is not None:
+    # Only a pod without claims: a pod anti-affinity is symmetric (inference could not be placed where such a
+    # borrower runs), and a borrower's claims reach shared devices of split nodes, where inference runs too,
+    # and lent reserved devices, which the keeper takes back (idleNodes is about nodes reserved whole).
+    if plan.anti_affinity is not None and not review.spec.get("resourceClaims"):
         anti: dict[str, Any] = dict(affinity.get("podAntiAffinity") or {})
         required_anti = anti.get(scheduling.REQUIRED)
         required_anti = list(required_anti) if type(required_anti) is list else []

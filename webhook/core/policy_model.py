@@ -240,6 +240,10 @@ class ReservedDevices(_Model):
     # the shared class owns extendedResourceName so that amd.com/gpu on DRA nodes reaches shared devices only.
     reserved_class_name: str = "rocm-isolation-reserved"
     shared_class_name: str = "rocm-isolation-shared"
+    # With lending on: the class of the reserved devices that may be lent now (the lending keeper of
+    # ``serve`` writes it: the reserved class's selectors while lending is open, none while it is closed);
+    # a borrower's claim asks for it after the shared class (firstAvailable). docs/operations.md "Lending".
+    lendable_class_name: str = "rocm-isolation-lendable"
     extended_resource_name: str = "amd.com/gpu"
     # Whether inference claims may fall back to shared devices when the reserved ones are taken
     # (firstAvailable: reserved first, then shared). Off, as for nodes: inference waits for its devices.
@@ -261,12 +265,14 @@ class ReservedDevices(_Model):
         for field_name, name in (
             ("reservedClassName", self.reserved_class_name),
             ("sharedClassName", self.shared_class_name),
+            ("lendableClassName", self.lendable_class_name),
         ):
             # deviceclass.resource.kubernetes.io/<name> must be a resource name: its name part is at most 63.
             if not _DEVICE_CLASS.match(name) or any(ch in name for ch in "*?") or len(name) > 63:
                 raise ValueError(f"{field_name}: {name!r} is not a DeviceClass name (a DNS subdomain, at most 63)")
-        if self.reserved_class_name == self.shared_class_name:
-            raise ValueError("reservedClassName and sharedClassName must differ")
+        names = (self.reserved_class_name, self.shared_class_name, self.lendable_class_name)
+        if len(set(names)) < len(names):
+            raise ValueError("reservedClassName, sharedClassName and lendableClassName must differ")
         _check_label_value(self.node_label_value)
         if self.memory_partition and not re.fullmatch(r"[a-z0-9]{1,16}", self.memory_partition):
             raise ValueError(

@@ -214,3 +214,28 @@ def reservation_for(
     if tainted is None:
         return DeviceReservation(devices_per_node, ids)
     return DeviceReservation(devices_per_node, ids, True, frozenset(tainted))
+
+
+LENDING_ANNOTATION = "rocm-isolation.io/lending"
+LENDING_OPEN = "open"
+LENDING_CLOSED = "closed"
+# A selector no device passes: the lendable class while nothing may be lent.
+NOTHING = "false"
+
+
+def lendable_class(policy: Policy, reservation: DeviceReservation, *, open_: bool) -> dict[str, Any]:
+    """The lendable class (``reservedDevices.lendableClassName``), which a borrower's claim asks for after
+    the shared one: the reserved class's selectors while lending is open, a selector no device passes while
+    it is closed. Written by the lending keeper of ``serve`` (``service/device_lending.py``), never by
+    ``pool``: it opens and closes it each round. Lends nothing while the reservation is released or held by
+    DeviceTaintRules (a borrower would need the reserved-device toleration that no training claim may carry)."""
+    devices = policy.spec.reserved_devices
+    lent = open_ and reservation.active and not reservation.by_taints
+    selectors = (
+        _selectors(reserved_selector(devices.driver, reservation), policy, reservation)
+        if lent
+        else [{"cel": {"expression": NOTHING}}]
+    )
+    metadata = _metadata(devices.lendable_class_name, "lendable", reservation)
+    metadata["annotations"][LENDING_ANNOTATION] = LENDING_OPEN if lent else LENDING_CLOSED
+    return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": {"selectors": selectors}}

@@ -6,6 +6,12 @@ where). So it comes with a ValidatingAdmissionPolicy that holds the webhook's Se
 keeper does: on a node UPDATE by that ServiceAccount, everything but the taints of the no-borrowers key must
 stay as it was (labels, annotations, ``unschedulable``, every other taint). Whoever takes the webhook's
 token can then add or remove that one taint (closing or opening reserved nodes to borrowers), nothing more.
+
+Devices of split nodes (``service/device_lending.py``): the keeper writes one DeviceClass, the lendable one
+(``create``, and ``patch`` by name: RBAC cannot restrict ``create`` by name, so a second policy denies the
+ServiceAccount's DeviceClass writes of any other name), and evicts borrowers holding reserved devices
+(``pods/eviction``: the Eviction API, PodDisruptionBudgets honoured; RBAC cannot tell a borrower from any
+other pod, so this is the verb ``kubectl drain`` needs, no more).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from webhook.deploy.cel import quote
 
 CLUSTER_ROLE = "rocm-isolation-webhook-lending"
 NODE_WRITES_POLICY = "rocm-isolation-lending-node-writes"
+CLASS_WRITES_POLICY = "rocm-isolation-lending-class-writes"
 
 
 def service_account(namespace: str, name: str) -> str:
@@ -54,6 +61,32 @@ def node_writes_policy(policy: Policy, user: str) -> dict[str, Any]:
     }
 
 
+def class_writes_policy(policy: Policy, user: str) -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy spec: the webhook's DeviceClass writes are of the lendable class only."""
+    name = policy.spec.reserved_devices.lendable_class_name
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": ["deviceclasses"],
+                }
+            ]
+        },
+        "matchConditions": [{"name": "the-webhook", "expression": f"request.userInfo.username == {quote(user)}"}],
+        "validations": [
+            {
+                "expression": f"request.name == {quote(name)}",
+                "message": f"rocm-isolation-webhook may write only the DeviceClass {name} (lending)",
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
 def resources(
     policy: Policy, namespace: str, account: str, *, metadata: Callable[[str], dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -67,7 +100,17 @@ def resources(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": metadata(CLUSTER_ROLE),
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["create"]},
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["deviceclasses"],
+                    "resourceNames": [policy.spec.reserved_devices.lendable_class_name],
+                    "verbs": ["patch"],
+                },
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -87,5 +130,17 @@ def resources(
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": metadata(NODE_WRITES_POLICY),
             "spec": {"policyName": NODE_WRITES_POLICY, "validationActions": ["Deny"]},
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": metadata(CLASS_WRITES_POLICY),
+            "spec": class_writes_policy(policy, user),
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": metadata(CLASS_WRITES_POLICY),
+            "spec": {"policyName": CLASS_WRITES_POLICY, "validationActions": ["Deny"]},
         },
     ]

@@ -438,6 +438,8 @@ def _anti_affinity_operations(term: dict[str, Any], affinity_added: str) -> str:
     when missing; ``affinity_added``: CEL telling whether the operations before it create the affinity."""
     path = patch.pointer("spec", "affinity", "podAntiAffinity", scheduling.REQUIRED)
     return (
+        # Not for a pod with claims (``placement.plan_borrower_affinity``).
+        "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0 ? [] :\n"
         f"{_anti_affinity_present(term)} ? [] :\n"
         f"has({_AFFINITY}) && has({_ANTI}) ? (has({_ANTI_REQUIRED}) ? [{_operation('add', path + '/-', _literal(term))}] : "
         f"[{_operation('add', path, _literal([term]))}]) :\n"

@@ -34,7 +34,7 @@ from typing import Any
 from webhook.core.claims import RESERVED_DEVICE_TAINT_KEY
 from webhook.core.pods import DEVICE_CLASS_RESOURCE_PREFIX
 from webhook.core.policy import Policy, glob_regex, gpu_device_class_names
-from webhook.deploy import mutating_policy
+from webhook.deploy import cel, mutating_policy
 from webhook.deploy.cel import quote, str_list
 from webhook.deploy.device_classes import ACTIVE, STATE_LABEL
 
@@ -102,10 +102,17 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
     evaluates every messageExpression, passing or not: docs/architecture.md)."""
     shared = policy.spec.reserved_devices.shared_class_name
     requests = f"{root}.devices.requests"
+    borrowing = resource == "resourceclaims" and policy.spec.lending.enabled
+    # A borrower's claim may name the lendable class in a firstAvailable entry (``_borrowing_claim``).
+    lent = (
+        f"!(variables.borrowing && s.deviceClassName == {quote(policy.spec.reserved_devices.lendable_class_name)}) && "
+        if borrowing
+        else ""
+    )
     bad_request = (
         f"(has(r.exactly) && has(r.exactly.deviceClassName) && {_forbidden_class(policy, 'r.exactly.deviceClassName')})"
         " ||\n"
-        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && "
+        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && {lent}"
         f"{_forbidden_class(policy, 's.deviceClassName')}))"
     )
     tolerating_request = (
@@ -120,6 +127,7 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
             "name": "mayUseReserved",
             "expression": f"variables.namespaceAllowedClasses.exists(c, c in {str_list(_reserved_classes(policy))})",
         },
+        *([{"name": "borrowing", "expression": _borrowing_claim(policy)}] if borrowing else []),
         {
             "name": "requests",
             "expression": f"has({root}.devices) && has({requests}) ? {requests} : []",
@@ -189,6 +197,25 @@ def _claim_policy_spec(policy: Policy, resource: str, root: str) -> dict[str, An
             },
         ],
     }
+
+
+# Who makes a pod's claims from its templates: the resourceclaim controller, with its own ServiceAccount
+# (kube-controller-manager --use-service-account-credentials, kubeadm's default) or kube-controller-manager's
+# credential (device-reservation-facts.md §3).
+CLAIM_CONTROLLER_USERS = (
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:kube-controller-manager",
+)
+
+
+def _borrowing_claim(policy: Policy) -> str:
+    """CEL: the claim may name the lendable class (in a ``firstAvailable`` entry; the webhook puts it after
+    the shared one for a borrower's claim): a namespace that may borrow, and a claim the resourceclaim
+    controller makes for a pod (its templates cannot name the class; only the webhook adds it, knowing the
+    pod is a borrower), or an UPDATE (a claim's spec never changes after CREATE). With the webhook down
+    nobody can make such a claim: pod authors cannot act as the controller."""
+    maker = f"request.userInfo.username in {str_list(list(CLAIM_CONTROLLER_USERS))}"
+    return f"{cel.namespace_may_borrow(policy)} && (request.operation == 'UPDATE' || {maker})"
 
 
 def _containers_resource(policy: Policy, test: Callable[[str], str]) -> str:

@@ -106,6 +106,60 @@ def victims_on(
     return None
 
 
+def plan_reclaims(
+    model: CapacityModel,
+    waiting: Sequence[Waiting],
+    leaving: Iterable[tuple[str, str]] = (),
+    spared: Iterable[tuple[str, str]] = (),
+) -> list[Reclaim]:
+    """Room for every waiting pod whose GPUs are devices of split nodes, the oldest first: on each node, what
+    is free once the ``leaving`` pods are gone (borrowers already evicted, terminating), less what was
+    promised to older waiting pods this round; where that is not enough, the fewest borrowers to evict,
+    the youngest among equals (never an inference pod, a non-borrower, one leaving already or one of
+    ``spared``: its PodDisruptionBudget refused). A pod the freed devices already cover gets a plan with no
+    victims: nothing more is evicted for it (this is what makes a new Lease holder pick up a reclaim in
+    flight without evicting twice: the plan is a function of the cluster, not of memory). A pod that fits
+    nowhere even with every borrower gone gets no plan."""
+    gone = set(leaving)
+    skip = gone | set(spared)
+    promised: dict[str, int] = {}
+    plans: list[Reclaim] = []
+    for pod in sorted(waiting, key=lambda w: (w.created.timestamp() if w.created else 0.0, w.namespace, w.name)):
+        best: tuple[tuple[int, float, str], Reclaim] | None = None
+        for node in model.pool_nodes(RESERVED):
+            if not node.split:
+                continue
+            free = model.free_without(node.name, RESERVED, gone) - promised.get(node.name, 0)
+            chosen: list[Holder] = []
+            if free < pod.gpus:
+                candidates = sorted(
+                    (
+                        (holder, gpus)
+                        for holder, gpus in node.side(RESERVED).holders
+                        if holder.borrower and not holder.inference and holder.ref not in skip
+                    ),
+                    key=lambda entry: (-entry[1], -_created(entry[0]), entry[0].ref),
+                )
+                for holder, gpus in candidates:
+                    chosen.append(holder)
+                    free += gpus
+                    if free >= pod.gpus:
+                        break
+                if free < pod.gpus:
+                    continue
+            key = (len(chosen), -max((_created(h) for h in chosen), default=0.0), node.name)
+            if best is None or key < best[0]:
+                best = (key, Reclaim(pod, node.name, tuple(chosen)))
+        if best is None:
+            continue
+        plan = best[1]
+        plans.append(plan)
+        promised[plan.node] = promised.get(plan.node, 0) + pod.gpus
+        gone |= {victim.ref for victim in plan.victims}
+        skip |= {victim.ref for victim in plan.victims}
+    return plans
+
+
 def reclaim(model: CapacityModel, pod: Waiting, spared: Iterable[tuple[str, str]] = ()) -> Reclaim | None:
     """Where to make room for ``pod``: the node needing the fewest evictions, then the youngest victims, then
     by name. ``devices``: only split nodes' reserved devices; else the nodes reserved whole. None when the

@@ -88,6 +88,7 @@ class PodUsage:
     uid: str
     created: datetime | None
     borrower: bool = False  # core/lending.is_borrower
+    terminating: bool = False  # being deleted (an eviction under way): what it holds is leaving
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
                 info.uid,
                 info.created,
                 is_borrower(raw, policy),
+                bool((raw.get("metadata") or {}).get("deletionTimestamp")),
             )
     plugin = {
         info.name: sum(n for name, n in info.gpu_resources.items() if name.startswith(DEVICE_PLUGIN_PREFIX))

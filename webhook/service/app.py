@@ -46,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from webhook.cluster.cache import ClusterCache
 from webhook.core import review
-from webhook.core.handler import ClusterFacts, Handled, NoCluster, handle
+from webhook.core.handler import ClusterFacts, Handled, NoCluster, handle, owner_to_read
 from webhook.core.review import ReviewError
 from webhook.service.drain import Drain
 from webhook.service.lending_loop import LendingKeeper
@@ -299,7 +299,13 @@ def create_app(service: WebhookService) -> WebhookApp:
 
         policy = service.policies.policy
         try:
-            handled = handle(admission, policy=policy, facts=service.facts)
+            owner = None
+            ref = owner_to_read(admission, policy=policy, facts=service.facts)
+            if ref is not None:
+                # A claim that may borrow reserved devices: its pod's priority says whether it does. The
+                # one live read while admitting, off the event loop; unknown (None) means "not a borrower".
+                owner = await asyncio.to_thread(service.facts.pod, admission.namespace, ref[0])
+            handled = handle(admission, policy=policy, facts=service.facts, owner=owner)
         except Exception as err:
             metrics.errors.labels("internal").inc()
             log.exception("unexpected failure deciding", extra={"uid": admission.uid})

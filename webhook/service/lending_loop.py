@@ -17,9 +17,13 @@ while the policy's lending is on:
    (the scheduler's ``DisruptionTarget`` condition), and, per inference pod that waited while borrowers held
    reserved GPUs, the seconds from its creation to its binding.
 
-With lending off, a round removes the taint from any node still carrying it (turning lending off leaves
-running borrowers alone and lends nothing new: admission stops making borrowers) and exports nothing.
-Devices of split nodes (DRA), where the scheduler cannot preempt, are not lent by this version.
+4. lends and takes back the reserved devices of split nodes (DRA), where the scheduler cannot preempt:
+   the lendable DeviceClass opened or closed, borrowers evicted for waiting inference pods
+   (``service/device_lending.py``).
+
+With lending off, a round removes the taint from any node still carrying it and closes the lendable class
+(turning lending off leaves running borrowers alone and lends nothing new: admission stops making
+borrowers) and exports nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.capacity import CapacityModel, Holder
 from webhook.ops.lending import Waiting, closed_nodes, lent_per_node
+from webhook.service.device_lending import DeviceLending, DeviceRound
 from webhook.service.periodic import Periodic
 
 log = logging.getLogger("webhook.lending")
@@ -55,6 +60,9 @@ class Observed:
     conflicts: tuple[str, ...] = ()
     preempted: tuple[str, ...] = ()  # borrowers seen leaving under the scheduler's preemption (uids)
     bound: tuple[float, ...] = ()  # seconds from creation to binding of inference pods that waited on borrowers
+    devices: DeviceRound = field(
+        default_factory=DeviceRound
+    )  # the reserved devices of split nodes (service/device_lending.py)
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -112,6 +120,10 @@ class LendingKeeper:
     _preempted: set[str] = field(default_factory=set)
     _waited: dict[str, datetime | None] = field(default_factory=dict)  # uid -> creation, of inference pods
     _rounds: Periodic | None = None
+    _devices: DeviceLending | None = None
+
+    def __post_init__(self) -> None:
+        self._devices = DeviceLending(self.api, self.leading)
 
     def start(self) -> None:
         self._rounds = Periodic("lending", self.interval, self._round, log)
@@ -142,7 +154,8 @@ class LendingKeeper:
         taint = {k: str(v) for k, v in lending.no_borrowers_toleration.items() if k != "operator"}
         if not lending.enabled:
             written, conflicts = self._taint(nodes, taint, closed=set())
-            return Observed(written=tuple(written), conflicts=tuple(conflicts))
+            devices = self._device_round(policy, [])
+            return Observed(written=tuple(written), conflicts=tuple(conflicts), devices=devices)
         inference = sorted(n for n, c in policy.spec.classes.items() if c.placement == "reserved")
         pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
         if inference:
@@ -155,6 +168,7 @@ class LendingKeeper:
             policy.spec.reserved_devices.driver,
         )
         waiting: list[Waiting] = []
+        waiting_devices: list[dict[str, Any]] = []  # unschedulable inference pods with claims
         seen: set[str] = set()
         preempted_now: list[str] = []
         borrowers_hold = False
@@ -186,14 +200,51 @@ class LendingKeeper:
                 model.add_pod(holder, node, gpus)
                 borrowers_hold = borrowers_hold or borrower
             elif is_inference and unschedulable(pod):
-                waiting.append(Waiting(holder.namespace, holder.name, uid, gpus, created))
+                if (pod.get("spec") or {}).get("resourceClaims"):
+                    waiting_devices.append(pod)
+                if gpus:
+                    waiting.append(Waiting(holder.namespace, holder.name, uid, gpus, created))
         lent = sum(lent_per_node(model).values())
-        bound = self._bind_times(pods, policy, waiting if borrowers_hold or lent else [])
+        devices = self._device_round(policy, waiting_devices)
+        # Inference pods waiting while borrowers hold reserved GPUs: their creation-to-binding seconds.
+        tracked = waiting if borrowers_hold or lent else []
+        if devices.lent or devices.evicted or devices.blocked:
+            tracked = tracked + [self._waiting(pod) for pod in waiting_devices]
+        bound = self._bind_times(pods, policy, tracked)
         closed = closed_nodes(model, policy.spec.lending.headroom_gpus, waiting)
         written, conflicts = self._taint(nodes, taint, closed=closed)
         self._preempted &= seen  # forget the borrowers that are gone
         return Observed(
-            lent, tuple(sorted(closed)), len(waiting), tuple(written), tuple(conflicts), tuple(preempted_now), bound
+            lent,
+            tuple(sorted(closed)),
+            len(waiting),
+            tuple(written),
+            tuple(conflicts),
+            tuple(preempted_now),
+            bound,
+            devices,
+        )
+
+    def _device_round(self, policy: Policy, waiting: list[dict[str, Any]]) -> DeviceRound:
+        """The reserved devices of split nodes: lent, closed, taken back (``service/device_lending.py``). A
+        failure there is logged and leaves the node part of the round alone."""
+        assert self._devices is not None
+        try:
+            return self._devices.run(policy, waiting)
+        except ApiError as err:
+            log.warning("lending: cannot read or write the devices' lending", extra={"error": str(err)})
+            return DeviceRound()
+
+    @staticmethod
+    def _waiting(pod: Mapping[str, Any]) -> Waiting:
+        metadata = pod.get("metadata") or {}
+        return Waiting(
+            str(metadata.get("namespace", "")),
+            str(metadata.get("name", "")),
+            str(metadata.get("uid", "")),
+            0,
+            parse_time(metadata.get("creationTimestamp")),
+            devices=True,
         )
 
     def _bind_times(

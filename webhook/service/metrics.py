@@ -199,7 +199,8 @@ class Metrics:
         # Lending (policy spec.lending), kept by the replica holding the audit Lease (service/lending_loop.py).
         self.lending_gpus_lent = Gauge(
             f"{PREFIX}_lending_gpus_lent",
-            "Reserved GPUs that borrowers hold now, per pool (nodes reserved whole).",
+            "Reserved GPUs that borrowers hold now, per pool (reserved: nodes reserved whole; reserved-devices: the "
+            "reserved devices of split nodes).",
             ["pool"],
             registry=r,
             multiprocess_mode="livemax",
@@ -218,7 +219,9 @@ class Metrics:
         )
         self.lending_borrowers_taken_back = Counter(
             f"{PREFIX}_lending_borrowers_taken_back",
-            "Borrowers whose reserved GPUs inference took back, by how (preempted: the scheduler's preemption).",
+            "Borrowers whose reserved GPUs inference took back, by how (preempted: the scheduler's preemption; "
+            "evicted: the keeper's eviction of borrowers holding reserved devices; blocked: an eviction a "
+            "PodDisruptionBudget refused, another victim chosen).",
             ["how"],
             registry=r,
         )
@@ -228,6 +231,12 @@ class Metrics:
             "borrowers held reserved GPUs.",
             buckets=(1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600),
             registry=r,
+        )
+        self.lending_devices_open = Gauge(
+            f"{PREFIX}_lending_devices_open",
+            "1 while the lendable DeviceClass lends the reserved devices of split nodes to new borrowers, else 0.",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.lending_taint_writes = Counter(
             f"{PREFIX}_lending_taint_writes",
@@ -250,7 +259,13 @@ class Metrics:
         """What a round of lending saw and did, as metrics."""
         self.lending_gpus_lent.labels("reserved").set(observed.lent)
         self.lending_closed_nodes.set(len(observed.closed))
-        self.lending_inference_waiting.set(observed.waiting)
+        self.lending_inference_waiting.set(observed.waiting + observed.devices.waiting)
+        self.lending_gpus_lent.labels("reserved-devices").set(observed.devices.lent)
+        self.lending_devices_open.set(1 if observed.devices.open else 0)
+        if observed.devices.evicted:
+            self.lending_borrowers_taken_back.labels("evicted").inc(len(observed.devices.evicted))
+        if observed.devices.blocked:
+            self.lending_borrowers_taken_back.labels("blocked").inc(len(observed.devices.blocked))
         if observed.preempted:
             self.lending_borrowers_taken_back.labels("preempted").inc(len(observed.preempted))
         for seconds in observed.bound:
