@@ -199,10 +199,20 @@ class RouteCatalogue:
 
 
 def gpu_device_class_names(spec: PolicySpec) -> list[str]:
-    """The GPU DeviceClasses of a policy: ``scope.gpuDeviceClasses`` and the two classes of device-level
+    """The GPU DeviceClasses of a policy: ``scope.gpuDeviceClasses`` and the classes of device-level
     reservation (``reservedDevices``), which hand out the driver's GPUs whatever the scope says."""
     devices = spec.reserved_devices
-    return list(dict.fromkeys([*spec.scope.gpu_device_classes, devices.reserved_class_name, devices.shared_class_name]))
+    return list(
+        dict.fromkeys(
+            [
+                *spec.scope.gpu_device_classes,
+                devices.reserved_class_name,
+                devices.shared_class_name,
+                devices.reserved_extended_class_name,
+                devices.shared_extended_class_name,
+            ]
+        )
+    )
 
 
 def route_catalogue(spec: PolicySpec, cluster_names: Iterable[str] = ()) -> RouteCatalogue:
