@@ -81,6 +81,7 @@ CLASS = "rocm-isolation.io/class"
 MODE = "rocm-isolation.io/mode"
 POD_CLASS = "rocm-isolation.io/workload-class"
 RESERVED, SHARED = "rocm-isolation-reserved", "rocm-isolation-shared"
+RESERVED_GPU = default_policy().spec.reserved_devices.reserved_extended_class_name
 IMPLICIT = "deviceclass.resource.kubernetes.io/"
 POLICIES = ("default", "cel-devices", "device-spillover")
 NAMESPACES: list[dict[str, Any]] = [
@@ -257,7 +258,7 @@ def _first_tolerating(obj: Mapping[str, Any]) -> str:
 
 def _first_forbidden(obj: Mapping[str, Any]) -> str:
     spec = obj["spec"]["spec"] if obj["kind"] == TEMPLATE_KIND else obj["spec"]
-    gpu = ("gpu.amd.com", RESERVED)
+    gpu = ("gpu.amd.com", RESERVED, RESERVED_GPU)
     for request in spec["devices"]["requests"]:
         names = [request.get("exactly", {}).get("deviceClassName")]
         names += [sub.get("deviceClassName") for sub in request.get("firstAvailable", [])]

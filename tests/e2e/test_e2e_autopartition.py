@@ -10,10 +10,12 @@
   latter owning ``amd.com/gpu``;
 - the policy pins the node-wide memory mode (``reservedDevices.memoryPartition: nps1``).
 
-Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU), after
-a resize and after ``release`` (AMD's class's answer again); claims of both AMD classes keep what their
-class admits, restricted to their side (the webhook steers them); a training claim can never get a
-layout of another memory mode than the pinned one. No kubelet: the scheduler allocates from the slices.
+Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU for
+training, a reserved one for inference: the name's own classes ``rocm-isolation-{reserved,shared}-gpu``),
+after a resize and after ``release`` (AMD's class's answer again); claims of both AMD classes and of the
+product classes keep what their class admits, restricted to their side (the webhook steers them); a
+training claim can never get a layout of another memory mode than the pinned one. No kubelet: the
+scheduler allocates from the slices.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ from .test_e2e_device_reservation import (
 POLICY = default_policy()
 DEVICES = POLICY.spec.reserved_devices
 RESERVED_CLASS = DEVICES.reserved_class_name
+# amd.com/gpu's own classes (AMD's class for it admits whole GPUs only): the shared one owns the name
+RESERVED_GPU_CLASS = DEVICES.reserved_extended_class_name
+SHARED_GPU_CLASS = DEVICES.shared_extended_class_name
 NODES = ("mi300x-ap-1", "mi300x-ap-2")
 PCI = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
 SPX_CLASS = "gpu.amd.com-spx"
@@ -77,6 +82,10 @@ def mi300x_slices(node: str, seed: int) -> list[Obj]:
     slices = autopartition_slices(node, PCI, layouts=LAYOUTS)
     random.Random(seed).shuffle(slices[1]["spec"]["devices"])
     return slices
+
+
+def expressions_of(device_class: Obj) -> list[str]:
+    return [s["cel"]["expression"] for s in device_class["spec"]["selectors"]]
 
 
 def selector(expression: str) -> dict[str, Any]:
@@ -180,11 +189,14 @@ def applied(ap: Split, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web
     assert "After apply: 2 devices per node, PCI bus IDs 0000:05:00.0, 0000:26:00.0 (" in out, out
     assert all(split_label(ap.kube, node) == DEVICES.node_label_value for node in NODES), out
     shared = ap.kube.get("DeviceClass", SHARED_CLASS)
-    expressions = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
-    assert SPX_SELECTOR in expressions, expressions
-    assert shared["metadata"]["annotations"]["rocm-isolation.io/extended-resource-inherited-from"] == SPX_CLASS
+    assert SPX_SELECTOR not in expressions_of(shared) and "extendedResourceName" not in shared["spec"], shared
+    for name in (RESERVED_GPU_CLASS, SHARED_GPU_CLASS):
+        own = ap.kube.get("DeviceClass", name)
+        assert SPX_SELECTOR in expressions_of(own), own
+        assert own["metadata"]["annotations"]["rocm-isolation.io/extended-resource-inherited-from"] == SPX_CLASS
+    assert ap.kube.get("DeviceClass", SHARED_GPU_CLASS)["spec"]["extendedResourceName"] == "amd.com/gpu"
     status = apool(ap, "status")
-    assert f"{DEVICES.extended_resource_name} maps to deviceclass/{SHARED_CLASS}" in status, status
+    assert f"{DEVICES.extended_resource_name} maps to deviceclass/{SHARED_GPU_CLASS}" in status, status
     directory = tmp_path_factory.mktemp("webhook-autopartition")
     with running_webhook(ap, directory, lambda: _steered_class(ap), SHARED_CLASS) as running:
         yield running
@@ -208,7 +220,21 @@ CLAIMS = {
         PCI[2:],
         {"cpx-nps1"},  # cpx-nps4 is another memory mode than the pinned one
     ),
-    "training-shared-class": ("training", exactly(SHARED_CLASS), PCI[2:], {"spx-nps1"}),
+    # the shared class keeps every layout of its side (of the pinned memory mode), as gpu.amd.com does
+    "training-shared-class-cpx": (
+        "training",
+        exactly(SHARED_CLASS, selectors=[selector(attribute("computePartition", "cpx"))]),
+        PCI[2:],
+        {"cpx-nps1"},
+    ),
+    # amd.com/gpu's class: whole GPUs only, as gpu.amd.com-spx
+    "training-shared-gpu-class": ("training", exactly(SHARED_GPU_CLASS), PCI[2:], {"spx-nps1"}),
+    "training-shared-gpu-class-cpx": (
+        "training",
+        exactly(SHARED_GPU_CLASS, selectors=[selector(attribute("computePartition", "cpx"))]),
+        PCI[2:],
+        set(),
+    ),
     "inference-spx-class": ("inference", exactly(SPX_CLASS), PCI[:2], {"spx-nps1"}),
     "inference-chart-class-dpx": (
         "inference",
@@ -222,24 +248,11 @@ CLAIMS = {
         PCI[:2],
         {"cpx-nps1"},
     ),
+    "inference-reserved-gpu-class": ("inference", exactly(RESERVED_GPU_CLASS), PCI[:2], {"spx-nps1"}),
 }
 
 
-# Known gap (docs/operations.md, "AutoPartition"): the shared class owns amd.com/gpu and so keeps AMD's spx
-# selector, which every claim steered to it gets too: a training claim of gpu.amd.com asking for a partition
-# is narrowed to whole GPUs while the reservation inherits it. A third class owning the name fixes it.
-NARROWED = {"training-chart-class-cpx"}
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="the shared class keeps spx: see NARROWED"))
-        if c in NARROWED
-        else c
-        for c in CLAIMS
-    ],
-)
+@pytest.mark.parametrize("case", list(CLAIMS))
 def test_claims_keep_what_their_class_admits_on_their_side(ap: Split, applied: Webhook, case: str) -> None:
     role, request, side, layouts = CLAIMS[case]
     ns = ap.training if role == "training" else ap.inference
@@ -275,14 +288,19 @@ def test_status_counts_gpus_not_virtual_devices(ap: Split, applied: Webhook) -> 
     assert f"gpu-{PCI.index(pci)}-{layout}" in text and "(4 devices, none allocated)" in text, text
 
 
-def test_an_inference_amd_gpu_pod_gets_a_reserved_gpu(ap: Split, applied: Webhook) -> None:
-    """The webhook rewrites it to the reserved class's implicit name: a claim of the reserved class, on a
-    reserved GPU. Known gap (docs/operations.md): the reserved class keeps every layout (for inference
-    claims of gpu.amd.com), so the pod may get a partition of it."""
-    got = layouts_of(ap, ap.inference, gpu_pods(ap, ap.inference, 4))
-    assert all(pci in PCI[:2] for _, pci, _ in got), got
-    if any(layout != "spx-nps1" for _, _, layout in got):
-        pytest.xfail(f"known gap: an inference amd.com/gpu pod got a partition: {got}")
+def test_an_inference_amd_gpu_pod_gets_a_whole_reserved_gpu(ap: Split, applied: Webhook) -> None:
+    """The webhook rewrites it to the implicit name of amd.com/gpu's reserved-side class: a whole reserved GPU
+    (what gpu.amd.com-spx promises), never a partition; a fifth waits."""
+    names = gpu_pods(ap, ap.inference, 4)
+    pod = ap.kube.get("Pod", names[0], ap.inference)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+        f"deviceclass.resource.kubernetes.io/{RESERVED_GPU_CLASS}": "1"
+    }, pod["spec"]["containers"][0]["resources"]
+    got = layouts_of(ap, ap.inference, names)
+    assert all(pci in PCI[:2] and layout == "spx-nps1" for _, pci, layout in got), got
+    assert len({(node, pci) for node, pci, _ in got}) == 4, got
+    ap.kube.create(new_pod("i4", ap.inference, {"amd.com/gpu": "1"}))
+    never_scheduled(ap, ap.inference, "i4")
 
 
 def test_resize_then_release(ap: Split, applied: Webhook) -> None:
@@ -296,12 +314,11 @@ def test_resize_then_release(ap: Split, applied: Webhook) -> None:
     wait_until(lambda: not ap.kube.list("ResourceClaim", ap.training), timeout=60, what="claims deleted")
     out = apool(ap, "release", "--devices", "--all")
     assert "After release: released" in out, out
-    shared = ap.kube.get("DeviceClass", SHARED_CLASS)
     # amd.com/gpu admits again exactly what AMD's gpu.amd.com-spx admitted: every whole GPU, nothing else
-    assert [s["cel"]["expression"] for s in shared["spec"]["selectors"]] == [
-        f"device.driver == '{DRIVER}'",
-        SPX_SELECTOR,
-    ]
+    for name in (RESERVED_GPU_CLASS, SHARED_GPU_CLASS):
+        assert expressions_of(ap.kube.get("DeviceClass", name)) == [f"device.driver == '{DRIVER}'", SPX_SELECTOR]
+    assert ap.kube.get("DeviceClass", SHARED_GPU_CLASS)["spec"]["extendedResourceName"] == "amd.com/gpu"
+    assert expressions_of(ap.kube.get("DeviceClass", SHARED_CLASS)) == [f"device.driver == '{DRIVER}'"]
     got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 8, "x"))
     assert all(layout == "spx-nps1" for _, _, layout in got), got
     assert len({(node, pci) for node, pci, _ in got}) == 8, got

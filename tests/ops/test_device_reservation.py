@@ -13,7 +13,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from cluster_objects import autopartition_slices, device_class, gpu_device, held_claim, node_gpus, node_slice
+from cluster_objects import (
+    autopartition_slices,
+    chart_class,
+    device_class,
+    gpu_device,
+    held_claim,
+    node_gpus,
+    node_slice,
+)
 
 from webhook.cluster import slices as slice_reader
 from webhook.core.policy import default_policy, parse_policy
@@ -656,6 +664,17 @@ SPX = (
 )
 
 
+def _expressions(obj: dict[str, Any]) -> list[str]:
+    return [s["cel"]["expression"] for s in obj["spec"]["selectors"]]
+
+
+def _read_back(rendered: list[dict[str, Any]], created: str = "2026-12-01T00:00:00Z") -> list[dict[str, Any]]:
+    stored = copy.deepcopy(rendered)
+    for obj in stored:
+        obj["metadata"]["creationTimestamp"] = created
+    return stored
+
+
 @pytest.mark.parametrize(
     ("reservation", "own"),
     [
@@ -663,22 +682,94 @@ SPX = (
         (RELEASED_RESERVATION, "device.driver == 'gpu.amd.com'"),
     ],
 )
-def test_the_shared_class_keeps_what_amds_spx_class_admitted_reserved_or_released(
+def test_amd_gpu_gets_classes_of_its_own_that_keep_what_amds_spx_class_admitted(
     reservation: DeviceReservation, own: str
 ) -> None:
     """AMD's chart under AutoPartition: gpu.amd.com (every layout, no extended resource) and gpu.amd.com-spx
-    (whole GPUs, amd.com/gpu). Ours takes amd.com/gpu over with spx's selector, and keeps it once released."""
+    (whole GPUs, amd.com/gpu). amd.com/gpu moves to a class of ours with spx's selector AND the shared side,
+    kept once released; the reserved side gets its twin; the reserved and shared classes keep every layout."""
+    devices = POLICY.spec.reserved_devices
     chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
     spx = device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created="2026-11-01T00:00:00Z")
     owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, spx]))
-    _, shared = device_ownership.desired_classes(POLICY, reservation, owner)
-    expressions = [s["cel"]["expression"] for s in shared["spec"]["selectors"]]
+    assert owner.extended and owner.shared_class == devices.shared_extended_class_name
+    rendered = device_ownership.desired_classes(POLICY, reservation, owner)
+    by_name = {obj["metadata"]["name"]: obj for obj in rendered}
+    # written in this order: reserved side first, the owner of amd.com/gpu last
+    assert list(by_name) == [
+        devices.reserved_class_name,
+        devices.reserved_extended_class_name,
+        devices.shared_class_name,
+        devices.shared_extended_class_name,
+    ]
+    reserved, reserved_gpu, shared, shared_gpu = rendered
+    assert SPX not in _expressions(reserved) and SPX not in _expressions(shared)
+    assert "extendedResourceName" not in shared["spec"] and "extendedResourceName" not in reserved_gpu["spec"]
+    assert shared_gpu["spec"]["extendedResourceName"] == "amd.com/gpu"
+    expressions = _expressions(shared_gpu)
     assert len(expressions) == 2 and own in expressions[0] and expressions[1] == SPX, expressions
-    assert shared["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com-spx"
+    assert _expressions(reserved_gpu) == [*_expressions(reserved), SPX]
+    for obj in (reserved_gpu, shared_gpu):
+        assert obj["metadata"]["annotations"][device_classes.INHERITED_FROM_ANNOTATION] == "gpu.amd.com-spx"
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
     # written and read back, the next apply (or release) changes nothing: the inherited class is read again
-    stored = copy.deepcopy(shared)
-    stored["metadata"].update(creationTimestamp="2026-12-01T00:00:00Z", labels=shared["metadata"]["labels"])
-    again = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, spx, stored]))
-    assert (
-        device_ownership.replace_body(stored, device_ownership.desired_classes(POLICY, reservation, again)[1]) is None
-    )
+    stored = _read_back(rendered)
+    again = device_ownership.ownership(POLICY, device_ownership.class_infos([chart, spx, *stored]))
+    assert again.extended and not again.recreate and again.owner_now is not None
+    assert again.owner_now.name == devices.shared_extended_class_name
+    for current, desired in zip(stored, device_ownership.desired_classes(POLICY, reservation, again), strict=True):
+        assert device_ownership.replace_body(current, desired) is None, desired["metadata"]["name"]
+
+
+def test_amd_gpu_moves_from_the_shared_class_to_its_own_when_amds_class_narrows_it() -> None:
+    """A reservation applied before AutoPartition (the shared class owns amd.com/gpu with AMD's plain class's
+    selector), then AMD's chart moves the name to gpu.amd.com-spx: the next apply writes the shared class
+    without the name, then creates the name's own class (the newest: it maps the name)."""
+    devices = POLICY.spec.reserved_devices
+    reservation = DeviceReservation(2, ("0000:05:00.0", "0000:26:00.0"))
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
+    before = device_ownership.ownership(POLICY, device_ownership.class_infos([chart]))
+    assert not before.extended and before.shared_class == devices.shared_class_name
+    stored = _read_back(device_ownership.desired_classes(POLICY, reservation, before))
+    assert [obj["metadata"]["name"] for obj in stored] == [devices.reserved_class_name, devices.shared_class_name]
+    spx = device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created="2026-12-02T00:00:00Z")
+    infos = device_ownership.class_infos([chart, spx, *stored])
+    owner = device_ownership.ownership(POLICY, infos)
+    assert owner.extended and owner.moving_from == (devices.shared_class_name,)
+    assert owner.owner_now is not None and owner.owner_now.name == "gpu.amd.com-spx"
+    changes = device_ownership.class_changes(device_ownership.desired_classes(POLICY, reservation, owner), infos, owner)
+    assert [(c.name, c.action) for c in changes] == [
+        (devices.reserved_class_name, "unchanged"),
+        (devices.reserved_extended_class_name, "create"),
+        (devices.shared_class_name, "replace"),
+        (devices.shared_extended_class_name, "create"),
+    ]
+    assert "extendedResourceName" not in changes[2].desired["spec"]
+    lines = device_ownership.ownership_lines(owner, recreate_planned=False, creating=True)
+    assert any("names amd.com/gpu today: apply writes it without the name first" in line for line in lines), lines
+
+
+def test_amds_plain_class_gives_amd_gpu_no_class_of_its_own() -> None:
+    """Whole-GPU drivers: AMD's class selects every device of the driver: the shared class owns the name."""
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart_class()]))
+    assert not owner.extended and owner.shared_class == POLICY.spec.reserved_devices.shared_class_name
+    rendered = device_ownership.desired_classes(POLICY, DeviceReservation(1, ("0000:05:00.0",)), owner)
+    assert len(rendered) == 2 and rendered[1]["spec"]["extendedResourceName"] == "amd.com/gpu"
+
+
+@pytest.mark.parametrize(
+    ("selectors", "narrows"),
+    [
+        ((), False),
+        (("device.driver == 'gpu.amd.com'",), False),
+        (('device.driver == "gpu.amd.com"',), False),
+        ((SPX,), True),
+        (("device.driver == 'gpu.amd.com'", "device.attributes['gpu.amd.com'].type == 'amdgpu'"), True),
+    ],
+)
+def test_a_class_narrows_the_name_when_it_selects_less_than_the_driver(
+    selectors: tuple[str, ...], narrows: bool
+) -> None:
+    inherited = device_classes.Inherited("theirs", selectors)
+    assert device_classes.narrows("gpu.amd.com", inherited) is narrows
+    assert device_classes.narrows("gpu.amd.com", None) is False

@@ -12,7 +12,7 @@ from webhook.core.decision import (
     ClaimFacts,
     Violation,
 )
-from webhook.core.policy import Policy, WorkloadClass
+from webhook.core.policy import WorkloadClass
 from webhook.core.rules import (
     AMD_OPERATOR_TAINT_KEYS,
     DENY_DIRECT_ACCESS,
@@ -177,10 +177,6 @@ def check_update(
         deny_node_affinity(review, class_name)
 
 
-def reserved_resource(policy: Policy) -> str:
-    return pods.DEVICE_CLASS_RESOURCE_PREFIX + policy.spec.reserved_devices.reserved_class_name
-
-
 def check_reserved_devices(review: Assessment, cls: WorkloadClass, class_name: str, claims: ClaimFacts) -> None:
     """A pod of a class other than inference asks for the reserved DeviceClass by name: through its implicit
     extended resource, or through a claim of the namespace that names it (the backstop cannot read claims;
@@ -188,18 +184,20 @@ def check_reserved_devices(review: Assessment, cls: WorkloadClass, class_name: s
     if cls.placement == "reserved":
         return
     devices = review.policy.spec.reserved_devices
-    reserved = reserved_resource(review.policy)
     hint = reserved_hint(review.policy)
     for container in pods.containers(review.spec):
         for field, values in zip(("requests", "limits"), pods.resource_maps(container), strict=True):
-            if values is not None and reserved in values:
+            for reserved_class in (devices.reserved_class_name, devices.reserved_extended_class_name):
+                reserved = pods.DEVICE_CLASS_RESOURCE_PREFIX + reserved_class
+                if values is None or reserved not in values:
+                    continue
                 where = f"{container.field}.resources.{field}[{reserved}]"
                 review.violations.append(
                     Violation(
                         DENY_RESERVED_DEVICES,
                         where,
                         f"{class_name} pods may not use the GPUs reserved for inference: {where} asks for the "
-                        f"reserved DeviceClass {devices.reserved_class_name}; request {devices.extended_resource_name or pods.DEVICE_CLASS_RESOURCE_PREFIX + devices.shared_class_name} instead{hint}",
+                        f"reserved DeviceClass {reserved_class}; request {devices.extended_resource_name or pods.DEVICE_CLASS_RESOURCE_PREFIX + devices.shared_class_name} instead{hint}",
                     )
                 )
     for ref in pods.resource_claims(review.spec.get("resourceClaims")):

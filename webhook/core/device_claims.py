@@ -194,6 +194,11 @@ def _decide(
     def is_gpu(name: str) -> bool:
         return bool(policy.gpu_device_classes(name)) or name in devices.gpu_classes
 
+    # Our classes: never steered. The reserved side's (the reserved class, and the extended resource
+    # name's own class of that side) are denied outside inference and get the toleration inside.
+    reserved_side = (reserved_devices.reserved_class_name, reserved_devices.reserved_extended_class_name)
+    products = (*reserved_side, reserved_devices.shared_class_name, reserved_devices.shared_extended_class_name)
+
     def steer(name: Any, field: str, pointer: str) -> str:
         """Steer one deviceClassName; the class the request names afterwards ('' when none)."""
         if not isinstance(name, str):
@@ -202,8 +207,8 @@ def _decide(
             return name
         if borrowing and name == lendable:
             return name
-        if name in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name):
-            if name == reserved_devices.reserved_class_name and not may_use_reserved:
+        if name in products:
+            if name in reserved_side and not may_use_reserved:
                 violations.append(
                     Violation(
                         DENY_RESERVED_CLASS,
@@ -240,7 +245,7 @@ def _decide(
                         _toleration_violation(tolerations_field, toleration, namespace, class_name, policy)
                     )
             return
-        if device_class == reserved_devices.reserved_class_name and not any(map(tolerates_reserved, listed)):
+        if device_class in reserved_side and not any(map(tolerates_reserved, listed)):
             toleration = dict(RESERVED_TOLERATION)
             ops.extend(patch.append_to_list(body.get("tolerations"), f"{pointer}/tolerations", [toleration]))
             changed.append(f"{field}.tolerations: + {RESERVED_DEVICE_TAINT_KEY} ({RESERVED_DEVICE_TAINT_EFFECT})")
@@ -258,14 +263,14 @@ def _decide(
                 and reserved_devices.inference_spillover
                 and isinstance(name, str)
                 and is_gpu(name)
-                and name not in (reserved_devices.reserved_class_name, reserved_devices.shared_class_name)
+                and name not in products
                 and not exactly.get("adminAccess")
             )
             borrow = (
                 borrowing
                 and isinstance(name, str)
                 and is_gpu(name)
-                and name not in (reserved_devices.reserved_class_name, lendable)
+                and name not in (*reserved_side, lendable)
                 and not exactly.get("adminAccess")
             )
             if borrow:

@@ -69,7 +69,11 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
     shared class's extendedResourceName), any class's ``deviceclass.resource.kubernetes.io/<GPU class>``
     and any other GPU class's extendedResourceName (the policy's ``extendedResourceNames``, the cluster's
     GPU DeviceClasses') become the reserved class's implicit name for inference, the shared class's for
-    every other class. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
+    every other class. Where the extended resource name has classes of its own (``pool`` wrote the reserved
+    side's, ``reservedDevices.reservedExtendedClassName``: the class AMD's chart gives the name admits whole
+    GPUs only), an inference pod's ``amd.com/gpu`` becomes that class's implicit name instead, so that it
+    gets what the name admits (a whole GPU), on the reserved side. The implicit names of our classes are
+    kept as they are. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
     first" cannot be said for it, so inference gets reserved devices only
     (``reservedDevices.inferenceSpillover`` is for claims), unless the pod pins itself to the whole
     reserved nodes (device-plugin nodes in a mixed cluster). Several such names in one map (or one next
@@ -89,7 +93,18 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
     tainted = inference and devices.devices_tainted
     to_reserved = inference and not tainted
     target = prefix + (settings.reserved_class_name if to_reserved else settings.shared_class_name)
-    own = (prefix + settings.reserved_class_name, prefix + settings.shared_class_name)
+    # The extended resource name has classes of its own (``pool apply`` wrote them: AMD's class that owned
+    # it admits whole GPUs only): an inference pod's amd.com/gpu goes to the reserved side's one.
+    gpu_classes: frozenset[str] = devices.gpu_classes
+    extended_target = target
+    if to_reserved and settings.reserved_extended_class_name in gpu_classes:
+        extended_target = prefix + settings.reserved_extended_class_name
+    own = (
+        prefix + settings.reserved_class_name,
+        prefix + settings.shared_class_name,
+        prefix + settings.reserved_extended_class_name,
+        prefix + settings.shared_extended_class_name,
+    )
     other_names = (frozenset(policy.spec.scope.extended_resource_names) | devices.extended_resources) - {
         settings.extended_resource_name
     }
@@ -119,24 +134,37 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
                     gpu = key == settings.extended_resource_name or key == own[0] or steered(key)
                     if gpu and key not in shared_only:
                         shared_only.append(key)
-            keys = [key for key in values if steered(key)]
-            if not keys:
-                continue
-            merged = [target, *keys] if target in values else keys
-            quantity: Any = values[keys[0]]
-            if len(merged) > 1:
-                amounts = [whole_quantity(values[key]) for key in merged]
-                if None in amounts:
-                    continue
-                quantity = str(sum(amount or 0 for amount in amounts))
+            groups: dict[str, list[str]] = {}
+            for key in values:
+                if steered(key):
+                    groups.setdefault(extended_target if key == settings.extended_resource_name else target, []).append(
+                        key
+                    )
             path = f"{container.pointer}/resources/{field}"
-            review.operations.extend(patch.remove(path + "/" + patch.escape(key)) for key in keys)
-            review.operations.append(patch.add(path + "/" + patch.escape(target), quantity))
-            changed = True
+            for group_target, keys in groups.items():
+                operations = _steer_group(values, path, group_target, keys)
+                if operations:
+                    review.operations.extend(operations)
+                    changed = True
     if changed:
         review.done.append("device-class")
     if shared_only:
         review.warnings.append(tainted_reservation_warning(settings.reserved_class_name, shared_only, own[0]))
+
+
+def _steer_group(values: dict[str, Any], path: str, target: str, keys: list[str]) -> list[patch.Operation]:
+    """The patch that moves the quantities of ``keys`` to ``target`` in one resources map (summed with what
+    ``target`` has already); none when a quantity to sum is not a whole number."""
+    merged = [target, *keys] if target in values else keys
+    quantity: Any = values[keys[0]]
+    if len(merged) > 1:
+        amounts = [whole_quantity(values[key]) for key in merged]
+        if None in amounts:
+            return []
+        quantity = str(sum(amount or 0 for amount in amounts))
+    operations = [patch.remove(path + "/" + patch.escape(key)) for key in keys]
+    operations.append(patch.add(path + "/" + patch.escape(target), quantity))
+    return operations
 
 
 def tainted_reservation_warning(reserved_class: str, names: list[str], reserved_name: str) -> str:

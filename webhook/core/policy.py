@@ -200,10 +200,15 @@ class RouteCatalogue:
 
 def gpu_device_class_names(spec: PolicySpec) -> list[str]:
     """The GPU DeviceClasses of a policy: ``scope.gpuDeviceClasses`` and the classes of device-level
-    reservation (``reservedDevices``), which hand out the driver's GPUs whatever the scope says: the reserved
-    and the shared one, and with lending on the lendable one."""
+    reservation (``reservedDevices``), which hand out the driver's GPUs whatever the scope says (with lending
+    on, the lendable one too)."""
     devices = spec.reserved_devices
-    ours = [devices.reserved_class_name, devices.shared_class_name]
+    ours = [
+        devices.reserved_class_name,
+        devices.shared_class_name,
+        devices.reserved_extended_class_name,
+        devices.shared_extended_class_name,
+    ]
     if spec.lending.enabled:
         ours.append(devices.lendable_class_name)
     return list(dict.fromkeys([*spec.scope.gpu_device_classes, *ours]))

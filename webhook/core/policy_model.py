@@ -245,6 +245,13 @@ class ReservedDevices(_Model):
     # a borrower's claim asks for it after the shared class (firstAvailable). docs/operations.md "Lending".
     lendable_class_name: str = "rocm-isolation-lendable"
     extended_resource_name: str = "amd.com/gpu"
+    # When the class that owned extendedResourceName before ours admits less than every device of the
+    # driver (AMD's gpu.amd.com-spx under AutoPartition: whole GPUs only), the name gets a class of its own
+    # per side, the side's selector AND that class's selectors: the shared one owns the name, the reserved
+    # one serves inference pods asking for it (the webhook rewrites their amd.com/gpu to its implicit name).
+    # The two classes above then keep every device of their side. docs/operations.md "AutoPartition".
+    reserved_extended_class_name: str = "rocm-isolation-reserved-gpu"
+    shared_extended_class_name: str = "rocm-isolation-shared-gpu"
     # Whether inference claims may fall back to shared devices when the reserved ones are taken
     # (firstAvailable: reserved first, then shared). Off, as for nodes: inference waits for its devices.
     inference_spillover: bool = False
@@ -266,13 +273,24 @@ class ReservedDevices(_Model):
             ("reservedClassName", self.reserved_class_name),
             ("sharedClassName", self.shared_class_name),
             ("lendableClassName", self.lendable_class_name),
+            ("reservedExtendedClassName", self.reserved_extended_class_name),
+            ("sharedExtendedClassName", self.shared_extended_class_name),
         ):
             # deviceclass.resource.kubernetes.io/<name> must be a resource name: its name part is at most 63.
             if not _DEVICE_CLASS.match(name) or any(ch in name for ch in "*?") or len(name) > 63:
                 raise ValueError(f"{field_name}: {name!r} is not a DeviceClass name (a DNS subdomain, at most 63)")
-        names = (self.reserved_class_name, self.shared_class_name, self.lendable_class_name)
-        if len(set(names)) < len(names):
-            raise ValueError("reservedClassName, sharedClassName and lendableClassName must differ")
+        names = (
+            self.reserved_class_name,
+            self.shared_class_name,
+            self.reserved_extended_class_name,
+            self.shared_extended_class_name,
+            self.lendable_class_name,
+        )
+        if len(set(names)) != len(names):
+            raise ValueError(
+                "reservedClassName, sharedClassName, reservedExtendedClassName, sharedExtendedClassName and "
+                "lendableClassName must differ"
+            )
         _check_label_value(self.node_label_value)
         if self.memory_partition and not re.fullmatch(r"[a-z0-9]{1,16}", self.memory_partition):
             raise ValueError(

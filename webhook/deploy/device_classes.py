@@ -10,7 +10,14 @@ and resizing it is editing them, with no node, kubelet, driver or control-plane 
   partitions carry their GPU's) is one of the reserved ones: inference claims name it;
 - the **shared** class (``reservedDevices.sharedClassName``) selects the others, and owns
   ``extendedResourceName`` (``amd.com/gpu``), so a pod asking for ``amd.com/gpu`` on a DRA node gets a
-  shared device whatever its class.
+  shared device whatever its class;
+- where the class that named ``extendedResourceName`` before ours admits less than every device of the
+  driver (``narrows``: AMD's ``gpu.amd.com-spx``, whole GPUs only, under its AutoPartition gate), the name
+  gets two classes of its own (``extended_class``), each its side's selector AND that class's selectors:
+  the shared-side one owns the name, inference pods asking for it are rewritten to the reserved-side one's
+  implicit name; the reserved and shared classes then keep every device of their side (claims steered to
+  them keep their source class's selectors). The scheduler's claim for an extended resource names only the
+  class (no selectors), so what the name admits can only be said by a class.
 
 CEL selectors see a device's driver, attributes and capacity, not its node, pool or name: one set of
 PCI bus IDs applies to every node of the driver. The reserved class carries the reservation itself
@@ -50,6 +57,9 @@ RELEASED = RESERVATION_RELEASED
 DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
 PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
 ROLE_ANNOTATION = "rocm-isolation.io/role"
+# The roles of the extended resource name's own classes (``extended_class``).
+RESERVED_EXTENDED = "reserved-extended"
+SHARED_EXTENDED = "shared-extended"
 # The class whose selectors the shared class adds to its own because it took that class's
 # extendedResourceName over (AMD's ``gpu.amd.com-spx``: whole GPUs only); '' when none.
 INHERITED_FROM_ANNOTATION = "rocm-isolation.io/extended-resource-inherited-from"
@@ -145,28 +155,81 @@ def reserved_class(policy: Policy, reservation: DeviceReservation) -> dict[str, 
     }
 
 
-def shared_class(policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None) -> dict[str, Any]:
+def narrows(driver: str, inherited: Inherited | None) -> bool:
+    """Whether the class the extended resource name is taken over from admits less than every device of
+    ``driver``: a selector of it other than ``device.driver == '<driver>'`` (AMD's ``gpu.amd.com-spx``:
+    whole GPUs only). Then the name gets classes of its own (``extended_class``), and the reserved and shared
+    classes keep every device of their side (claims steered to them keep their source class's selectors)."""
+    if inherited is None:
+        return False
+    plain = {f"device.driver == {quote(driver)}", f'device.driver == "{driver}"', f"device.driver=={quote(driver)}"}
+    return any(" ".join(s.split()) not in plain for s in inherited.selectors if s.strip())
+
+
+def _inherit(selectors: list[dict[str, Any]], inherited: Inherited | None) -> list[dict[str, Any]]:
+    """``selectors`` followed by those of ``inherited`` they lack."""
+    if inherited is None:
+        return selectors
+    own = {selector["cel"]["expression"] for selector in selectors}
+    return selectors + [{"cel": {"expression": e}} for e in dict.fromkeys(inherited.selectors) if e not in own]
+
+
+def shared_class(
+    policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None, *, extended: bool = False
+) -> dict[str, Any]:
     """The shared class; ``inherited``: the class whose extendedResourceName it takes over, whose
     selectors it ANDs to its own (recorded in ``INHERITED_FROM_ANNOTATION``), kept after a release too, so
-    that the name admits then exactly what that class admitted."""
+    that the name admits then exactly what that class admitted. ``extended``: the name has classes of its
+    own (``extended_class``): the shared class names no extended resource and keeps every device of its side."""
     devices = policy.spec.reserved_devices
     selectors = _selectors(shared_selector(devices.driver, reservation), policy, reservation)
     metadata = _metadata(devices.shared_class_name, "shared", reservation)
-    if devices.extended_resource_name:
-        metadata["annotations"][INHERITED_FROM_ANNOTATION] = inherited.name if inherited is not None else ""
-        if inherited is not None:
-            own = {selector["cel"]["expression"] for selector in selectors}
-            selectors += [{"cel": {"expression": e}} for e in dict.fromkeys(inherited.selectors) if e not in own]
     spec: dict[str, Any] = {"selectors": selectors}
     if devices.extended_resource_name:
+        # '' once the name has classes of its own (an apply replaces the annotations it wrote before).
+        metadata["annotations"][INHERITED_FROM_ANNOTATION] = "" if inherited is None or extended else inherited.name
+    if devices.extended_resource_name and not extended:
+        spec["selectors"] = _inherit(selectors, inherited)
         spec["extendedResourceName"] = devices.extended_resource_name
     return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
 
 
-def classes(policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None) -> list[dict[str, Any]]:
-    """Both classes, the reserved one first (``pool`` writes them in this order, so that a shared class
-    that stops selecting a device is never written before the reserved class starts to)."""
-    return [reserved_class(policy, reservation), shared_class(policy, reservation, inherited)]
+def extended_class(
+    policy: Policy, reservation: DeviceReservation, role: str, inherited: Inherited | None
+) -> dict[str, Any]:
+    """The class of the extended resource name on one side (``role``: ``reserved-extended``, the reserved
+    side, or ``shared-extended``, which owns ``extendedResourceName``): the side's selectors AND those of
+    ``inherited`` (the class the name was taken over from), so that ``amd.com/gpu`` admits on each side
+    exactly what that class admitted (AMD's ``gpu.amd.com-spx``: whole GPUs). Inference pods asking for the
+    name are rewritten to the reserved one's implicit name (``deviceclass.resource.kubernetes.io/<name>``)."""
+    devices = policy.spec.reserved_devices
+    if role == RESERVED_EXTENDED:
+        name, own = devices.reserved_extended_class_name, reserved_selector(devices.driver, reservation)
+    else:
+        name, own = devices.shared_extended_class_name, shared_selector(devices.driver, reservation)
+    metadata = _metadata(name, role, reservation)
+    metadata["annotations"][INHERITED_FROM_ANNOTATION] = inherited.name if inherited is not None else ""
+    spec: dict[str, Any] = {"selectors": _inherit(_selectors(own, policy, reservation), inherited)}
+    if role == SHARED_EXTENDED:
+        spec["extendedResourceName"] = devices.extended_resource_name
+    return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": metadata, "spec": spec}
+
+
+def classes(
+    policy: Policy, reservation: DeviceReservation, inherited: Inherited | None = None, *, extended: bool = False
+) -> list[dict[str, Any]]:
+    """Every class, in the order ``pool`` writes them: the reserved side's before the shared side's (a shared
+    class that stops selecting a device is never written before the reserved class starts to), and with
+    ``extended`` (the name's own classes: ``narrows``) the shared class, which stops naming the extended
+    resource, before the class that owns it then (an update that removes the name from a class drops the
+    scheduler's mapping of it; the owner's write maps it again)."""
+    found = [reserved_class(policy, reservation)]
+    if extended:
+        found.append(extended_class(policy, reservation, RESERVED_EXTENDED, inherited))
+    found.append(shared_class(policy, reservation, inherited, extended=extended))
+    if extended:
+        found.append(extended_class(policy, reservation, SHARED_EXTENDED, inherited))
+    return found
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

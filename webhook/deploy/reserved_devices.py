@@ -6,7 +6,8 @@ pod naming *another* GPU class, which may select reserved devices: AMD's own ``g
 reserved class, any class the policy lists as a GPU class. So, while a reservation is active:
 
 - a ResourceClaim or ResourceClaimTemplate of a namespace that allows no inference class may name no GPU
-  DeviceClass but the shared one, in any request (``exactly``) or ``firstAvailable`` subrequest; this also
+  DeviceClass but the shared side's (the shared class, and the extended resource name's own class of that
+  side, ``reservedDevices.sharedExtendedClassName``), in any request (``exactly``) or ``firstAvailable`` subrequest; this also
   covers ``adminAccess`` requests and claims whose own selectors name a reserved device (the class
   selectors apply first);
 - nor may any of its requests or subrequests carry a toleration that could tolerate the reserved-device
@@ -15,8 +16,8 @@ reserved class, any class the policy lists as a GPU class. So, while a reservati
   class then selects every device: the taint is all that keeps the reserved ones from other classes, and
   taints are not access control); the webhook denies the same (``deny-reserved-device-toleration``);
 - a pod of such a class may request no ``deviceclass.resource.kubernetes.io/<GPU class>`` but the shared
-  class's, and no other GPU class's ``extendedResourceName`` (the policy's ``extendedResourceNames``) than
-  the shared class's.
+  side's classes', and no other GPU class's ``extendedResourceName`` (the policy's ``extendedResourceNames``)
+  than ``reservedDevices.extendedResourceName``.
 
 Each policy takes the reserved DeviceClass as its parameter (``paramRef`` by name,
 ``parameterNotFoundAction: Allow``): active only while that class says so (``STATE_LABEL: active``), so
@@ -53,21 +54,26 @@ def _reserved_classes(policy: Policy) -> list[str]:
     return [name for name, cls in policy.spec.classes.items() if cls.placement == "reserved"]
 
 
+def _shared_classes(policy: Policy) -> list[str]:
+    """The classes of the shared side: the shared class, and the extended resource name's own class."""
+    devices = policy.spec.reserved_devices
+    return [devices.shared_class_name, devices.shared_extended_class_name]
+
+
 def _forbidden_class(policy: Policy, name: str) -> str:
-    """CEL: the DeviceClass ``name`` is a GPU class other than the shared one."""
-    shared = policy.spec.reserved_devices.shared_class_name
-    names = [n for n in gpu_device_class_names(policy.spec) if n != shared]
+    """CEL: the DeviceClass ``name`` is a GPU class other than the shared side's."""
+    shared = _shared_classes(policy)
+    names = [n for n in gpu_device_class_names(policy.spec) if n not in shared]
     exact = [n for n in names if not any(ch in n for ch in "*?[")]
     parts = [f"{name} in {str_list(exact)}"] if exact else []
     parts += [f"{name}.matches({quote(glob_regex(n))})" for n in names if n not in exact]
-    return f"({name} != {quote(shared)} && ({' || '.join(parts) or 'false'}))"
+    return f"(!({name} in {str_list(shared)}) && ({' || '.join(parts) or 'false'}))"
 
 
 def _forbidden_resource(policy: Policy, key: str) -> str:
-    """CEL: the resource name ``key`` maps to a GPU DeviceClass other than the shared one."""
+    """CEL: the resource name ``key`` maps to a GPU DeviceClass other than the shared side's."""
     devices = policy.spec.reserved_devices
-    shared = policy.spec.reserved_devices.shared_class_name
-    names = [n for n in gpu_device_class_names(policy.spec) if n != shared]
+    names = [n for n in gpu_device_class_names(policy.spec) if n not in _shared_classes(policy)]
     exact = [DEVICE_CLASS_RESOURCE_PREFIX + n for n in names if not any(ch in n for ch in "*?[")]
     exact += [n for n in policy.spec.scope.extended_resource_names if n != devices.extended_resource_name]
     parts = [f"{key} in {str_list(exact)}"] if exact else []

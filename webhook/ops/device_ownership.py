@@ -85,17 +85,34 @@ def current_reservation(policy: Policy, classes: Mapping[str, ClassInfo]) -> Dev
 
 @dataclass(frozen=True)
 class Ownership:
-    """Who maps the policy's extendedResourceName, and whether ``apply`` must re-create our shared class."""
+    """Who maps the policy's extendedResourceName, and whether ``apply`` must re-create the class of ours
+    that owns it."""
 
     name: str  # the extended resource name ("" when the policy sets none)
-    shared_class: str
-    others: tuple[ClassInfo, ...]  # the other classes naming it, newest first
+    shared_class: str  # the class of ours that owns it: the shared class, or the shared-extended one
+    others: tuple[ClassInfo, ...]  # the other classes naming it (not one of our classes), newest first
     owner_now: ClassInfo | None
     recreate: bool  # ours exists, names it (or will) and loses to another class: delete and re-create
+    # The name has classes of its own (``device_classes.narrows``, or they exist already): the shared
+    # class keeps every shared device and names no extended resource.
+    extended: bool = False
+    # Our classes that name it today and will not (the shared class, when the name moves to its own class).
+    moving_from: tuple[str, ...] = ()
 
     @property
     def others_text(self) -> str:
         return ",".join(sorted(c.name for c in self.others))
+
+
+def product_classes(policy: Policy) -> tuple[str, ...]:
+    """The names of every class ``pool`` writes (whether they exist or not)."""
+    devices = policy.spec.reserved_devices
+    return (
+        devices.reserved_class_name,
+        devices.reserved_extended_class_name,
+        devices.shared_class_name,
+        devices.shared_extended_class_name,
+    )
 
 
 def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
@@ -103,20 +120,27 @@ def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
     name, shared = devices.extended_resource_name, devices.shared_class_name
     if not name:
         return Ownership("", shared, (), None, False)
+    products = product_classes(policy)
     others = tuple(
         sorted(
-            (c for c in classes.values() if c.name != shared and c.extended_resource_name == name),
+            (c for c in classes.values() if c.name not in products and c.extended_resource_name == name),
             key=lambda c: (-c.created_seconds, c.name),
         )
     )
-    ours = classes.get(shared)
-    current = [*others, ours] if ours is not None and ours.extended_resource_name == name else list(others)
-    owner_now = winner(current)
+    own_extended = classes.get(devices.shared_extended_class_name)
+    extended = device_classes.narrows(devices.driver, _inherited(others)) or (
+        own_extended is not None and own_extended.ours
+    )
+    owner = devices.shared_extended_class_name if extended else shared
+    naming = [c for c in classes.values() if c.name in products and c.extended_resource_name == name]
+    owner_now = winner([*others, *naming])
+    moving = tuple(sorted(c.name for c in naming if c.name != owner and c.ours))
+    ours = classes.get(owner)
     recreate = False
     if ours is not None and ours.ours and others:
         after = winner([*others, ClassInfo(ours.name, True, ours.created, name, ours.raw)])
-        recreate = after is not None and after.name != shared
-    return Ownership(name, shared, others, owner_now, recreate)
+        recreate = after is not None and after.name != owner
+    return Ownership(name, owner, others, owner_now, recreate, extended, moving)
 
 
 def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool) -> list[str]:
@@ -149,6 +173,19 @@ def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool)
         )
     elif owner.owner_now is not None and owner.owner_now.name == owner.shared_class:
         lines.append(f"  deviceclass/{owner.shared_class} is the newest: it keeps {owner.name}")
+    if owner.extended:
+        source = inherited(owner)
+        lines.append(
+            f"  {owner.name} has classes of its own: deviceclass/{owner.shared_class} owns it (the shared side AND "
+            + (f"the selectors of deviceclass/{source.name}" if source is not None else "what the name admitted")
+            + "), inference pods asking for it are given its reserved side's class; the reserved and shared "
+            "classes keep every device of their side"
+        )
+        for name in owner.moving_from:
+            lines.append(
+                f"  deviceclass/{name} names {owner.name} today: apply writes it without the name first, then "
+                f"deviceclass/{owner.shared_class}, whose write maps the name to it"
+            )
     if owner.others:
         lines.append(f'  (AMD\'s chart stops its class naming it with deviceClass.extendedResourceName: ""; {DOCS})')
     return lines
@@ -158,6 +195,8 @@ def ownership_json(owner: Ownership) -> dict[str, Any]:
     return {
         "name": owner.name or None,
         "ownerNow": owner.owner_now.name if owner.owner_now else None,
+        "owner": owner.shared_class if owner.name else None,
+        "ownClasses": owner.extended,
         "alsoNamedBy": [{"name": c.name, "created": c.created, "ours": c.ours} for c in owner.others],
         "recreateShared": owner.recreate,
     }
@@ -167,11 +206,15 @@ def ownership_json(owner: Ownership) -> dict[str, Any]:
 
 
 def inherited(owner: Ownership) -> device_classes.Inherited | None:
-    """The class whose extendedResourceName the shared class takes over: the newest other class naming
+    """The class whose extendedResourceName our class takes over: the newest other class naming
     it that is not ours (AMD's ``gpu.amd.com-spx``), with its CEL selectors; None when there is none.
     Read from the cluster at every apply and release (that class keeps naming the name, older than
     ours), so re-applying is idempotent and a release keeps what it admits."""
-    for info in owner.others:
+    return _inherited(owner.others)
+
+
+def _inherited(others: Iterable[ClassInfo]) -> device_classes.Inherited | None:
+    for info in others:
         if info.ours:
             continue
         selectors = tuple(
@@ -183,13 +226,18 @@ def inherited(owner: Ownership) -> device_classes.Inherited | None:
 
 
 def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Ownership) -> list[dict[str, Any]]:
-    """Both classes as ``device_classes`` renders them, the shared one recording the other classes that
-    name its extended resource (see the module docstring) and keeping the selectors of the one it takes
-    the name over from (``inherited``); reserved first (the order they are written)."""
-    reserved, shared = device_classes.classes(policy, reservation, inherited(owner))
+    """Our classes as ``device_classes`` renders them (the extended resource's own classes too when
+    ``owner.extended``), the owner of the extended resource recording the other classes that name it (see
+    the module docstring) and keeping the selectors of the one it takes the name over from
+    (``inherited``); in the order they are written."""
+    rendered = device_classes.classes(policy, reservation, inherited(owner), extended=owner.extended)
     if owner.name:
-        shared["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
-    return [reserved, shared]
+        for desired in rendered:
+            if desired["metadata"]["name"] == owner.shared_class:
+                desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
+            elif desired["metadata"]["name"] == policy.spec.reserved_devices.shared_class_name:
+                desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = ""
+    return rendered
 
 
 def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -229,10 +277,18 @@ def foreign_class_error(name: str, role: str) -> SelectionError:
 @dataclass(frozen=True)
 class ClassChange:
     name: str
-    role: str  # reserved, shared
+    role: str  # reserved, shared, reserved-extended, shared-extended
     action: str  # create, replace, unchanged, recreate
     desired: dict[str, Any]
     current: Mapping[str, Any] | None
+
+
+_ROLE_FIELDS = {
+    "reserved": "reserved",
+    "shared": "shared",
+    device_classes.RESERVED_EXTENDED: "reservedExtended",
+    device_classes.SHARED_EXTENDED: "sharedExtended",
+}
 
 
 def class_changes(
@@ -241,22 +297,29 @@ def class_changes(
     owner: Ownership,
     *,
     ensure_owner: bool = True,
-) -> tuple[ClassChange, ClassChange]:
-    """What writing the classes ``rendered`` (``desired_classes``: reserved, shared) does to ``classes`` as
-    read (``ensure_owner``: re-create the shared class when another class wins its extended resource name);
+) -> tuple[ClassChange, ...]:
+    """What writing the classes ``rendered`` (``desired_classes``, in their order) does to ``classes`` as
+    read (``ensure_owner``: re-create the owner of the extended resource name when another class wins it);
     SelectionError when a class of that name is not ours."""
-    reserved, shared = rendered
     changes = []
-    for role, desired in (("reserved", reserved), ("shared", shared)):
+    for desired in rendered:
         name = desired["metadata"]["name"]
+        role = desired["metadata"]["annotations"][device_classes.ROLE_ANNOTATION]
         info = classes.get(name)
         if info is None:
             action = "create"
         elif not info.ours:
-            raise foreign_class_error(name, role)
-        elif role == "shared" and owner.recreate and ensure_owner:
+            raise foreign_class_error(name, _ROLE_FIELDS.get(role, role))
+        elif name == owner.shared_class and owner.name and owner.recreate and ensure_owner:
             action = "recreate"
         else:
             action = "unchanged" if replace_body(info.raw, desired) is None else "replace"
         changes.append(ClassChange(name, role, action, desired, info.raw if info is not None else None))
-    return changes[0], changes[1]
+    return tuple(changes)
+
+
+def owner_change(changes: Sequence[ClassChange], owner: Ownership) -> ClassChange | None:
+    """The change of the class that owns the extended resource name (None when the policy sets none)."""
+    if not owner.name:
+        return None
+    return next((c for c in changes if c.name == owner.shared_class), None)

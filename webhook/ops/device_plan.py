@@ -38,6 +38,7 @@ from webhook.ops.device_ownership import (
     class_changes,
     current_reservation,
     desired_classes,
+    owner_change,
     ownership,
     ownership_json,
     ownership_lines,
@@ -189,7 +190,7 @@ class DevicePlan:
     evicting: tuple[Hold, ...]  # pods of other classes holding devices reserved after
     keeping: tuple[Hold, ...]  # inference pods holding devices that stop being reserved (they keep them)
     owner: Ownership
-    classes: tuple[ClassChange, ClassChange]
+    classes: tuple[ClassChange, ...]  # in the order they are written
     notes: tuple[str, ...] = ()
 
     label: tuple[str, str] = ("", "")  # the split nodes' label (key, value)
@@ -370,7 +371,14 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
     lines = [
         f"Device-level reservation (driver {plan.driver}): deviceclass/{devices.reserved_class_name} for inference, "
         f"deviceclass/{devices.shared_class_name} for every other class"
-        + (f" and {devices.extended_resource_name}" if devices.extended_resource_name else ""),
+        + (
+            f"; {devices.extended_resource_name}: deviceclass/{devices.shared_extended_class_name} (inference: "
+            f"deviceclass/{devices.reserved_extended_class_name})"
+            if plan.owner.extended
+            else f" and {devices.extended_resource_name}"
+            if devices.extended_resource_name
+            else ""
+        ),
         f"Now: {reservation_text(plan.before)}.",
         f"After {'release' if plan.release else 'apply'}: {reservation_text(plan.after)}"
         + (
@@ -450,8 +458,10 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
         lines += columns(rows)
     if lines[-1]:
         lines.append("")
-    creating = plan.classes[1].action == "create"
-    lines += ownership_lines(plan.owner, recreate_planned=plan.classes[1].action == "recreate", creating=creating)
+    owning = owner_change(plan.classes, plan.owner)
+    creating = owning is not None and owning.action == "create"
+    recreating = owning is not None and owning.action == "recreate"
+    lines += ownership_lines(plan.owner, recreate_planned=recreating, creating=creating)
     lines.append("")
     for change in plan.classes:
         lines.append(f"deviceclass/{change.name} ({change.role}): {_action_text(change)}")

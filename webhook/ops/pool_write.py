@@ -348,18 +348,21 @@ def recreate_class(
 def write_classes(
     api: KubeApi, plan: DevicePlan, *, dry_run: bool, ensure_owner: bool, on_written: Callable[[ObjectWritten], None]
 ) -> list[ObjectWritten]:
-    """The reserved class first, then the shared one (not written when the reserved one was not: the shared
-    class alone would split the devices differently from the reserved class)."""
-    reserved, shared = plan.classes
-    written = [write_class(api, reserved.desired, reserved.current, dry_run=dry_run)]
-    on_written(written[0])
-    if not written[0].ok:
-        skipped = ObjectWritten(shared.name, "skipped", f"not written: deviceclass/{reserved.name} was not")
-        on_written(skipped)
-        return [*written, skipped]
-    result = _write_shared(api, shared, plan.owner, dry_run=dry_run, ensure_owner=ensure_owner)
-    on_written(result)
-    return [*written, result]
+    """The classes in the plan's order: the reserved side's first, the owner of the extended resource name
+    last (``device_classes.classes``); one not written skips the rest (the shared class alone would split
+    the devices differently from the reserved class)."""
+    written: list[ObjectWritten] = []
+    for change in plan.classes:
+        failed = next((w for w in written if not w.ok), None)
+        if failed is not None:
+            result = ObjectWritten(change.name, "skipped", f"not written: deviceclass/{failed.name} was not")
+        elif change.name == plan.owner.shared_class and plan.owner.name:
+            result = _write_shared(api, change, plan.owner, dry_run=dry_run, ensure_owner=ensure_owner)
+        else:
+            result = write_class(api, change.desired, change.current, dry_run=dry_run)
+        on_written(result)
+        written.append(result)
+    return written
 
 
 def _write_shared(
