@@ -232,7 +232,7 @@ class RunResult:
             "jobs_finished": self.jobs_finished,
             "jobs_started": self.jobs_started,
             "interruptions": self.interruptions,
-            "lost_gpu_hours": round(self.lost_gpu_hours, 1),
+            "lost_gpu_hours": round(self.lost_gpu_hours, 2),
             "inference_pods_bound": len(bind),
             "inference_unbound": self.inference_unbound,
             "inference_bind_p50_s": _rounded(percentile(bind, 50)),
