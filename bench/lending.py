@@ -64,6 +64,7 @@ from typing import Any
 
 import yaml
 
+from bench import lending_model
 from bench import lending_trace as trace
 from bench.lending_trace import DEVICE_PLUGIN, DRA, BacklogShape, DailyCurve, Progress, RunResult, Sample
 from tests.e2e.controlplane import (
@@ -735,7 +736,54 @@ def plot(strict: RunResult, lending: RunResult, settings: Settings, target: Path
     plt.close(fig)
 
 
-def section(figures: dict[str, Any], settings: Settings, meta: dict[str, Any]) -> str:
+MODEL_SIZES = (16, 64, 256, 1000)
+
+
+def model_rows(settings: Settings, log_to: Any = None) -> list[dict[str, Any]]:
+    """The pure model (bench/lending_model.py) of the same policy and trace at growing sizes: as the bench runs it
+    (devices of split nodes not lent), and with the split nodes' reserved devices lent too (what the reclaim of
+    devices adds), at the bench's size and at 1,000 nodes."""
+    rows = []
+    for nodes, lend_devices in [*((n, False) for n in MODEL_SIZES), (MODEL_SIZES[0], True), (MODEL_SIZES[-1], True)]:
+        model = lending_model.ModelSettings(
+            nodes=nodes,
+            hours=settings.hours,
+            grace_hours=settings.grace * settings.time_factor / 3600.0,
+            checkpoint_hours=settings.checkpoint_minutes / 60.0,
+            seed=settings.seed,
+            pending=settings.pending,
+            lend_devices=lend_devices,
+            mean=settings.mean,
+        )
+        row = lending_model.compare(model) | {"lend_devices": lend_devices}
+        if log_to is not None:
+            log_to(f"model: {json.dumps(row)}")
+        rows.append(row)
+    return rows
+
+
+def model_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| nodes | reserved GPUs | devices lent | idle reserved GPU-h (strict) | borrowed GPU-h | ratio | training GPU-h "
+        "strict / lending | replicas that waited | borrowers evicted | per reclaim | lost GPU-h | lost per reserved GPU "
+        "| lost per borrowed GPU-h | hours closed to borrowers |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']:,} | {r['reserved_gpus']:,} | {'yes' if r['lend_devices'] else 'no'} | "
+            f"{r['idle_reserved_gpu_hours']:,.0f} | {r['borrowed_gpu_hours']:,.0f} | {r['borrowed_ratio']:.2f} | "
+            f"{r['training_gpu_hours_strict']:,.0f} / {r['training_gpu_hours_lending']:,.0f} | "
+            f"{r['inference_replicas_that_waited']} | {r['borrowers_evicted']:,} | {r['evicted_per_reclaim']:.2f} | "
+            f"{r['lost_gpu_hours']:,.1f} | {r['lost_per_reserved_gpu']:.3f} | {r['lost_per_borrowed_gpu_hour']:.4f} | "
+            f"{r['closed_to_borrowers_hours']:.1f} |"
+        )
+    return lines
+
+
+def section(
+    figures: dict[str, Any], settings: Settings, meta: dict[str, Any], model: list[dict[str, Any]] | None = None
+) -> str:
     s, lend = figures["strict"], figures["lending"]
     rows = [
         ("reserved GPU-hours (all)", "reserved_gpu_hours"),
@@ -767,6 +815,7 @@ def section(figures: dict[str, Any], settings: Settings, meta: dict[str, Any]) -
     ratio = figures["borrowed_ratio"]
     goal = "met" if ratio is not None and ratio >= 0.8 else "NOT met"
     bound = settings.grace + 5
+    whole_share = settings.whole_nodes * GPUS_PER_NODE / settings.reserved_gpus
     p99 = figures["inference_bind_p99_s"]
     lines = [
         SECTION_BEGIN,
@@ -785,7 +834,7 @@ def section(figures: dict[str, Any], settings: Settings, meta: dict[str, Any]) -
         f"**{settings.hours:g} trace hours in {settings.real_seconds:.0f} s: time factor {settings.time_factor:g}** "
         f"(1 real second = {settings.time_factor / 60:g} trace minutes); samples every {settings.sample_seconds:g} s "
         "real; GPU-hours are trace hours. Inference: two Deployments following a daily curve (mean "
-        f"{settings.mean:.0%} of the reserved GPUs, peak 100 % at 14:00): 4-GPU replicas on the whole nodes, "
+        f"{settings.mean * 100:g} % of the reserved GPUs, peak 100 % at 14:00): 4-GPU replicas on the whole nodes, "
         "2-device replicas (a claim template) on the split nodes' reserved devices. Training: a backlog "
         f"(seed {settings.seed}) of device-plugin jobs (1-4 GPUs, all borrowers: only the reserved whole nodes serve "
         "`amd.com/gpu`) and DRA jobs (1-2 devices, half borrowers), 1-8 h of work each, at most "
@@ -800,6 +849,10 @@ def section(figures: dict[str, Any], settings: Settings, meta: dict[str, Any]) -
         f"- **Borrowed / idle under strict: {cell(ratio)}** (goal ≥ 0.8: **{goal}**): "
         f"{cell(figures['borrowed_gpu_hours'])} GPU-hours lent against {cell(figures['idle_reserved_gpu_hours'])} "
         "idle reserved GPU-hours under strict.",
+        f"- The split nodes' reserved devices are not lent by this commit's product (borrowers there get shared "
+        f"devices only; the reclaim of devices lends them): the whole nodes hold {whole_share:.0%} of the reserved "
+        f"GPUs and, both Deployments following the same curve, about that share of the idle ones, so the ratio "
+        f"cannot pass about {whole_share:.2f} until devices are lent.",
         f"- Inference creation-to-binding under lending: p99 {cell(p99)} s, max {cell(figures['inference_bind_max_s'])} s "
         f"(bound: grace + 5 = {bound} s: **{'met' if p99 is not None and p99 <= bound else 'NOT met'}**); "
         f"inference pods evicted {figures['inference_evicted']}, non-borrowers on reserved capacity "
@@ -808,6 +861,23 @@ def section(figures: dict[str, Any], settings: Settings, meta: dict[str, Any]) -
         "",
         f"![reserved GPUs over the trace]({PLOT.name})",
         "",
+        *(
+            [
+                "**Model, not the control plane** (`bench/lending_model.py`, `python -m bench.lending_model`): the same "
+                "policy, trace, seed, grace (in trace time: "
+                f"{settings.grace * settings.time_factor / 60:g} trace minutes) and checkpoints, stepped every trace minute "
+                "at growing sizes (half the nodes whole, half split; the backlog scaled with them). It leaves out "
+                "scheduling latency, PodDisruptionBudgets, the keeper's 1 s round and the kubelet: its waits are 0 or "
+                "the grace period, and its first row is there to compare with the measured one above. Rows with "
+                "devices lent: borrowers also take the split nodes' idle reserved devices and are evicted for "
+                "inference (the reclaim of devices, not in this commit's product).",
+                "",
+                *model_table(model),
+                "",
+            ]
+            if model
+            else []
+        ),
         "The last line `make bench-lending` printed:",
         "",
         "```json",
@@ -851,6 +921,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lend-from", choices=("idleNodes", "idleGPUs"), default=d.lend_from)
     parser.add_argument("--headroom", type=int, default=d.headroom, help="lending.headroomGPUs")
     parser.add_argument("--modes", default="strict,lending", help="strict, lending or both (the figures need both)")
+    parser.add_argument(
+        "--model",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the runs, the pure model of the same policy at 16 to 1,000 nodes (default: on)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only: neither docs/benchmarks.md nor the plot")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -899,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
         trace_hours=settings.hours,
         run_minutes=round(minutes, 1),
     )
+    model = model_rows(settings, log) if args.model else None
     if not args.no_write:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -913,7 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             "notes": [],
         }
         plot(strict, lending, settings, PLOT)
-        write_section(section(figures, settings, meta))
+        write_section(section(figures, settings, meta, model))
         log(f"written: {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
     print(
         json.dumps(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import lending
+from bench import lending, lending_model
 from bench.lending_trace import (
     DEVICE_PLUGIN,
     DRA,
@@ -153,3 +153,35 @@ def test_the_docs_section_replaces_its_own_text_only(tmp_path: Path, monkeypatch
     text = doc.read_text(encoding="utf-8")
     assert "## Before" in text and "## After\n\nkept" in text and "new" in text and "old" not in text
     assert text.count(lending.SECTION_BEGIN) == 1
+
+
+def test_the_model_lends_nothing_under_strict_and_more_with_devices_lent() -> None:
+    plain = lending_model.compare(lending_model.ModelSettings(nodes=16))
+    devices = lending_model.compare(lending_model.ModelSettings(nodes=16, lend_devices=True))
+    strict = lending_model.Model(lending_model.ModelSettings(nodes=16), lending=False).run().figures()
+    assert strict["borrowed_gpu_hours"] == 0 and strict["interruptions"] == 0
+    assert plain["idle_reserved_gpu_hours"] == pytest.approx(strict["idle_reserved_gpu_hours"])
+    # Whole nodes alone hold 2/3 of the reserved GPUs: lending them alone stays below that share of the idle ones.
+    assert 0.3 < plain["borrowed_ratio"] < 2 / 3
+    assert devices["borrowed_ratio"] > plain["borrowed_ratio"]
+    assert (
+        devices["training_gpu_hours_lending"] > plain["training_gpu_hours_lending"] > plain["training_gpu_hours_strict"]
+    )
+
+
+def test_the_report_and_the_plot_are_written_from_two_runs(tmp_path: Path) -> None:
+    strict = _run("strict", idle=30, borrowed=0, bind=[0.4, 0.5])
+    lent = _run("lending", idle=6, borrowed=24, bind=[0.5, 5.2, 5.6])
+    settings = lending.Settings(hours=10.0)
+    figures = summary(strict, lent, grace_s=5, time_factor=240.0)
+    meta = {"commit": "abc", "date": "today", "cpus": 2, "load_start": 1.0, "load_end": 2.0, "minutes": 14.0}
+    text = lending.section(
+        figures,
+        settings,
+        meta,
+        [lending_model.compare(lending_model.ModelSettings(nodes=16)) | {"lend_devices": False}],
+    )
+    assert "**Borrowed / idle under strict: 0.8** (goal ≥ 0.8: **met**)" in text
+    assert "| 16 | 48 | no |" in text and "time factor 240" in text
+    lending.plot(strict, lent, settings, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
