@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -78,7 +79,6 @@ from tests.e2e.controlplane import (
 )
 from tests.e2e.harness import (
     DEVICE_CLASS,
-    DRIVER,
     MI300X_LABELS,
     cli,
     gpu_pod,
@@ -100,6 +100,7 @@ SECTION_BEGIN = "<!-- bench-lending: written by make bench-lending (bench/lendin
 SECTION_END = "<!-- bench-lending: end -->"
 
 POLICY = default_policy()
+DRIVER = POLICY.spec.reserved_devices.driver  # AMD's DRA driver, gpu.amd.com
 BORROWER_CLASS = POLICY.spec.lending.borrower_priority_class.name
 BORROW_LABEL = POLICY.spec.lending.pod_label
 LENDING_LABEL = POLICY.spec.lending.namespaces.label_key
@@ -459,7 +460,7 @@ class Run:
         ):
             kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
         for name in (TRAIN, SERVE):
-            wait_until(lambda name=name: kube.get_or_none("ServiceAccount", "default", name), what=f"{name}/default")
+            wait_until(functools.partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}/default")
         wait_reserved_nodes_known(kube, self.whole[0], TRAIN)
         for count in (1, 2):
             kube.create(claim_template(f"train-{count}", TRAIN, count))
@@ -609,9 +610,9 @@ class Run:
             owners += [
                 r["uid"] for r in (claim.get("status") or {}).get("reservedFor") or [] if r.get("resource") == "pods"
             ]
-            pod = next((pods_by_uid[uid] for uid in owners if uid in pods_by_uid), None)
-            if pod is not None:  # else its pod is gone and the claim about to be deallocated: counted idle
-                hold(pod, reserved)
+            holder: Obj | None = next((pods_by_uid[uid] for uid in owners if uid in pods_by_uid), None)
+            if holder is not None:  # else its pod is gone and the claim about to be deallocated: counted idle
+                hold(holder, reserved)
         training = sum(a.progress.job.gpus for a in self.attempts.values() if a.running)
         return Sample(hour, 0.0, s.reserved_gpus, inference, borrowers, reclaiming, training, violations)
 
@@ -954,6 +955,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", "Attribute's length must be", UserWarning)
     began = time.monotonic()
     load_start = os.getloadavg()[0]
+    # the commit that runs (a commit made meanwhile is not what ran)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     results = {mode: run_mode(settings, mode) for mode in modes}
     for mode, result in results.items():
         log(f"{mode}: {json.dumps(result.figures())}")
@@ -977,10 +982,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = model_rows(settings, log) if args.model else None
     if not args.no_write:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        meta = {
+        meta: dict[str, Any] = {
             "commit": commit,
             "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
             "cpus": os.cpu_count(),

@@ -24,7 +24,7 @@ ROUTES = (DEVICE_PLUGIN, DRA)
 
 def _shape_mean(power: int) -> float:
     """The mean over a period of ((1 + cos x) / 2) ** power: C(2k, k) / 4**k."""
-    return math.comb(2 * power, power) / 4**power
+    return float(math.comb(2 * power, power)) / float(4**power)
 
 
 @dataclass(frozen=True)
