@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so webhook/*/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending fuzz soak certs manifests clean
 
 all: test
 
@@ -93,6 +93,19 @@ bench-instructions: $(COMPILED)
 # (bench/apiserver_baseline.yaml); docs/benchmarks.md. Needs KUBEBUILDER_ASSETS=.cache/envtest/bin (v1.36 binaries).
 bench-apiserver: $(COMPILED)
 	$(PY) -m bench.apiserver_admission
+
+# what lending recovers, trace-driven on the real control plane (issue 37): strict reservation, then lending, on
+# one daily trace (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md and docs/bench-lending.png,
+# the figures as JSON on the last line. The control plane as the e2e suite finds it: KUBEBUILDER_ASSETS, else
+# .cache/envtest/bin (unpacked from ../shared/envtest when the archive is there). ARGS: more options of bench.lending.
+ENVTEST_ARCHIVE ?= ../shared/envtest/kubernetes-v1.36.2-linux-amd64.tar.xz
+bench-lending: $(COMPILED)
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
+	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
+	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
+	fi; \
+	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.lending $(ARGS)
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)

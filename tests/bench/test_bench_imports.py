@@ -14,7 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    "module", ["bench.run", "bench.apiserver_admission", "bench.audit_scale", "bench.instructions", "bench.soak"]
+    "module",
+    [
+        "bench.run",
+        "bench.apiserver_admission",
+        "bench.audit_scale",
+        "bench.instructions",
+        "bench.soak",
+        "bench.lending",
+    ],
 )
 def test_a_bench_module_imports_as_make_runs_it(module: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
