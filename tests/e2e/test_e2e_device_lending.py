@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_claim_template, new_namespace
 
 from webhook.cluster.kubeapi import KubeApi
-from webhook.core.policy import default_policy_text, load_policy
+from webhook.core.policy import load_policy
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper
 
@@ -56,20 +55,14 @@ from .harness import (
 from .kube import ApiError, Kube, Obj, wait_until
 from .kubelet import KubeletStandIn
 from .test_e2e_device_reservation import amd_resource_slice
+from .test_e2e_lending import GRACE, lending_policy  # grace 5 s
 
 NODES = ("lend-dra-1", "lend-dra-2")
-GRACE = 5
 TRAIN, SERVE = "dlend-train", "dlend-serve"
 LENDABLE, SHARED, RESERVED = "rocm-isolation-lendable", "rocm-isolation-shared", "rocm-isolation-reserved"
 BORROW = {"rocm-isolation.io/borrow": "true"}
 # The reserved PCI bus IDs: the two lowest of each node (the same slots on both: test_e2e_device_reservation.GPUS).
 RESERVED_PCI = ("0000:29:00.0", "0000:2c:00.0")
-
-
-def lending_policy() -> str:
-    document = yaml.safe_load(default_policy_text())
-    document["spec"]["lending"] = {"enabled": True, "reclaimGraceSeconds": GRACE}
-    return yaml.safe_dump(document, sort_keys=False)
 
 
 @dataclass
@@ -138,7 +131,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             kube.apply(amd_resource_slice(node))
         kube.create(chart_class(created=None))
         policy_file = workdir / "policy.yaml"
-        policy_file.write_text(lending_policy(), encoding="utf-8")
+        policy_file.write_text(lending_policy(True), encoding="utf-8")
         cert_dir = workdir / "webhook" / "certs"
         cli("certs", "--out-dir", str(cert_dir), check=True)
         port = free_port()
