@@ -164,6 +164,19 @@ DEVICES_RESERVED = frozenset(
 )
 
 
+def group_variants(group: str, *, lending: bool = False) -> dict[str, list[str]]:
+    """The group's variants; lending on: the lending backstop with the product's (it binds the namespaces
+    labelled to borrow, the training one here), the baseline's left out (no borrowers)."""
+    variants = GROUP_VARIANTS[group]
+    if not lending:
+        return variants
+    return {
+        name: [*policies, reserved_nodes.LENDING_POLICY_NAME] if NODES in policies else policies
+        for name, policies in variants.items()
+        if "baseline" not in name
+    }
+
+
 def reserved_device_class() -> Obj:
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -306,16 +319,7 @@ class Bench:
     lending: bool = False
 
     def variants(self, group: str) -> dict[str, list[str]]:
-        """The group's variants; lending on: the lending backstop with the product's (it binds the
-        namespaces labelled to borrow, the training one here), the baseline's left out (no borrowers)."""
-        variants = GROUP_VARIANTS[group]
-        if not self.lending:
-            return variants
-        return {
-            name: [*policies, reserved_nodes.LENDING_POLICY_NAME] if NODES in policies else policies
-            for name, policies in variants.items()
-            if "baseline" not in name
-        }
+        return group_variants(group, lending=self.lending)
 
     def checks(self, policy: str) -> float:
         return float(scrape(self.kube)["checks by policy"].get(policy, Histogram(0.0, 0.0)).count)
@@ -369,7 +373,8 @@ class Bench:
         for policy in self.variants(group)[variant]:
             if self.lending and policy == NODES:
                 # Lending on, the training namespace is the lending backstop's (probed in its place); this
-                # one binds the inference namespace, where it denies nothing a probe could show.
+                # one binds neither namespace here (the inference one, of a reserved class, is left out by
+                # both backstops' bindings: nothing there can be denied).
                 continue
             if group == "map":
                 wait_until(self.map_in_effect(policy, wanted), timeout=60, what=f"{policy} in effect: {wanted}")
@@ -716,7 +721,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "| --- | ---: | ---: | ---: |",
         ]
         for variant, rounds in results_of.items():
-            policies = GROUP_VARIANTS[group][variant]
+            policies = group_variants(group, lending=bool(meta.get("lending")))[variant]
             lines.append(
                 f"| {variant} | {_cell(_values(rounds, 'other', _series(PLUGIN_ROW[group])))} | "
                 f"{_cell(_values(rounds, 'other', _exclusions(policies)), 1)} | "

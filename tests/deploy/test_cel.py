@@ -53,15 +53,16 @@ from cel_harness import (
     reserved_names_params,
     reserved_nodes_verdict,
     run_policy,
+    selector_matches,
     well_formed,
 )
 from celpy import celtypes
 
 from webhook.core import engine
 from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
-from webhook.core.policy import Policy, default_policy
+from webhook.core.policy import Policy, default_policy, parse_policy
 from webhook.deploy import cel as cel_module
-from webhook.deploy import render
+from webhook.deploy import render, reserved_nodes
 
 POD_CASES = [case for case in fixture_cases("engine") + fixture_cases("cel/pods") if well_formed(case)]
 
@@ -413,6 +414,95 @@ def test_the_backstop_leaves_out_at_its_conditions_the_pods_it_cannot_deny_and_t
     }
     new["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert reserved_nodes_verdict(resources, case, as_pod(new, "research") or {}, "UPDATE")[1] == set()
+
+
+LENDING_POLICIES = ("engine-lending", "engine-lending-gpus")
+# The pods a backstop may deny somewhere (a reach the engine denies) and the lending fixtures' pods.
+DENIABLE_CASES = [
+    case
+    for case in POD_CASES
+    if engine_reach(decide(case, nodes_known=True)) or case.get("policy", "default") in LENDING_POLICIES
+]
+
+
+def _lending_backstops(policy_name: str) -> list[dict[str, Any]]:
+    resources = rendered(policy_name)
+    return [
+        find(resources, "ValidatingAdmissionPolicy", name)
+        for name in (reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME)
+    ]
+
+
+@pytest.mark.parametrize("policy_name", LENDING_POLICIES)
+@pytest.mark.parametrize("case", DENIABLE_CASES, ids=lambda case: case["_id"])
+def test_lending_on_the_backstops_leave_out_the_reserved_class_namespaces_where_nothing_can_be_denied(
+    case: dict[str, Any], policy_name: str
+) -> None:
+    """Lending on, both backstops' bindings leave out the namespaces labelled with a reserved class
+    (``reserved_nodes.reserved_class_namespaces``: the apiserver reads the selector in Go, so such a pod costs
+    them no activation): no validation of either fails for a pod there, evaluated without the conditions,
+    every node the pod names reserved, in a namespace labelled to borrow or not and named as the policy's
+    borrowing names or not. Leaving them out denies nothing less."""
+    resources = rendered(policy_name)
+    pod = as_pod(case["pod"], "serving")
+    assert pod is not None
+    names = {*(case.get("reservedNodes") or []), *([pod["spec"]["nodeName"]] if pod["spec"].get("nodeName") else [])}
+    for term in (
+        ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            names.update(field.get("values") or [])
+    params = reserved_names_params(sorted(names))
+    for name, lending in (("serving", {}), ("borrow-serving", {"rocm-isolation.io/lending": "allowed"})):
+        namespace = {"name": name, "labels": {"rocm-isolation.io/class": "inference", **lending}}
+        where = {**case, "namespace": namespace}
+        labels = {**namespace["labels"], render.NAMESPACE_NAME_LABEL: name}
+        for backstop in _lending_backstops(policy_name):
+            bindings = [
+                r
+                for r in resources
+                if r["kind"] == "ValidatingAdmissionPolicyBinding"
+                and r["spec"]["policyName"] == backstop["metadata"]["name"]
+            ]
+            assert len(bindings) == len(render.MODES)
+            assert not [
+                b for b in bindings if selector_matches(b["spec"]["matchResources"]["namespaceSelector"], labels)
+            ]
+            # ... and a training namespace of the same labels is bound (by one of the two).
+            training = {**labels, "rocm-isolation.io/class": "training"}
+            assert any(
+                selector_matches(b["spec"]["matchResources"]["namespaceSelector"], training) for b in bindings
+            ) == (bool(lending) == (backstop["metadata"]["name"] == reserved_nodes.LENDING_POLICY_NAME))
+            spec = backstop["spec"]
+            activation = pod_activation(where, pod, case.get("operation", "CREATE"), params=params)
+            variables: dict[Any, Any] = {}
+            for variable in spec["variables"]:
+                activation["variables"] = celtypes.MapType(variables)
+                variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
+            activation["variables"] = celtypes.MapType(variables)
+            for validation in spec["validations"]:
+                assert evaluate(validation["expression"], activation), validation["message"]
+
+
+def test_the_reserved_class_namespaces_stay_bound_when_a_namespace_rule_could_class_them_otherwise() -> None:
+    """A namespace rule comes before the class label (``cel.pod_class``): one that allows an unreserved class
+    could make a pod of a namespace labelled inference a training pod, which the backstop must judge. With
+    such a rule the bindings do not leave those namespaces out; with rules that allow reserved classes only,
+    they do. Lending off: no requirement (its manifests are what they were)."""
+    document = yaml.safe_load((FIXTURES / "policies" / "engine-lending.yaml").read_text(encoding="utf-8"))
+    requirement = {"key": "rocm-isolation.io/class", "operator": "NotIn", "values": ["inference"]}
+    for allowed, left_out in ((["inference"], True), (["training", "inference"], False), (["training"], False)):
+        document["spec"]["namespaces"] = [{"match": {"names": ["serve-*"]}, "allowedClasses": allowed}]
+        policy = parse_policy(yaml.safe_dump(document))
+        selectors = reserved_nodes.binding_namespaces(policy)
+        assert set(selectors) == {reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME}
+        for requirements in selectors.values():
+            assert (requirement in requirements) == left_out, allowed
+    assert reserved_nodes.binding_namespaces(default_policy()) == {}
+    assert reserved_nodes.reserved_class_namespaces(default_policy()) == [requirement]
 
 
 # --- the namespace class label guard --------------------------------------------------------------

@@ -261,9 +261,11 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
         # The namespace may borrow (the binding selects it by the label): a borrower by its priority.
         unreserved_class += f" &&\n!{at_priority}"
         # No validation can deny a borrower that does not tolerate the no-borrowers taint: left out here,
-        # before the pod is converted for the validations (inference pods are still judged).
+        # before the pod is converted for the validations, and first: a borrower tolerates the reserved
+        # taint and is a GPU pod, so the rest of the condition would hold for it (its priority and
+        # tolerations are read, not its containers).
         may_be_denied = (
-            f"({may_be_denied}) &&\n!({at_priority} &&\n!({cel.tolerates_no_borrowers(policy, added=False)}))"
+            f"!({at_priority} &&\n!({cel.tolerates_no_borrowers(policy, added=False)})) &&\n({may_be_denied})"
         )
     elif lending.enabled and lending.namespaces.names:
         # The other namespaces: those the policy names may borrow (a borrower by its priority there).
@@ -301,14 +303,36 @@ def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]
     return out
 
 
+def reserved_class_namespaces(policy: Policy) -> list[dict[str, Any]]:
+    """The requirement that leaves out the namespaces labelled with a class placed on reserved nodes (e.g.
+    ``rocm-isolation.io/class=inference``), or none when a namespace rule could class such a namespace's
+    pods otherwise.
+
+    No validation of either backstop can fail for a pod of a reserved class: the reach checks require an
+    unreserved class, the no-borrowers toleration check exempts the reserved classes. Such a namespace's
+    pods are of a reserved class unless a namespace rule of the policy matches the namespace first
+    (``cel.pod_class``: rules, then the class label) and allows an unreserved class; with no such rule,
+    binding the backstop there only costs every pod of it an activation (a GPU pod of it tolerates the
+    reserved taint and is judged in full, four activations, to be admitted). The selector is read in Go,
+    from the same namespace lister as ``namespaceObject``, and the label is the one the namespace class
+    policy guards; a namespace without it stays bound."""
+    spec = policy.spec
+    reserved = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
+    if not reserved or any(not set(rule.allowed_classes) <= set(reserved) for rule in spec.namespaces):
+        return []
+    return [{"key": spec.labels.namespace_class, "operator": "NotIn", "values": reserved}]
+
+
 def binding_namespaces(policy: Policy) -> dict[str, list[dict[str, Any]]]:
-    """Lending on: the namespace selector requirement of each policy's bindings (the namespaces labelled to
-    borrow, and the others); none with lending off."""
+    """Lending on: the namespace selector requirements of each policy's bindings: the namespaces of a
+    reserved class left out (``reserved_class_namespaces``), then the namespaces labelled to borrow, and the
+    others; none with lending off (its manifests are what they were before lending)."""
     lending = policy.spec.lending
     if not lending.enabled:
         return {}
     key = lending.namespaces.label_key
+    reserved = reserved_class_namespaces(policy)
     return {
-        POLICY_NAME: [{"key": key, "operator": "NotIn", "values": [LENDING_ALLOWED]}],
-        LENDING_POLICY_NAME: [{"key": key, "operator": "In", "values": [LENDING_ALLOWED]}],
+        POLICY_NAME: [*reserved, {"key": key, "operator": "NotIn", "values": [LENDING_ALLOWED]}],
+        LENDING_POLICY_NAME: [*reserved, {"key": key, "operator": "In", "values": [LENDING_ALLOWED]}],
     }
