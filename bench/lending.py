@@ -341,6 +341,7 @@ class InferenceTimes:
 
     created: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # uid -> pod name (its Deployment's name first)
     deleted_unbound: set[str] = field(default_factory=set)
     disrupted: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -355,6 +356,7 @@ class InferenceTimes:
                 # First seen by an event: ADDED right after its creation; otherwise (a watch restarted) the
                 # apiserver's second-resolution timestamp.
                 self.created[uid] = seen if kind == "ADDED" else (_stamp(meta.get("creationTimestamp")) or seen)
+                self.names[uid] = str(meta.get("name", ""))
             if pod["spec"].get("nodeName") and uid not in self.bound:
                 self.bound[uid] = seen
             target = _conditions(pod).get("DisruptionTarget")
@@ -363,9 +365,14 @@ class InferenceTimes:
             if kind == "DELETED" and uid not in self.bound:
                 self.deleted_unbound.add(uid)
 
-    def seconds(self) -> list[float]:
+    def seconds(self, prefix: str = "") -> list[float]:
+        """Of every inference pod bound, or of those of one Deployment (``prefix``: its name)."""
         with self.lock:
-            return [max(0.0, self.bound[uid] - created) for uid, created in self.created.items() if uid in self.bound]
+            return [
+                max(0.0, self.bound[uid] - created)
+                for uid, created in self.created.items()
+                if uid in self.bound and self.names.get(uid, "").startswith(prefix)
+            ]
 
 
 # --- one run ---------------------------------------------------------------------------------------------------
@@ -658,6 +665,8 @@ class Run:
             for x, span in zip(samples, spans, strict=True)
         ]
         self.result.bind_seconds = self.times.seconds()
+        self.result.bind_seconds_whole = self.times.seconds("serve-whole-")
+        self.result.bind_seconds_split = self.times.seconds("serve-split-")
         self.result.inference_unbound = len(self.times.deleted_unbound) + sum(
             1 for p in self.pods.snapshot() if p["metadata"]["namespace"] == SERVE and not p["spec"].get("nodeName")
         )
@@ -850,10 +859,12 @@ def section(
         f"- **Borrowed / idle under strict: {cell(ratio)}** (goal ≥ 0.8: **{goal}**): "
         f"{cell(figures['borrowed_gpu_hours'])} GPU-hours lent against {cell(figures['idle_reserved_gpu_hours'])} "
         "idle reserved GPU-hours under strict.",
-        f"- The split nodes' reserved devices are not lent by this commit's product (borrowers there get shared "
-        f"devices only; the reclaim of devices lends them): the whole nodes hold {whole_share:.0%} of the reserved "
-        f"GPUs and, both Deployments following the same curve, about that share of the idle ones, so the ratio "
-        f"cannot pass about {whole_share:.2f} until devices are lent.",
+        f"- The whole nodes hold {whole_share:.0%} of the reserved GPUs (taken back by the scheduler's preemption), "
+        "the split nodes' reserved devices the rest (lent through the lendable DeviceClass, taken back by the "
+        "keeper's evictions: the scheduler cannot preempt for DRA devices).",
+        f"- Creation-to-binding under lending, whole nodes: p99 {cell(lend['inference_bind_p99_whole_s'])} s; "
+        f"split nodes: p99 {cell(lend['inference_bind_p99_split_s'])} s ({lend['inference_pods_bound']} inference "
+        "pods bound in all: with so few, each p99 is its maximum).",
         f"- Inference creation-to-binding under lending: p99 {cell(p99)} s, max {cell(figures['inference_bind_max_s'])} s "
         f"(bound: grace + 5 = {bound} s: **{'met' if p99 is not None and p99 <= bound else 'NOT met'}**); "
         f"inference pods evicted {figures['inference_evicted']}, non-borrowers on reserved capacity "

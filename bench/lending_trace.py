@@ -210,6 +210,8 @@ class RunResult:
     mode: str
     samples: list[Sample] = field(default_factory=list)
     bind_seconds: list[float] = field(default_factory=list)
+    bind_seconds_whole: list[float] = field(default_factory=list)  # of the whole nodes' Deployment
+    bind_seconds_split: list[float] = field(default_factory=list)  # of the split nodes' Deployment
     inference_unbound: int = 0
     inference_evicted: int = 0
     nonborrowers_on_reserved: int = 0
@@ -238,6 +240,8 @@ class RunResult:
             "inference_bind_p50_s": _rounded(percentile(bind, 50)),
             "inference_bind_p99_s": _rounded(percentile(bind, 99)),
             "inference_bind_max_s": _rounded(max(bind) if bind else None),
+            "inference_bind_p99_whole_s": _rounded(percentile(self.bind_seconds_whole, 99)),
+            "inference_bind_p99_split_s": _rounded(percentile(self.bind_seconds_split, 99)),
             "inference_evicted": self.inference_evicted,
             "nonborrowers_on_reserved": self.nonborrowers_on_reserved,
             "wall_seconds": round(self.wall_seconds, 1),
