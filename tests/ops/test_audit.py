@@ -849,3 +849,27 @@ def test_every_rule_is_in_the_rule_table_of_operations_md() -> None:
     for rule in audit.RULES.values():
         kind = next(line.split("|")[2].strip() for line in table.splitlines() if line.startswith(f"| `{rule.id}`"))
         assert kind == rule.kind, rule.id
+
+
+def test_a_borrower_holding_a_lent_reserved_device_is_no_finding_while_lending_is_on(devices_fake: FakeCluster) -> None:
+    """The keeper lends reserved devices to borrowers (docs/operations.md "Devices of split nodes"): a borrower
+    holding one is lent it, not a stray; with lending off the same pod is a finding."""
+    stray = devices_fake.get_object("pods", "trainer-stray", "ml")
+    assert stray is not None
+    stray["spec"].update({"priorityClassName": "rocm-isolation-borrower", "priority": -100})
+    devices_fake.add({"apiVersion": "v1", "kind": "Pod", **stray})
+    document = POLICY.document.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["spec"]["lending"] = {"enabled": True}
+    lending = parse_policy(yaml.safe_dump(document))
+    api = KubeApi(devices_fake.api_client(), page_size=3)
+    on = {
+        f.name
+        for f in audit.run_audit(api, lending, now=NOW).findings
+        if f.rule == "reserved-device-held-by-other-class"
+    }
+    off = {
+        f.name
+        for f in audit.run_audit(api, POLICY, now=NOW).findings
+        if f.rule == "reserved-device-held-by-other-class"
+    }
+    assert "trainer-stray" not in on and "trainer-stray" in off

@@ -13,6 +13,7 @@ from webhook.cluster.kubeapi import Forbidden, KubeApi, NotFound, api_path
 from webhook.cluster.slices import Device, Taint, gpu_count, gpu_ids
 from webhook.core.claims import RESERVED_DEVICE_TAINT_EFFECT, RESERVED_DEVICE_TAINT_KEY
 from webhook.core.decision import Decision
+from webhook.core.lending import is_borrower
 from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import DeviceReservation, with_tainted
@@ -424,6 +425,8 @@ class DeviceAudit:
         cls = self.policy.spec.classes.get(decision.workload_class or "")
         if not reserved or cls is None or cls.placement == "reserved" or metadata.get("deletionTimestamp"):
             return None
+        if is_borrower(pod, self.policy):
+            return None  # lent (lending on): the keeper takes it back when inference needs it
         claims = "; ".join(
             f"ResourceClaim {claim} was allocated {', '.join(_device_text(d) for d in devices)}"
             for claim, devices in reserved
