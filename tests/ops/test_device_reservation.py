@@ -633,6 +633,26 @@ def test_status_shows_gpus_and_the_layout_each_allocated_one_is_in() -> None:
     assert rows[4][:3] == ["ap", "2", "2"], lines
 
 
+def test_the_plan_shows_gpus_not_their_layouts() -> None:
+    """pool plan --devices-per-node 2 on an AutoPartition node (16 virtual devices): 4 GPUs, 2 reserved, and one
+    row per GPU, whatever the order the driver publishes its layouts in."""
+    slices = autopartition_slices("ap", AP_PCI)
+    slices[1]["spec"]["devices"].reverse()  # Go map order: arbitrary
+    found = published(*slices)
+    after, wanted = device_split.split(found, 2)
+    assert after.pci_bus_ids == AP_PCI[:2]
+    plan = device_plan.build_device_plan(POLICY, found, after, wanted, {}, [])
+    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [(4, 2, 2)]
+    rows = [line.split() for line in device_plan.plan_lines(plan, POLICY) if line.startswith("ap ")]
+    assert rows == [
+        ["ap", "4", "2", "2", "-"],  # no Node read: no label to judge
+        ["ap", "(4", "devices)", "0000:05:00.0", "unreserved", "reserved"],
+        ["ap", "(4", "devices)", "0000:26:00.0", "unreserved", "reserved"],
+        ["ap", "(4", "devices)", "0000:46:00.0", "unreserved", "shared"],
+        ["ap", "(4", "devices)", "0000:65:00.0", "unreserved", "shared"],
+    ]
+
+
 MEMORY_POLICY = (Path(__file__).parents[1] / "fixtures" / "policies" / "device-memory-partition.yaml").read_text()
 MEMORY_PIN = (
     "!has(device.attributes['gpu.amd.com'].memoryPartition) || device.attributes['gpu.amd.com'].memoryPartition "
