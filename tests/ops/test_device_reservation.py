@@ -765,6 +765,12 @@ def test_amd_gpu_moves_from_the_shared_class_to_its_own_when_amds_class_narrows_
         (devices.shared_extended_class_name, "create"),
     ]
     assert "extendedResourceName" not in changes[2].desired["spec"]
+    # the shared class no longer owns the name: the record of the other classes naming it goes with it, once
+    body = device_ownership.replace_body(stored[1], changes[2].desired)
+    assert body is not None and "extendedResourceName" not in body["spec"]
+    assert device_ownership.ALSO_NAMED_BY_ANNOTATION in stored[1]["metadata"]["annotations"]
+    assert device_ownership.ALSO_NAMED_BY_ANNOTATION not in body["metadata"]["annotations"]
+    assert device_ownership.replace_body(body, changes[2].desired) is None
     lines = device_ownership.ownership_lines(owner, recreate_planned=False, creating=True)
     assert any("names amd.com/gpu today: apply writes it without the name first" in line for line in lines), lines
 

@@ -235,19 +235,27 @@ def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Owner
         for desired in rendered:
             if desired["metadata"]["name"] == owner.shared_class:
                 desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
-            elif desired["metadata"]["name"] == policy.spec.reserved_devices.shared_class_name:
-                desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = ""
+    # Any other class of ours (the shared class once the name has classes of its own) records nothing:
+    # ``replace_body`` drops the annotation it kept from when it owned the name.
     return rendered
+
+
+# Annotations a class of ours carries only while the desired object says them (the record of the other
+# classes naming the extended resource: the class that no longer owns the name drops it).
+_OURS_ONLY_WHEN_DESIRED = (ALSO_NAMED_BY_ANNOTATION,)
 
 
 def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """The PUT body that makes ``current`` say what ``desired`` says (our labels, annotations, selectors and
-    extendedResourceName; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
+    extendedResourceName; ``ALSO_NAMED_BY_ANNOTATION`` removed when ``desired`` has none; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
     None when it already does."""
     metadata = dict(mapping(current.get("metadata")))
     want_meta = mapping(desired.get("metadata"))
     labels = {**mapping(metadata.get("labels")), **mapping(want_meta.get("labels"))}
     annotations = {**mapping(metadata.get("annotations")), **mapping(want_meta.get("annotations"))}
+    for key in _OURS_ONLY_WHEN_DESIRED:
+        if key not in mapping(want_meta.get("annotations")):
+            annotations.pop(key, None)
     spec = dict(mapping(current.get("spec")))
     want_spec = mapping(desired.get("spec"))
     spec["selectors"] = want_spec.get("selectors")
