@@ -31,6 +31,7 @@ from cluster_objects import (
     allocated,
     autopartition_slices,
     claim_pod,
+    device_class,
     held_claim,
     inference_pod,
     namespace,
@@ -48,7 +49,8 @@ from webhook.core.policy import default_policy, parse_policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops import audit
+from webhook.ops import audit, device_ownership
+from webhook.ops.audit_devices import DeviceAudit
 
 POLICY = default_policy()
 NOW = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
@@ -442,6 +444,23 @@ def test_device_findings_name_what_to_fix(devices_fake: FakeCluster) -> None:
     owner = by_rule["extended-resource-not-on-shared-class"]
     assert owner.kind == "DeviceClass"
     assert "amd.com/gpu maps to deviceclass/gpu.amd.com" in owner.message
+
+
+def test_amd_gpu_on_the_shared_class_while_it_moves_is_no_risk_to_reserved_gpus() -> None:
+    """Issue 35, upgrading: AMD's gpu.amd.com-spx narrows amd.com/gpu but the shared class of an earlier apply
+    still owns it (the newest). The finding says what is true: shared GPUs only, any of their layouts."""
+    spx = device_class("gpu.amd.com-spx", "device.driver == 'gpu.amd.com' && !has(x)", "amd.com/gpu")
+    spx["metadata"]["creationTimestamp"] = "2026-10-01T00:00:00Z"
+    classes = device_ownership.class_infos([spx, *reservation_classes(RESERVATION)])
+    [finding] = DeviceAudit(POLICY, RESERVATION, {}, {}, {}, classes).findings()
+    assert (finding.rule, finding.name) == ("extended-resource-not-on-shared-class", "rocm-isolation-shared-gpu")
+    assert "reserved for inference" not in finding.message
+    assert (
+        "pods asking for amd.com/gpu on DRA nodes get shared GPUs only (never reserved ones), but in any layout "
+        "deviceclass/rocm-isolation-shared selects (a partition too), not only what deviceclass/gpu.amd.com-spx "
+        "admits; rocm-isolation-webhook pool apply --devices-per-node 2 writes deviceclass/rocm-isolation-shared "
+        "without the name, then makes deviceclass/rocm-isolation-shared-gpu the newest class naming it"
+    ) in finding.message
 
 
 def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:

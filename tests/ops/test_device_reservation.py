@@ -775,6 +775,59 @@ def test_amd_gpu_moves_from_the_shared_class_to_its_own_when_amds_class_narrows_
     assert any("names amd.com/gpu today: apply writes it without the name first" in line for line in lines), lines
 
 
+def upgraded_classes(spx_created: str) -> list[dict[str, Any]]:
+    """A reservation applied before the extended resource had classes of its own (the shared class names
+    amd.com/gpu with every layout of the shared GPUs, created 2026-12-01), and AMD's gpu.amd.com-spx."""
+    reservation = DeviceReservation(2, ("0000:05:00.0", "0000:26:00.0"))
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
+    before = device_ownership.ownership(POLICY, device_ownership.class_infos([chart]))
+    stored = _read_back(device_ownership.desired_classes(POLICY, reservation, before))
+    return [chart, device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created=spx_created), *stored]
+
+
+@pytest.mark.parametrize(
+    ("spx_created", "effect"),
+    [
+        # AMD's class older: the name still maps to our shared class: shared GPUs only, any layout
+        (
+            "2026-11-01T00:00:00Z",
+            "amd.com/gpu maps to deviceclass/rocm-isolation-shared (the newest DeviceClass naming it, created "
+            "2026-12-01T00:00:00Z), not to deviceclass/rocm-isolation-shared-gpu: pods asking for amd.com/gpu on DRA "
+            "nodes get shared GPUs only (never reserved ones), but in any layout deviceclass/rocm-isolation-shared "
+            "selects (a partition too), not only what deviceclass/gpu.amd.com-spx admits",
+        ),
+        # AMD's class newer (the chart switched after the apply): it admits every whole GPU, reserved ones too
+        (
+            "2026-12-02T00:00:00Z",
+            "amd.com/gpu maps to deviceclass/gpu.amd.com-spx (the newest DeviceClass naming it, created "
+            "2026-12-02T00:00:00Z), not to deviceclass/rocm-isolation-shared-gpu: pods asking for amd.com/gpu on "
+            "DRA nodes can get GPUs reserved for inference",
+        ),
+    ],
+)
+def test_until_the_name_moves_status_says_what_amd_gpu_pods_get(spx_created: str, effect: str) -> None:
+    infos = device_ownership.class_infos(upgraded_classes(spx_created))
+    owner = device_ownership.ownership(POLICY, infos)
+    assert owner.extended and owner.moving_from == ("rocm-isolation-shared",)
+    assert device_ownership.mapped_elsewhere(POLICY, owner) == effect
+    status = device_status.device_status(POLICY, {}, infos, [])
+    again = (
+        "pool apply --devices-per-node 2 writes deviceclass/rocm-isolation-shared without the name, then makes "
+        "deviceclass/rocm-isolation-shared-gpu the newest class naming it"
+    )
+    assert f"{effect}; {again}" in status.out_of_date, status.out_of_date
+
+
+def test_a_shared_class_that_keeps_the_narrowing_selectors_keeps_what_they_admit() -> None:
+    classes = upgraded_classes("2026-11-01T00:00:00Z")
+    classes[-1]["spec"]["selectors"].append({"cel": {"expression": SPX}})
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos(classes))
+    found = device_ownership.mapped_elsewhere(POLICY, owner)
+    assert found is not None and found.endswith(
+        "get shared GPUs only (never reserved ones), as deviceclass/gpu.amd.com-spx admits them"
+    )
+
+
 def test_amds_plain_class_gives_amd_gpu_no_class_of_its_own() -> None:
     """Whole-GPU drivers: AMD's class selects every device of the driver: the shared class owns the name."""
     owner = device_ownership.ownership(POLICY, device_ownership.class_infos([chart_class()]))

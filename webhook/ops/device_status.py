@@ -21,6 +21,8 @@ from webhook.ops.device_ownership import (
     Ownership,
     current_reservation,
     desired_classes,
+    mapped_elsewhere,
+    owner_fix,
     ownership,
     ownership_json,
     replace_body,
@@ -74,6 +76,9 @@ def device_status(
                 stale.append(f"deviceclass/{name} is missing: {again} writes it")
             elif replace_body(info.raw, desired) is not None:
                 stale.append(f"deviceclass/{name} does not say what the reservation records: {again} rewrites it")
+        elsewhere = mapped_elsewhere(policy, owner) if reservation.active else None
+        if elsewhere is not None and not owner.recreate:
+            stale.append(f"{elsewhere}; {again} {owner_fix(owner)}")
         if owner.recreate:
             stale.append(
                 f"deviceclass/{owner.owner_now.name if owner.owner_now else '?'} is newer than deviceclass/"
