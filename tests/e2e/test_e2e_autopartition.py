@@ -13,8 +13,8 @@
 Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU for
 training, a reserved one for inference: the name's own classes ``rocm-isolation-{reserved,shared}-gpu``),
 after a resize and after ``release`` (AMD's class's answer again); claims of both AMD classes and of the
-product classes keep what their class admits, restricted to their side (the webhook steers them); a
-training claim can never get a layout of another memory mode than the pinned one. No kubelet: the
+product classes keep what their class admits, restricted to their side (the webhook steers them), and so
+do pods asking for ``gpu.amd.com-spx``'s implicit extended resource name; a training claim can never get a layout of another memory mode than the pinned one. No kubelet: the
 scheduler allocates from the slices.
 """
 
@@ -301,6 +301,20 @@ def test_an_inference_amd_gpu_pod_gets_a_whole_reserved_gpu(ap: Split, applied: 
     assert len({(node, pci) for node, pci, _ in got}) == 4, got
     ap.kube.create(new_pod("i4", ap.inference, {"amd.com/gpu": "1"}))
     never_scheduled(ap, ap.inference, "i4")
+
+
+@pytest.mark.parametrize(("role", "own"), [("training", SHARED_GPU_CLASS), ("inference", RESERVED_GPU_CLASS)])
+def test_the_implicit_name_of_amds_spx_class_gets_a_whole_gpu_of_its_side(
+    ap: Split, applied: Webhook, role: str, own: str
+) -> None:
+    """deviceclass.resource.kubernetes.io/gpu.amd.com-spx: the webhook rewrites it to the side's class of
+    amd.com/gpu (whose selectors are spx's AND the side's), not to the side's class of every layout."""
+    ns = ap.training if role == "training" else ap.inference
+    ap.kube.create(new_pod("spx", ns, {f"deviceclass.resource.kubernetes.io/{SPX_CLASS}": "1"}))
+    pod = ap.kube.get("Pod", "spx", ns)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {f"deviceclass.resource.kubernetes.io/{own}": "1"}
+    ((_, pci, layout),) = layouts_of(ap, ns, ["spx"])
+    assert layout == "spx-nps1" and pci in (PCI[2:] if role == "training" else PCI[:2]), (pci, layout)
 
 
 def test_resize_then_release(ap: Split, applied: Webhook) -> None:
