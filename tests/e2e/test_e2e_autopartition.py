@@ -20,6 +20,7 @@ scheduler allocates from the slices.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ from cluster_objects import (
 from webhook.core.policy import default_policy
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
-from .harness import DRIVER, MI210_LABELS, Webhook, install, make_node, render_manifests
+from .harness import DRIVER, MI210_LABELS, Webhook, cli, install, make_node, render_manifests
 from .kube import Kube, Obj, wait_until
 from .test_e2e_device_reservation import (
     SHARED_CLASS,
@@ -286,6 +287,18 @@ def test_status_counts_gpus_not_virtual_devices(ap: Split, applied: Webhook) -> 
     assert gpus[pci]["allocated"] == [f"gpu-{PCI.index(pci)}-{layout}"], gpus
     text = apool(ap, "status")
     assert f"gpu-{PCI.index(pci)}-{layout}" in text and "(4 devices, none allocated)" in text, text
+    # the audit: the same GPUs, the layout the allocated one is in and who holds it
+    result = cli("audit", "-o", "json", "--policy", str(POLICY_FILE), kubeconfig=ap.plane.admin_kubeconfig)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    devices = json.loads(result.stdout)["capacity"]["devices"]
+    assert (devices["reservedDevices"], devices["sharedDevices"]) == (4, 4), devices
+    audited = {n["name"]: {g["pciBusId"]: g for g in n["gpuList"]} for n in devices["nodes"]}
+    assert [len(audited[name]) for name in NODES] == [4, 4], audited
+    held = audited[node][pci]
+    assert (held["state"], held["devices"], held["allocated"]) == ("shared", 4, [f"gpu-{PCI.index(pci)}-{layout}"])
+    assert [p["name"] for p in held["pods"]] == ["p0"], held
+    table = cli("audit", "--policy", str(POLICY_FILE), kubeconfig=ap.plane.admin_kubeconfig).stdout
+    assert f"gpu-{PCI.index(pci)}-{layout} (of 4 devices)" in table, table
 
 
 def test_an_inference_amd_gpu_pod_gets_a_whole_reserved_gpu(ap: Split, applied: Webhook) -> None:
