@@ -69,6 +69,10 @@ def facts(case: dict[str, Any]) -> dict[str, Any]:
             # DeviceTaintRules hold it.
             devices_reserved=case.get("devices", {}).get("reserved", False),
             devices_tainted=case.get("devices", {}).get("tainted", False),
+            # The CEL selectors of the GPU classes (what a class of the extended resource name inherited).
+            class_selectors={
+                name: tuple(found) for name, found in case.get("devices", {}).get("classSelectors", {}).items()
+            },
         ),
         "sub_resource": case.get("subResource", ""),
     }

@@ -13,13 +13,14 @@
 Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU for
 training, a reserved one for inference: the name's own classes ``rocm-isolation-{reserved,shared}-gpu``),
 after a resize and after ``release`` (AMD's class's answer again); claims of both AMD classes and of the
-product classes keep what their class admits, restricted to their side (the webhook steers them); a
-training claim can never get a layout of another memory mode than the pinned one. No kubelet: the
+product classes keep what their class admits, restricted to their side (the webhook steers them), and so
+do pods asking for ``gpu.amd.com-spx``'s implicit extended resource name; a training claim can never get a layout of another memory mode than the pinned one. No kubelet: the
 scheduler allocates from the slices.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ from cluster_objects import (
 from webhook.core.policy import default_policy
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
-from .harness import DRIVER, MI210_LABELS, Webhook, install, make_node, render_manifests
+from .harness import DRIVER, MI210_LABELS, Webhook, cli, install, make_node, render_manifests
 from .kube import Kube, Obj, wait_until
 from .test_e2e_device_reservation import (
     SHARED_CLASS,
@@ -286,6 +287,18 @@ def test_status_counts_gpus_not_virtual_devices(ap: Split, applied: Webhook) -> 
     assert gpus[pci]["allocated"] == [f"gpu-{PCI.index(pci)}-{layout}"], gpus
     text = apool(ap, "status")
     assert f"gpu-{PCI.index(pci)}-{layout}" in text and "(4 devices, none allocated)" in text, text
+    # the audit: the same GPUs, the layout the allocated one is in and who holds it
+    result = cli("audit", "-o", "json", "--policy", str(POLICY_FILE), kubeconfig=ap.plane.admin_kubeconfig)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    devices = json.loads(result.stdout)["capacity"]["devices"]
+    assert (devices["reservedDevices"], devices["sharedDevices"]) == (4, 4), devices
+    audited = {n["name"]: {g["pciBusId"]: g for g in n["gpuList"]} for n in devices["nodes"]}
+    assert [len(audited[name]) for name in NODES] == [4, 4], audited
+    held = audited[node][pci]
+    assert (held["state"], held["devices"], held["allocated"]) == ("shared", 4, [f"gpu-{PCI.index(pci)}-{layout}"])
+    assert [p["name"] for p in held["pods"]] == ["p0"], held
+    table = cli("audit", "--policy", str(POLICY_FILE), kubeconfig=ap.plane.admin_kubeconfig).stdout
+    assert f"gpu-{PCI.index(pci)}-{layout} (of 4 devices)" in table, table
 
 
 def test_an_inference_amd_gpu_pod_gets_a_whole_reserved_gpu(ap: Split, applied: Webhook) -> None:
@@ -301,6 +314,20 @@ def test_an_inference_amd_gpu_pod_gets_a_whole_reserved_gpu(ap: Split, applied: 
     assert len({(node, pci) for node, pci, _ in got}) == 4, got
     ap.kube.create(new_pod("i4", ap.inference, {"amd.com/gpu": "1"}))
     never_scheduled(ap, ap.inference, "i4")
+
+
+@pytest.mark.parametrize(("role", "own"), [("training", SHARED_GPU_CLASS), ("inference", RESERVED_GPU_CLASS)])
+def test_the_implicit_name_of_amds_spx_class_gets_a_whole_gpu_of_its_side(
+    ap: Split, applied: Webhook, role: str, own: str
+) -> None:
+    """deviceclass.resource.kubernetes.io/gpu.amd.com-spx: the webhook rewrites it to the side's class of
+    amd.com/gpu (whose selectors are spx's AND the side's), not to the side's class of every layout."""
+    ns = ap.training if role == "training" else ap.inference
+    ap.kube.create(new_pod("spx", ns, {f"deviceclass.resource.kubernetes.io/{SPX_CLASS}": "1"}))
+    pod = ap.kube.get("Pod", "spx", ns)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {f"deviceclass.resource.kubernetes.io/{own}": "1"}
+    ((_, pci, layout),) = layouts_of(ap, ns, ["spx"])
+    assert layout == "spx-nps1" and pci in (PCI[2:] if role == "training" else PCI[:2]), (pci, layout)
 
 
 def test_resize_then_release(ap: Split, applied: Webhook) -> None:

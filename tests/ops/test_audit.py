@@ -14,6 +14,7 @@ import pytest
 import yaml
 from audit_cluster import (
     RESERVATION,
+    SPLIT_AFFINITY,
     SPLIT_LABELS,
     TOLERATE_ALL,
     four_gpus,
@@ -26,8 +27,11 @@ from audit_cluster import (
 )
 from cluster_objects import (
     INFERENCE_TOLERATION,
+    RESERVED_CLASS,
     allocated,
+    autopartition_slices,
     claim_pod,
+    device_class,
     held_claim,
     inference_pod,
     namespace,
@@ -45,7 +49,8 @@ from webhook.core.policy import default_policy, parse_policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservation
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops import audit
+from webhook.ops import audit, device_ownership
+from webhook.ops.audit_devices import DeviceAudit
 
 POLICY = default_policy()
 NOW = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
@@ -441,6 +446,23 @@ def test_device_findings_name_what_to_fix(devices_fake: FakeCluster) -> None:
     assert "amd.com/gpu maps to deviceclass/gpu.amd.com" in owner.message
 
 
+def test_amd_gpu_on_the_shared_class_while_it_moves_is_no_risk_to_reserved_gpus() -> None:
+    """Issue 35, upgrading: AMD's gpu.amd.com-spx narrows amd.com/gpu but the shared class of an earlier apply
+    still owns it (the newest). The finding says what is true: shared GPUs only, any of their layouts."""
+    spx = device_class("gpu.amd.com-spx", "device.driver == 'gpu.amd.com' && !has(x)", "amd.com/gpu")
+    spx["metadata"]["creationTimestamp"] = "2026-10-01T00:00:00Z"
+    classes = device_ownership.class_infos([spx, *reservation_classes(RESERVATION)])
+    [finding] = DeviceAudit(POLICY, RESERVATION, {}, {}, {}, classes).findings()
+    assert (finding.rule, finding.name) == ("extended-resource-not-on-shared-class", "rocm-isolation-shared-gpu")
+    assert "reserved for inference" not in finding.message
+    assert (
+        "pods asking for amd.com/gpu on DRA nodes get shared GPUs only (never reserved ones), but in any layout "
+        "deviceclass/rocm-isolation-shared selects (a partition too), not only what deviceclass/gpu.amd.com-spx "
+        "admits; rocm-isolation-webhook pool apply --devices-per-node 2 writes deviceclass/rocm-isolation-shared "
+        "without the name, then makes deviceclass/rocm-isolation-shared-gpu the newest class naming it"
+    ) in finding.message
+
+
 def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
     capacity = run(devices_fake).to_json()["capacity"]
     assert set(capacity) == {"reserved", "shared", "devices"}
@@ -459,6 +481,19 @@ def test_device_capacity_per_split_node(devices_fake: FakeCluster) -> None:
         "pendingPods": {},
     }
     no_gpus: dict[str, dict[str, int]] = {"reserved": {}, "shared": {}}
+    # One row per GPU of each split node (pool status's gpuList): whole GPUs here, one device each.
+    gpu_lists = {n["name"]: n.pop("gpuList") for n in capacity["devices"]["nodes"]}
+    assert [(g["pciBusId"], g["state"], g["devices"]) for g in gpu_lists["d3"]] == [
+        ("0000:23:00.0", "reserved", 1),
+        ("0000:43:00.0", "shared", 1),
+        ("0000:63:00.0", "shared", 1),
+    ]
+    held = {g["pciBusId"]: [(p["name"], p["class"]) for p in g["pods"]] for g in gpu_lists["d1"] if g["allocated"]}
+    assert held == {
+        "0000:03:00.0": [("llm-a", "inference")],
+        "0000:23:00.0": [("trainer-stray", "training")],
+        "0000:43:00.0": [("trainer-ok", "training")],
+    }
     assert capacity["devices"] == {
         "driver": "gpu.amd.com",
         "mode": "classes",
@@ -565,6 +600,82 @@ def test_a_node_reserved_whole_is_never_split() -> None:
     assert (capacity["shared"]["nodes"], capacity["shared"]["gpusAllocatable"]) == (1, 2)
     assert [n["name"] for n in capacity["devices"]["nodes"]] == ["d1"]
     assert (capacity["devices"]["reservedDevices"], capacity["devices"]["sharedDevices"]) == (2, 2)
+
+
+AP_SLOTS = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
+
+
+def autopartition_cluster() -> FakeCluster:
+    """Node ap: 4 MI300X under AutoPartition (16 virtual devices, two slices), the 2 lowest reserved; two
+    inference pods share GPU 0 in CPX/NPS1 (consumable capacity: two claims of one device), a training pod
+    has GPU 3 whole (SPX), GPUs 1 and 2 are in no layout."""
+    cluster = FakeCluster().start()
+    cluster.add(
+        node("ap", labels=SPLIT_LABELS, allocatable={}),
+        *autopartition_slices("ap", AP_SLOTS),
+        namespace("serve", {"rocm-isolation.io/class": "inference"}),
+        namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
+        *reservation_classes(DeviceReservation(2, AP_SLOTS[:2])),
+        held_claim("llm-a-gpu", "serve", "ap", ["gpu-0-cpx-nps1"], pods=["llm-a"], device_class=RESERVED_CLASS),
+        held_claim("llm-b-gpu", "serve", "ap", ["gpu-0-cpx-nps1"], pods=["llm-b"], device_class=RESERVED_CLASS),
+        held_claim("trainer-gpu", "ml", "ap", ["gpu-3-spx-nps1"], pods=["trainer"]),
+        claim_pod("llm-a", "serve", "ap", "llm-a-gpu", inference=True, affinity=SPLIT_AFFINITY),
+        claim_pod("llm-b", "serve", "ap", "llm-b-gpu", inference=True, affinity=SPLIT_AFFINITY),
+        claim_pod("trainer", "ml", "ap", "trainer-gpu"),
+    )
+    return cluster
+
+
+def test_audit_counts_gpus_and_shows_the_layout_each_allocated_one_is_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35: the capacity is GPUs (4, 2 reserved), not the 16 virtual devices; the layout a GPU is in
+    (the device allocated) and who holds it, in the table and the JSON."""
+    cluster = autopartition_cluster()
+    try:
+        report = run(cluster)
+        code, out, _ = cli_run(cluster, tmp_path, capsys)
+    finally:
+        cluster.stop()
+    assert keyed(report) == set() and code == audit.EXIT_CLEAN
+    devices = report.to_json()["capacity"]["devices"]
+    assert (devices["reservedDevices"], devices["sharedDevices"]) == (2, 2)
+    # two pods on one GPU's layout: one GPU allocated, counted for the first
+    assert devices["devicesAllocated"] == {"reserved": {"inference": 1}, "shared": {"training": 1}}
+    [ap] = devices["nodes"]
+    assert [(g["pciBusId"], g["state"], g["devices"], g["allocated"]) for g in ap["gpuList"]] == [
+        ("0000:05:00.0", "reserved", 4, ["gpu-0-cpx-nps1"]),
+        ("0000:26:00.0", "reserved", 4, []),
+        ("0000:46:00.0", "shared", 4, []),
+        ("0000:65:00.0", "shared", 4, ["gpu-3-spx-nps1"]),
+    ]
+    assert [(p["namespace"], p["name"], p["class"]) for p in ap["gpuList"][0]["pods"]] == [
+        ("serve", "llm-a", "inference"),
+        ("serve", "llm-b", "inference"),
+    ]
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Split nodes (device-level reservation"))
+    assert [c.strip() for c in lines[start + 2].split("   ") if c.strip()] == [
+        "ap",
+        "2",
+        "2",
+        "inference=1",
+        "training=1",
+    ]
+    start = lines.index("GPUs of split nodes published as several devices, in the layout allocated:")
+    rows = [[c.strip() for c in line.split("   ") if c.strip()] for line in lines[start + 1 : start + 4]]
+    assert rows == [
+        ["NODE", "GPU (PCI BUS ID)", "SIDE", "LAYOUT ALLOCATED", "PODS"],
+        ["ap", "0000:05:00.0", "reserved", "gpu-0-cpx-nps1 (of 4 devices)", "serve/llm-a (inference), serve/llm-b (inference)"],
+        ["ap", "0000:65:00.0", "shared", "gpu-3-spx-nps1 (of 4 devices)", "ml/trainer (training)"],
+    ]  # fmt: skip
+
+
+def test_whole_gpus_need_no_layout_table(
+    devices_fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = cli_run(devices_fake, tmp_path, capsys)
+    assert "in the layout allocated" not in out
 
 
 def test_no_device_capacity_without_an_active_reservation(fake: FakeCluster) -> None:

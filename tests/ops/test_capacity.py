@@ -266,3 +266,20 @@ def test_an_autopartition_node_has_its_gpus_not_its_layouts() -> None:
     model.add_pod(Holder("ml", "a", "training"), "ap", 0, [result(by_name["gpu-3-cpx-nps1"])])
     model.add_pod(Holder("ml", "b", "training"), "ap", 0, [result(by_name["gpu-3-cpx-nps1"])])
     assert (node.side(RESERVED).free, node.side(SHARED).free) == (1, 1)
+    # The GPUs as status and audit show them: 4 rows, the layout each held one is in, who holds it.
+    views = model.gpu_views("ap")
+    assert [(v.pci_bus_id, v.state, len(v.devices), v.text()) for v in views] == [
+        (ids[0], RESERVED, 4, "gpu-0-cpx-nps1"),
+        (ids[1], RESERVED, 4, "(4 devices, none allocated)"),
+        (ids[2], SHARED, 4, "(4 devices, none allocated)"),
+        (ids[3], SHARED, 4, "gpu-3-cpx-nps1"),
+    ]
+    assert model.holding()[("ap", "gpu-3-cpx-nps1")] == [("ml", "a"), ("ml", "b")]
+    assert model.gpu_views("not-published") == []
+
+
+def test_a_whole_gpu_view_is_its_device() -> None:
+    devices = gpus_of("w", 2)
+    model = CapacityModel.build([("w", 0, False)], {"w": devices}, reservation_for([bus(0)], 1), ["w"], DRIVER)
+    views = model.gpu_views("w")
+    assert [(v.layouts, v.text(), v.allocated) for v in views] == [(False, "gpu-0", ()), (False, "gpu-1", ())]

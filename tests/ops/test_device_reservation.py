@@ -633,6 +633,26 @@ def test_status_shows_gpus_and_the_layout_each_allocated_one_is_in() -> None:
     assert rows[4][:3] == ["ap", "2", "2"], lines
 
 
+def test_the_plan_shows_gpus_not_their_layouts() -> None:
+    """pool plan --devices-per-node 2 on an AutoPartition node (16 virtual devices): 4 GPUs, 2 reserved, and one
+    row per GPU, whatever the order the driver publishes its layouts in."""
+    slices = autopartition_slices("ap", AP_PCI)
+    slices[1]["spec"]["devices"].reverse()  # Go map order: arbitrary
+    found = published(*slices)
+    after, wanted = device_split.split(found, 2)
+    assert after.pci_bus_ids == AP_PCI[:2]
+    plan = device_plan.build_device_plan(POLICY, found, after, wanted, {}, [])
+    assert [(n.gpus, n.reserved_after, n.shared_after) for n in plan.nodes] == [(4, 2, 2)]
+    rows = [line.split() for line in device_plan.plan_lines(plan, POLICY) if line.startswith("ap ")]
+    assert rows == [
+        ["ap", "4", "2", "2", "-"],  # no Node read: no label to judge
+        ["ap", "(4", "devices)", "0000:05:00.0", "unreserved", "reserved"],
+        ["ap", "(4", "devices)", "0000:26:00.0", "unreserved", "reserved"],
+        ["ap", "(4", "devices)", "0000:46:00.0", "unreserved", "shared"],
+        ["ap", "(4", "devices)", "0000:65:00.0", "unreserved", "shared"],
+    ]
+
+
 MEMORY_POLICY = (Path(__file__).parents[1] / "fixtures" / "policies" / "device-memory-partition.yaml").read_text()
 MEMORY_PIN = (
     "!has(device.attributes['gpu.amd.com'].memoryPartition) || device.attributes['gpu.amd.com'].memoryPartition "
@@ -745,8 +765,67 @@ def test_amd_gpu_moves_from_the_shared_class_to_its_own_when_amds_class_narrows_
         (devices.shared_extended_class_name, "create"),
     ]
     assert "extendedResourceName" not in changes[2].desired["spec"]
+    # the shared class no longer owns the name: the record of the other classes naming it goes with it, once
+    body = device_ownership.replace_body(stored[1], changes[2].desired)
+    assert body is not None and "extendedResourceName" not in body["spec"]
+    assert device_ownership.ALSO_NAMED_BY_ANNOTATION in stored[1]["metadata"]["annotations"]
+    assert device_ownership.ALSO_NAMED_BY_ANNOTATION not in body["metadata"]["annotations"]
+    assert device_ownership.replace_body(body, changes[2].desired) is None
     lines = device_ownership.ownership_lines(owner, recreate_planned=False, creating=True)
     assert any("names amd.com/gpu today: apply writes it without the name first" in line for line in lines), lines
+
+
+def upgraded_classes(spx_created: str) -> list[dict[str, Any]]:
+    """A reservation applied before the extended resource had classes of its own (the shared class names
+    amd.com/gpu with every layout of the shared GPUs, created 2026-12-01), and AMD's gpu.amd.com-spx."""
+    reservation = DeviceReservation(2, ("0000:05:00.0", "0000:26:00.0"))
+    chart = device_class("gpu.amd.com", created="2026-11-01T00:00:00Z")
+    before = device_ownership.ownership(POLICY, device_ownership.class_infos([chart]))
+    stored = _read_back(device_ownership.desired_classes(POLICY, reservation, before))
+    return [chart, device_class("gpu.amd.com-spx", SPX, "amd.com/gpu", created=spx_created), *stored]
+
+
+@pytest.mark.parametrize(
+    ("spx_created", "effect"),
+    [
+        # AMD's class older: the name still maps to our shared class: shared GPUs only, any layout
+        (
+            "2026-11-01T00:00:00Z",
+            "amd.com/gpu maps to deviceclass/rocm-isolation-shared (the newest DeviceClass naming it, created "
+            "2026-12-01T00:00:00Z), not to deviceclass/rocm-isolation-shared-gpu: pods asking for amd.com/gpu on DRA "
+            "nodes get shared GPUs only (never reserved ones), but in any layout deviceclass/rocm-isolation-shared "
+            "selects (a partition too), not only what deviceclass/gpu.amd.com-spx admits",
+        ),
+        # AMD's class newer (the chart switched after the apply): it admits every whole GPU, reserved ones too
+        (
+            "2026-12-02T00:00:00Z",
+            "amd.com/gpu maps to deviceclass/gpu.amd.com-spx (the newest DeviceClass naming it, created "
+            "2026-12-02T00:00:00Z), not to deviceclass/rocm-isolation-shared-gpu: pods asking for amd.com/gpu on "
+            "DRA nodes can get GPUs reserved for inference",
+        ),
+    ],
+)
+def test_until_the_name_moves_status_says_what_amd_gpu_pods_get(spx_created: str, effect: str) -> None:
+    infos = device_ownership.class_infos(upgraded_classes(spx_created))
+    owner = device_ownership.ownership(POLICY, infos)
+    assert owner.extended and owner.moving_from == ("rocm-isolation-shared",)
+    assert device_ownership.mapped_elsewhere(POLICY, owner) == effect
+    status = device_status.device_status(POLICY, {}, infos, [])
+    again = (
+        "pool apply --devices-per-node 2 writes deviceclass/rocm-isolation-shared without the name, then makes "
+        "deviceclass/rocm-isolation-shared-gpu the newest class naming it"
+    )
+    assert f"{effect}; {again}" in status.out_of_date, status.out_of_date
+
+
+def test_a_shared_class_that_keeps_the_narrowing_selectors_keeps_what_they_admit() -> None:
+    classes = upgraded_classes("2026-11-01T00:00:00Z")
+    classes[-1]["spec"]["selectors"].append({"cel": {"expression": SPX}})
+    owner = device_ownership.ownership(POLICY, device_ownership.class_infos(classes))
+    found = device_ownership.mapped_elsewhere(POLICY, owner)
+    assert found is not None and found.endswith(
+        "get shared GPUs only (never reserved ones), as deviceclass/gpu.amd.com-spx admits them"
+    )
 
 
 def test_amds_plain_class_gives_amd_gpu_no_class_of_its_own() -> None:

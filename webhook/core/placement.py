@@ -72,8 +72,10 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
     every other class. Where the extended resource name has classes of its own (``pool`` wrote the reserved
     side's, ``reservedDevices.reservedExtendedClassName``: the class AMD's chart gives the name admits whole
     GPUs only), an inference pod's ``amd.com/gpu`` becomes that class's implicit name instead, so that it
-    gets what the name admits (a whole GPU), on the reserved side. The implicit names of our classes are
-    kept as they are. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
+    gets what the name admits (a whole GPU), on the reserved side; and the implicit name of the class that
+    owned the name (``deviceclass.resource.kubernetes.io/gpu.amd.com-spx``: its selectors are the ones the
+    side's class of the name inherited) becomes the side's class of the name, for every class. The implicit
+    names of our classes are kept as they are. An extended resource maps to exactly one DeviceClass, with no fallback: "reserved
     first" cannot be said for it, so inference gets reserved devices only
     (``reservedDevices.inferenceSpillover`` is for claims), unless the pod pins itself to the whole
     reserved nodes (device-plugin nodes in a mixed cluster). Several such names in one map (or one next
@@ -99,6 +101,29 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
     extended_target = target
     if to_reserved and settings.reserved_extended_class_name in gpu_classes:
         extended_target = prefix + settings.reserved_extended_class_name
+    # The side's class of the extended resource name (``pool`` wrote it: the side's selectors AND those of
+    # the class that owned the name, AMD's gpu.amd.com-spx): the implicit name of a class whose selectors
+    # are exactly the ones it inherited goes there, so that it keeps getting what that class admits (whole
+    # GPUs), not every layout of the side.
+    side_class = settings.reserved_class_name if to_reserved else settings.shared_class_name
+    side_extended = settings.reserved_extended_class_name if to_reserved else settings.shared_extended_class_name
+    narrowed_target = prefix + side_extended
+    side_selectors = devices.class_selectors.get(side_class)
+    extended_selectors = devices.class_selectors.get(side_extended)
+
+    def inherited_by_side(name: str) -> bool:
+        found = devices.class_selectors.get(name)
+        if not found or side_extended not in gpu_classes or side_selectors is None or extended_selectors is None:
+            return False
+        return set(extended_selectors) == set(side_selectors) | set(found)
+
+    def target_of(key: str) -> str:
+        if key == settings.extended_resource_name:
+            return extended_target
+        if key.startswith(prefix) and inherited_by_side(key[len(prefix) :]):
+            return narrowed_target
+        return target
+
     own = (
         prefix + settings.reserved_class_name,
         prefix + settings.shared_class_name,
@@ -137,9 +162,7 @@ def plan_device_resources(review: Assessment, cls: WorkloadClass, devices: Devic
             groups: dict[str, list[str]] = {}
             for key in values:
                 if steered(key):
-                    groups.setdefault(extended_target if key == settings.extended_resource_name else target, []).append(
-                        key
-                    )
+                    groups.setdefault(target_of(key), []).append(key)
             path = f"{container.pointer}/resources/{field}"
             for group_target, keys in groups.items():
                 operations = _steer_group(values, path, group_target, keys)

@@ -38,7 +38,7 @@ from webhook.deploy import device_classes, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
 from webhook.ops.audit_devices import DeviceAudit, TaintRuleReading, read_taint_rules
 from webhook.ops.audit_pods import UNCLASSIFIED, Pending, PodAudit
-from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel
+from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, GpuView, Holder
 from webhook.ops.device_plan import reservation_text
 from webhook.ops.findings import POLICY_NAME as POLICY_NAME
 from webhook.ops.findings import RULES as RULES
@@ -108,6 +108,31 @@ class DeviceCapacity:
             for name in self.model.split_names()
         ]
 
+    def gpus(self) -> list[tuple[str, list[tuple[GpuView, list[Holder]]]]]:
+        """Each split node's GPUs (the driver's devices grouped by GPU, PCI order) with the pods holding their
+        allocated devices: the layout a GPU published as several devices (partitions, AutoPartition layouts)
+        is in, and who holds it."""
+        holding = self.model.holding()
+        known = {
+            h.ref: h for node in self.model.nodes.values() for side in node.sides.values() for h, _ in side.holders
+        }
+        return [
+            (
+                name,
+                [
+                    (
+                        view,
+                        [
+                            known.get(ref) or Holder(ref[0], ref[1], "")
+                            for ref in dict.fromkeys(r for d in view.allocated for r in holding.get(d.key, ()))
+                        ],
+                    )
+                    for view in self.model.gpu_views(name, holding)
+                ],
+            )
+            for name in self.model.split_names()
+        ]
+
     def totals(self) -> tuple[int, int, dict[str, dict[str, int]]]:
         allocated: dict[str, dict[str, int]] = {side: {} for side in SIDES}
         reserved = shared = 0
@@ -120,6 +145,7 @@ class DeviceCapacity:
 
     def to_json(self) -> dict[str, Any]:
         reserved, shared, allocated = self.totals()
+        gpus = dict(self.gpus())
         return {
             "driver": self.driver,
             "mode": MODE_TAINTS if self.reservation.by_taints else MODE_CLASSES,
@@ -129,10 +155,27 @@ class DeviceCapacity:
             "sharedDevices": shared,
             "devicesAllocated": allocated,
             "nodes": [
-                {"name": name, "reservedDevices": r, "sharedDevices": sh, "devicesAllocated": per_side}
+                {
+                    "name": name,
+                    "reservedDevices": r,
+                    "sharedDevices": sh,
+                    "devicesAllocated": per_side,
+                    "gpuList": [_gpu_json(view, holders) for view, holders in gpus.get(name, [])],
+                }
                 for name, r, sh, per_side in self.node_counts()
             ],
         }
+
+
+def _gpu_json(view: GpuView, holders: list[Holder]) -> dict[str, Any]:
+    """A GPU as ``pool status -o json`` shows it (``gpuList``)."""
+    return {
+        "pciBusId": view.pci_bus_id or None,
+        "state": view.state,
+        "devices": len(view.devices),
+        "allocated": [d.name for d in view.allocated],
+        "pods": [{"namespace": h.namespace, "name": h.name, "class": h.class_name or None} for h in holders],
+    }
 
 
 @dataclass
@@ -437,6 +480,24 @@ def write_device_table(devices: DeviceCapacity, out: TextIO) -> None:
     reserved, shared, allocated = devices.totals()
     rows.append(["(all)", str(reserved), str(shared), _per_class(allocated[RESERVED]), _per_class(allocated[SHARED])])
     _table(rows, out)
+    # GPUs published as several devices (partitions, AutoPartition layouts) and allocated: the layout each
+    # is in and who holds it (the counts above are GPUs; a whole GPU needs no row of its own).
+    rows = [["NODE", "GPU (PCI BUS ID)", "SIDE", "LAYOUT ALLOCATED", "PODS"]]
+    for name, views in devices.gpus():
+        for view, holders in views:
+            if view.layouts and view.allocated:
+                rows.append(
+                    [
+                        name,
+                        view.pci_bus_id or view.key,
+                        view.state,
+                        f"{view.text()} (of {len(view.devices)} devices)",
+                        ", ".join(f"{h.namespace}/{h.name} ({h.class_name or UNCLASSIFIED})" for h in holders) or "-",
+                    ]
+                )
+    if len(rows) > 1:
+        out.write("\nGPUs of split nodes published as several devices, in the layout allocated:\n")
+        _table(rows, out)
 
 
 def policy_reports(report: Report) -> list[dict[str, Any]]:

@@ -380,23 +380,16 @@ class DeviceAudit:
 
     def _ownership(self, reservation: DeviceReservation) -> list[Finding]:
         owner = device_ownership.ownership(self.policy, self.classes)
-        if not owner.name or (owner.owner_now is not None and owner.owner_now.name == owner.shared_class):
+        now = device_ownership.mapped_elsewhere(self.policy, owner)
+        if now is None:
             return []
-        if owner.owner_now is None:
-            now = f"no DeviceClass names {owner.name}: pods asking for it on DRA nodes get no device"
-        else:
-            now = (
-                f"{owner.name} maps to deviceclass/{owner.owner_now.name} (the newest DeviceClass naming it, created "
-                f"{owner.owner_now.created or 'at an unknown time'}), not to deviceclass/{owner.shared_class}: pods "
-                f"asking for {owner.name} on DRA nodes can get GPUs reserved for inference"
-            )
         return [
             Finding(
                 "extended-resource-not-on-shared-class",
                 "DeviceClass",
                 owner.shared_class,
-                f"{now}; {self._again(reservation)} makes deviceclass/{owner.shared_class} the newest class naming "
-                f'it (AMD\'s chart stops its class naming it with deviceClass.extendedResourceName: "")',
+                f"{now}; {self._again(reservation)} {device_ownership.owner_fix(owner)} (AMD's chart stops its "
+                'class naming it with deviceClass.extendedResourceName: "")',
             )
         ]
 

@@ -36,7 +36,7 @@ question: would an inference pod fit there if these borrowers left.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
@@ -89,6 +89,49 @@ def split_node_names(
 def gpus_in_state(devices: Iterable[Device], state: str, reservation: DeviceReservation | None) -> int:
     """GPUs among ``devices`` in ``state`` (reserved, shared, unreserved)."""
     return len({d.gpu for d in devices if device_state(d, reservation) == state})
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU of a node as ``pool status`` and ``audit`` show it: its devices (one for a whole-GPU driver;
+    a partition or AutoPartition layout each otherwise, all with the GPU's PCI bus ID) and those allocated
+    (the layout the GPU is in, under AutoPartition: one layout per GPU at a time)."""
+
+    key: str  # Device.gpu: the PCI bus ID, else the counter set, else pool/device
+    pci_bus_id: str
+    state: str
+    devices: tuple[Device, ...]
+    allocated: tuple[Device, ...]
+
+    @property
+    def layouts(self) -> bool:
+        """Published as several devices (partitions, AutoPartition layouts), not as one whole GPU."""
+        return len(self.devices) > 1
+
+    def text(self) -> str:
+        """Its device (a whole GPU), else the devices allocated (the layout it is in), else how many it has."""
+        shown = self.allocated if self.layouts else self.devices
+        return ", ".join(d.name for d in shown) or f"({len(self.devices)} devices, none allocated)"
+
+
+def gpu_views(
+    devices: Sequence[Device], reservation: DeviceReservation | None, allocated: Container[tuple[str, str]]
+) -> list[GpuView]:
+    """A node's GPUs, in the order of their first device (PCI order); ``allocated``: the keys of the devices
+    some pod holds."""
+    by_gpu: dict[str, list[Device]] = {}
+    for d in devices:
+        by_gpu.setdefault(d.gpu, []).append(d)
+    return [
+        GpuView(
+            key,
+            found[0].pci_bus_id,
+            device_state(found[0], reservation),
+            tuple(found),
+            tuple(d for d in found if d.key in allocated),
+        )
+        for key, found in by_gpu.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -153,8 +196,9 @@ class CapacityModel:
     driver: str  # the device reservation's driver
     reservation: DeviceReservation | None  # active or not; None: no reservation recorded
     nodes: dict[str, NodeCapacity] = field(default_factory=dict)
-    # The reservation driver's published devices, by (pool, device)
+    # The reservation driver's published devices, by (pool, device), and per node (PCI order)
     _devices: dict[tuple[str, str], Device] = field(default_factory=dict)
+    _published: dict[str, tuple[Device, ...]] = field(default_factory=dict)
     # The reservation driver's devices each pod holds, by (namespace, name), on every node that publishes
     # them (split or not): who changes side when the split does
     held: dict[tuple[str, str], list[Device]] = field(default_factory=dict)
@@ -190,6 +234,7 @@ class CapacityModel:
                 node.side(state).capacity = gpus_in_state(devices, state, reservation)
             model.nodes[name] = node
         model._devices = {device.key: device for devices in published.values() for device in devices}
+        model._published = {name: tuple(devices) for name, devices in published.items()}
         return model
 
     def clear_pods(self) -> None:
@@ -257,6 +302,21 @@ class CapacityModel:
             place.side(place.whole).holders.append((holder, own))
 
     # -- questions -----------------------------------------------------------------------------------
+
+    def holding(self) -> dict[tuple[str, str], list[tuple[str, str]]]:
+        """The pods (namespace, name) holding each of the reservation driver's devices, by (pool, device)."""
+        found: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for ref, devices in self.held.items():
+            for device in devices:
+                found.setdefault(device.key, []).append(ref)
+        return found
+
+    def gpu_views(self, node: str, holding: Container[tuple[str, str]] | None = None) -> list[GpuView]:
+        """The GPUs ``node`` publishes (the reservation driver's), each with its side and the devices pods hold
+        (``holding``: ``self.holding()``, computed once by a caller asking for many nodes)."""
+        return gpu_views(
+            self._published.get(node, ()), self.reservation, self.holding() if holding is None else holding
+        )
 
     def split_names(self) -> list[str]:
         return sorted(name for name, node in self.nodes.items() if node.split)

@@ -143,6 +143,45 @@ def ownership(policy: Policy, classes: Mapping[str, ClassInfo]) -> Ownership:
     return Ownership(name, owner, others, owner_now, recreate, extended, moving)
 
 
+def mapped_elsewhere(policy: Policy, owner: Ownership) -> str | None:
+    """What ``owner.name`` maps to when it is not the class of ours that should own it, and what pods asking
+    for it get then (None when it maps to that class, or the policy names no extended resource). While the
+    name moves to its own classes (``owner.moving_from``) it may still map to the shared class: those pods
+    get shared GPUs only, but in any layout the shared class selects, not only what the narrowing class
+    (AMD's ``gpu.amd.com-spx``: whole GPUs) admits. Meant for an active reservation."""
+    now = owner.owner_now
+    if not owner.name or (now is not None and now.name == owner.shared_class):
+        return None
+    if now is None:
+        return f"no DeviceClass names {owner.name}: pods asking for it on DRA nodes get no device"
+    head = (
+        f"{owner.name} maps to deviceclass/{now.name} (the newest DeviceClass naming it, created "
+        f"{now.created or 'at an unknown time'}), not to deviceclass/{owner.shared_class}: pods asking for "
+        f"{owner.name} on DRA nodes "
+    )
+    if not (now.ours and now.name == policy.spec.reserved_devices.shared_class_name):
+        return head + "can get GPUs reserved for inference"
+    source = inherited(owner)
+    if source is None:
+        return head + "get shared GPUs only (never reserved ones)"
+    if set(source.selectors) <= set(_selectors(now.raw)):
+        return head + f"get shared GPUs only (never reserved ones), as deviceclass/{source.name} admits them"
+    return head + (
+        f"get shared GPUs only (never reserved ones), but in any layout deviceclass/{now.name} selects (a "
+        f"partition too), not only what deviceclass/{source.name} admits"
+    )
+
+
+def owner_fix(owner: Ownership) -> str:
+    """What ``apply`` does to make the name map to ``owner.shared_class`` (after ``mapped_elsewhere``)."""
+    first = (
+        f"writes {', '.join('deviceclass/' + name for name in owner.moving_from)} without the name, then "
+        if owner.moving_from
+        else ""
+    )
+    return f"{first}makes deviceclass/{owner.shared_class} the newest class naming it"
+
+
 def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool) -> list[str]:
     """What the scheduler maps the extended resource to, today and after ``apply``."""
     if not owner.name:
@@ -213,15 +252,20 @@ def inherited(owner: Ownership) -> device_classes.Inherited | None:
     return _inherited(owner.others)
 
 
+def _selectors(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """A DeviceClass's CEL selector expressions."""
+    found = (
+        str(mapping(mapping(selector).get("cel")).get("expression", ""))
+        for selector in items(mapping(obj.get("spec")).get("selectors"))
+    )
+    return tuple(s for s in found if s)
+
+
 def _inherited(others: Iterable[ClassInfo]) -> device_classes.Inherited | None:
     for info in others:
         if info.ours:
             continue
-        selectors = tuple(
-            str(mapping(mapping(selector).get("cel")).get("expression", ""))
-            for selector in items(mapping(info.raw.get("spec")).get("selectors"))
-        )
-        return device_classes.Inherited(info.name, tuple(s for s in selectors if s))
+        return device_classes.Inherited(info.name, _selectors(info.raw))
     return None
 
 
@@ -235,19 +279,27 @@ def desired_classes(policy: Policy, reservation: DeviceReservation, owner: Owner
         for desired in rendered:
             if desired["metadata"]["name"] == owner.shared_class:
                 desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = owner.others_text
-            elif desired["metadata"]["name"] == policy.spec.reserved_devices.shared_class_name:
-                desired["metadata"]["annotations"][ALSO_NAMED_BY_ANNOTATION] = ""
+    # Any other class of ours (the shared class once the name has classes of its own) records nothing:
+    # ``replace_body`` drops the annotation it kept from when it owned the name.
     return rendered
+
+
+# Annotations a class of ours carries only while the desired object says them (the record of the other
+# classes naming the extended resource: the class that no longer owns the name drops it).
+_OURS_ONLY_WHEN_DESIRED = (ALSO_NAMED_BY_ANNOTATION,)
 
 
 def replace_body(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """The PUT body that makes ``current`` say what ``desired`` says (our labels, annotations, selectors and
-    extendedResourceName; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
+    extendedResourceName; ``ALSO_NAMED_BY_ANNOTATION`` removed when ``desired`` has none; everything else of it kept, ``resourceVersion`` as read: 409 when it changed), or
     None when it already does."""
     metadata = dict(mapping(current.get("metadata")))
     want_meta = mapping(desired.get("metadata"))
     labels = {**mapping(metadata.get("labels")), **mapping(want_meta.get("labels"))}
     annotations = {**mapping(metadata.get("annotations")), **mapping(want_meta.get("annotations"))}
+    for key in _OURS_ONLY_WHEN_DESIRED:
+        if key not in mapping(want_meta.get("annotations")):
+            annotations.pop(key, None)
     spec = dict(mapping(current.get("spec")))
     want_spec = mapping(desired.get("spec"))
     spec["selectors"] = want_spec.get("selectors")

@@ -30,7 +30,7 @@ from webhook.deploy.device_classes import (
     with_tainted,
 )
 from webhook.deploy.device_taint_rules import TaintedDevice
-from webhook.ops.capacity import RESERVED, SHARED, CapacityModel, device_state, gpus_in_state
+from webhook.ops.capacity import RESERVED, SHARED, CapacityModel, device_state, gpu_views, gpus_in_state
 from webhook.ops.device_ownership import (
     ClassChange,
     ClassInfo,
@@ -417,11 +417,19 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
     ]
     lines += columns(rows)
     lines.append("")
+    # One row per GPU: a whole GPU's device, or how many devices (partitions, AutoPartition layouts) a GPU
+    # published as several has; every one of them changes side with its GPU (the PCI bus ID).
     rows = [["NODE", "DEVICE", "PCI BUS ID", "NOW", "AFTER"]]
     rows += [
-        [n.node, d.name, d.pci_bus_id or "-", device_state(d, plan.before), device_state(d, plan.after)]
+        [
+            n.node,
+            f"({len(view.devices)} devices)" if view.layouts else view.text(),
+            view.pci_bus_id or "-",
+            view.state,
+            device_state(view.devices[0], plan.after),
+        ]
         for n in plan.nodes
-        for d in n.devices
+        for view in gpu_views(n.devices, plan.before, ())
     ]
     lines += columns(rows)
     lines.append("")

@@ -14,12 +14,15 @@ from webhook.cluster.slices import Device
 from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
 from webhook.deploy.device_classes import MANAGED_BY_LABEL, RELEASED_RESERVATION, DeviceReservation, with_tainted
-from webhook.ops.capacity import RESERVED, SHARED, device_state
+from webhook.ops.capacity import RESERVED, SHARED, GpuView, device_state
+from webhook.ops.capacity import gpu_views as capacity_gpu_views
 from webhook.ops.device_ownership import (
     ClassInfo,
     Ownership,
     current_reservation,
     desired_classes,
+    mapped_elsewhere,
+    owner_fix,
     ownership,
     ownership_json,
     replace_body,
@@ -73,6 +76,9 @@ def device_status(
                 stale.append(f"deviceclass/{name} is missing: {again} writes it")
             elif replace_body(info.raw, desired) is not None:
                 stale.append(f"deviceclass/{name} does not say what the reservation records: {again} rewrites it")
+        elsewhere = mapped_elsewhere(policy, owner) if reservation.active else None
+        if elsewhere is not None and not owner.recreate:
+            stale.append(f"{elsewhere}; {again} {owner_fix(owner)}")
         if owner.recreate:
             stale.append(
                 f"deviceclass/{owner.owner_now.name if owner.owner_now else '?'} is newer than deviceclass/"
@@ -125,35 +131,9 @@ def _by_class(pods: Iterable[PoolPod]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-@dataclass(frozen=True)
-class GpuView:
-    """One GPU of a node as status shows it: its devices (one for a whole-GPU driver; a partition or
-    AutoPartition layout each otherwise, all with the GPU's PCI bus ID) and those allocated (the layout
-    the GPU is in, under AutoPartition: one layout per GPU at a time)."""
-
-    key: str  # Device.gpu: the PCI bus ID, else the counter set, else pool/device
-    pci_bus_id: str
-    state: str
-    devices: tuple[Device, ...]
-    allocated: tuple[Device, ...]
-
-
 def gpu_views(devices: Sequence[Device], status: DeviceStatus) -> list[GpuView]:
     """The node's GPUs, in the order of their first device (PCI order)."""
-    holders = _holders(status)
-    by_gpu: dict[str, list[Device]] = {}
-    for d in devices:
-        by_gpu.setdefault(d.gpu, []).append(d)
-    return [
-        GpuView(
-            key,
-            found[0].pci_bus_id,
-            device_state(found[0], status.reservation),
-            tuple(found),
-            tuple(d for d in found if holders.get(d.key)),
-        )
-        for key, found in by_gpu.items()
-    ]
+    return capacity_gpu_views(devices, status.reservation, _holders(status))
 
 
 def status_json(status: DeviceStatus) -> dict[str, Any]:
@@ -227,8 +207,7 @@ def status_lines(status: DeviceStatus) -> list[str]:
         for view in gpu_views(devices, status):
             # A GPU published as several devices (partitions, AutoPartition layouts): one row, the devices
             # allocated (the layout it is in) or how many it has; a whole GPU: its device, as before.
-            shown = view.allocated if len(view.devices) > 1 else view.devices
-            name = ", ".join(d.name for d in shown) or f"({len(view.devices)} devices, none allocated)"
+            name = view.text()
             pods = [p for d in view.devices for p in holders.get(d.key, [])]
             rows.append([node, name, view.pci_bus_id or "-", view.state, ", ".join(_pod_text(p) for p in pods) or "-"])
     lines += columns(rows)
