@@ -504,7 +504,7 @@ def test_docs_list_every_rule_id() -> None:
 
 def test_gpu_device_classes_match_names_and_globs() -> None:
     text = default_policy_text().replace(
-        "gpuDeviceClasses: [gpu.amd.com]", "gpuDeviceClasses: [gpu.amd.com, '*.gpu.example.com']"
+        "gpuDeviceClasses: [gpu.amd.com, gpu.amd.com-*]", "gpuDeviceClasses: [gpu.amd.com, '*.gpu.example.com']"
     )
     policy = parse_policy(text)
     assert policy.gpu_device_classes("gpu.amd.com")
@@ -516,7 +516,9 @@ def test_gpu_device_classes_match_names_and_globs() -> None:
 
 @pytest.mark.parametrize("name", ["", "GPU.amd.com", "gpu_amd", "-gpu.amd.com"])
 def test_a_device_class_that_is_not_a_dns_subdomain_is_rejected(name: str) -> None:
-    text = default_policy_text().replace("gpuDeviceClasses: [gpu.amd.com]", f"gpuDeviceClasses: ['{name}']")
+    text = default_policy_text().replace(
+        "gpuDeviceClasses: [gpu.amd.com, gpu.amd.com-*]", f"gpuDeviceClasses: ['{name}']"
+    )
     with pytest.raises(PolicyError) as err:
         parse_policy(text)
     assert any("is not a DeviceClass name" in problem for problem in err.value.problems), err.value.problems
@@ -531,3 +533,11 @@ def test_a_spread_label_key_cannot_be_both_excluded_and_a_match_label_key() -> N
     assert any("job-name: a key is either excluded or a matchLabelKey" in p for p in err.value.problems), (
         err.value.problems
     )
+
+
+def test_amds_autopartition_class_is_a_gpu_class_by_default() -> None:
+    """The backstop cannot read DeviceClasses: AMD's gpu.amd.com-spx (AutoPartition's whole-GPU class) must be
+    known by name, or a training pod asking for its implicit resource name passes with the webhook down."""
+    policy = default_policy()
+    assert policy.gpu_device_classes("gpu.amd.com-spx") and policy.gpu_device_classes("gpu.amd.com")
+    assert not policy.gpu_device_classes("gpu.amd.comx")

@@ -330,7 +330,7 @@ class Scope(_Model):
     gpu_resource_patterns: list[str] = Field(default_factory=lambda: [r"^amd\.com/"])
     # DRA DeviceClasses that hand out GPUs (exact names or shell-style globs): a pod whose
     # ResourceClaim(Template) requests one of them is a GPU pod. gpu.amd.com: AMD's DRA driver.
-    gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
+    gpu_device_classes: list[str] = Field(default_factory=lambda: ["gpu.amd.com", "gpu.amd.com-*"])
     # DRA drivers that hand out GPUs: a DeviceClass whose selectors name one (or that does not pin a
     # driver at all) is a GPU class too, whatever it is called (webhook.core.claims.selects_driver).
     gpu_drivers: list[str] = Field(default_factory=lambda: ["gpu.amd.com"])
