@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook.service.device_lending import claim_names, requested_devices, waiting_for_devices
+from webhook.service.device_lending import requested_devices, waiting_for_devices
 
 RESERVED = "rocm-isolation-reserved"
 
@@ -39,13 +39,6 @@ def test_requested_devices_counts_each_request_and_a_first_available_by_its_firs
     assert requested_devices(claim("c", {"name": "a", "exactly": {"deviceClassName": RESERVED, "count": 3}})) == 3
     first = {"name": "a", "firstAvailable": [{"name": "x", "deviceClassName": RESERVED, "count": 2}, {"name": "y"}]}
     assert requested_devices(claim("c", first, {"name": "b", "exactly": {"allocationMode": "All"}})) == 3
-
-
-def test_claim_names_are_the_named_ones_and_those_made_from_templates() -> None:
-    body = pod("p", ("gpu", "p-gpu-x"))
-    body["spec"]["resourceClaims"].append({"name": "shared", "resourceClaimName": "mine"})
-    body["spec"]["resourceClaims"].append({"name": "later", "resourceClaimTemplateName": "t"})  # not made yet
-    assert claim_names(body) == ["p-gpu-x", "mine"]
 
 
 def test_a_pod_waits_for_devices_only_for_unallocated_claims_of_the_reserved_classes() -> None:

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.cluster.inventory import parse_time
-from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, NotFound, api_path
+from webhook.cluster.inventory import claim_names, parse_time
+from webhook.cluster.kubeapi import Conflict, KubeApi, NotFound, api_path
 from webhook.core import claims as dra
 from webhook.core.lending import settings
 from webhook.core.policy import Policy
@@ -44,6 +44,7 @@ from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
 from webhook.ops.lending import Reclaim, Waiting, lent_per_node, plan_reclaims
 from webhook.ops.pool_read import PoolRead, capacity_model, read_cluster, read_dra, reservation_now
+from webhook.ops.pool_write import evictor
 from webhook.ops.reservation import Reservation
 
 log = logging.getLogger("webhook.lending")
@@ -84,24 +85,6 @@ def requested_devices(claim: Mapping[str, Any]) -> int:
     return total
 
 
-def claim_names(pod: Mapping[str, Any]) -> list[str]:
-    """The ResourceClaims a pod uses: named ones, and those made from its templates (``resourceClaimStatuses``;
-    not made yet: unknown)."""
-    made = {
-        str(entry.get("name")): entry.get("resourceClaimName")
-        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-        if isinstance(entry, Mapping)
-    }
-    names: list[str] = []
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if not isinstance(entry, Mapping):
-            continue
-        name = entry.get("resourceClaimName") or made.get(str(entry.get("name")))
-        if isinstance(name, str) and name:
-            names.append(name)
-    return names
-
-
 def waiting_for_devices(
     pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver_classes: set[str]
 ) -> list[Waiting]:
@@ -115,11 +98,11 @@ def waiting_for_devices(
         metadata = pod.get("metadata") or {}
         namespace = str(metadata.get("namespace", ""))
         needed = 0
-        for name in claim_names(pod):
+        for name in claim_names(pod, extended=False):
             claim = by_name.get((namespace, name))
             if claim is None or dra.allocated_results(claim):
                 continue
-            if not _names_any(claim, driver_classes):
+            if not _claim_classes(claim) & driver_classes:
                 continue
             needed += requested_devices(claim)
         if needed:
@@ -136,18 +119,29 @@ def waiting_for_devices(
     return found
 
 
-def _names_any(claim: Mapping[str, Any], classes: set[str]) -> bool:
-    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        if not isinstance(request, Mapping):
-            continue
-        exactly = request.get("exactly")
-        if isinstance(exactly, Mapping) and exactly.get("deviceClassName") in classes:
-            return True
-        if any(
-            isinstance(s, Mapping) and s.get("deviceClassName") in classes for s in request.get("firstAvailable") or []
-        ):
-            return True
-    return False
+def _evicted(answer: tuple[int, Mapping[str, Any]], ref: tuple[str, str], plan: Reclaim) -> str:
+    """What an eviction's answer means for the reclaim: evicted, gone (404), blocked (429: a
+    PodDisruptionBudget, or API throttling: another victim is chosen) or failed."""
+    status, body = answer
+    where = {"pod": "/".join(ref), "for": f"{plan.pod.namespace}/{plan.pod.name}", "node": plan.node}
+    if status == 404:
+        return "gone"
+    if status == 429:
+        log.warning("lending: a PodDisruptionBudget refused the eviction of a borrower; another is chosen",
+                    extra={**where, "error": body.get("message", "")})  # fmt: skip
+        return "blocked"
+    if status >= 300:
+        log.warning("lending: cannot evict a borrower", extra={**where, "error": body.get("message", "")})
+        return "failed"
+    log.info("lending: borrower evicted to give reserved devices back to inference", extra=where)
+    return "evicted"
+
+
+def _claim_classes(claim: Mapping[str, Any]) -> frozenset[str]:
+    try:
+        return dra.device_classes(claim, dra.CLAIM_KIND)
+    except dra.MalformedClaim:
+        return frozenset()
 
 
 @dataclass
@@ -214,6 +208,8 @@ class DeviceLending:
         now = self.clock()
         self._spared = {ref: until for ref, until in self._spared.items() if until > now}
         leaving = {ref for ref, usage in read.cluster.usage.items() if usage.terminating}
+        pods = {(pod.namespace, pod.name): pod for pod in read.cluster.pods}
+        evict = evictor(self.api, dry_run=False)  # pool's transport: the Eviction API, answers as HTTP statuses
         for _attempt in range(2):  # once more without the victims a budget protected
             refused = False
             plans = plan_reclaims(model, waiting, leaving, self._spared)
@@ -223,7 +219,7 @@ class DeviceLending:
                         continue
                     if not self.leading():
                         return  # the Lease moved: the new holder plans from what it reads
-                    outcome = self._evict(victim.ref, plan)
+                    outcome = _evicted(evict(pods[victim.ref]), victim.ref, plan)
                     if outcome == "blocked":
                         self._spared[victim.ref] = now + SPARED_SECONDS
                         blocked.append("/".join(victim.ref))
@@ -234,30 +230,6 @@ class DeviceLending:
                             evicted.append("/".join(victim.ref))
             if not refused:
                 return
-
-    def _evict(self, ref: tuple[str, str], plan: Reclaim) -> str:
-        namespace, name = ref
-        path = api_path("v1", "pods", namespace=namespace, name=name, subresource="eviction")
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        try:
-            self.api.post(path, body)
-        except NotFound:
-            return "gone"
-        except ApiError as err:
-            if err.status == 429:
-                log.warning(
-                    "lending: a PodDisruptionBudget refused the eviction of a borrower; another is chosen",
-                    extra={"pod": f"{namespace}/{name}", "for": f"{plan.pod.namespace}/{plan.pod.name}",
-                           "node": plan.node, "error": err.message},
-                )  # fmt: skip
-                return "blocked"
-            log.warning("lending: cannot evict a borrower", extra={"pod": f"{namespace}/{name}", "error": str(err)})
-            return "failed"
-        log.info(
-            "lending: borrower evicted to give reserved devices back to inference",
-            extra={"pod": f"{namespace}/{name}", "node": plan.node, "for": f"{plan.pod.namespace}/{plan.pod.name}"},
-        )
-        return "evicted"
 
     # -- the lendable class ---------------------------------------------------------------------------
 
