@@ -274,9 +274,9 @@ def _decide(
                 and not exactly.get("adminAccess")
             )
             if borrow:
-                # The selectors of the class it named go with it, but never the shared class's own (a template
+                # The selectors of the class it named go with it, but never a product class's own (a template
                 # steered at its CREATE names the shared class): they leave out the devices that may be lent.
-                source = None if name == reserved_devices.shared_class_name else name
+                source = None if name in products else name
                 kept = _kept_selectors(exactly, source, devices, f"{field}.exactly")
                 exactly = {**exactly, "selectors": kept} if kept else exactly
                 ops.extend(_first_available(request, exactly, pointer, [

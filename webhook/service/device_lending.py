@@ -58,13 +58,11 @@ DEVICE_CLASSES = api_path(f"{dra.GROUP}/v1", "deviceclasses")
 class DeviceRound:
     """What one round did with devices."""
 
-    reservation: bool = False  # a device reservation by classes is active (devices can be lent)
     open: bool = False  # the lendable class selects the reserved devices after this round
     waiting: int = 0  # inference pods waiting for devices
     lent: int = 0  # reserved devices (GPUs) borrowers hold
     evicted: tuple[str, ...] = ()  # namespace/name of the borrowers evicted this round
     blocked: tuple[str, ...] = ()  # namespace/name of those whose PodDisruptionBudget refused
-    class_written: bool = False
 
 
 def requested_devices(claim: Mapping[str, Any]) -> int:
@@ -164,8 +162,8 @@ class DeviceLending:
         reservation = reservation_now(policy, read.dra)
         active = settings(policy).enabled and reservation is not None and reservation.active
         if reservation is None or not active or reservation.by_taints:
-            written = self._write_class(policy, reservation, read, open_=False)
-            return DeviceRound(class_written=written)
+            self._write_class(policy, reservation, read, open_=False)
+            return DeviceRound()
         model = capacity_model(policy, read, Reservation.from_policy(policy))
         waiting = waiting_for_devices(
             unschedulable_inference, read.devices.claims, {devices.reserved_class_name, devices.lendable_class_name}
@@ -176,9 +174,9 @@ class DeviceLending:
             self._reclaim(policy, model, read, waiting, evicted, blocked)
         free = sum(node.side(RESERVED).free for node in model.pool_nodes(RESERVED) if node.split)
         open_ = not waiting and free > policy.spec.lending.headroom_gpus
-        written = self._write_class(policy, reservation, read, open_=open_)
+        self._write_class(policy, reservation, read, open_=open_)
         lent = sum(n for name, n in lent_per_node(model).items() if model.nodes[name].split)
-        return DeviceRound(True, open_, len(waiting), lent, tuple(evicted), tuple(blocked), written)
+        return DeviceRound(open_, len(waiting), lent, tuple(evicted), tuple(blocked))
 
     def _class(self, name: str) -> dict[str, Any] | None:
         try:
@@ -240,24 +238,24 @@ class DeviceLending:
         read: PoolRead,
         *,
         open_: bool,
-    ) -> bool:
-        """Create or update the lendable class as ``open_`` says; False when nothing was written. Created
+    ) -> None:
+        """Create or update the lendable class as ``open_`` says (nothing when it already is so). Created
         only while lending is on and a reservation is active; one of that name not ours is left alone."""
         name = policy.spec.reserved_devices.lendable_class_name
         current = read.devices.classes.get(name)
         if current is not None and not current.ours:
             log.warning("lending: a DeviceClass of the lendable class's name is not ours; devices are not lent",
                         extra={"deviceclass": name})  # fmt: skip
-            return False
+            return
         if reservation is None:
             if current is None:
-                return False
+                return
             reservation = device_classes.DeviceReservation(0, ())
         if current is None and not (settings(policy).enabled and reservation.active):
-            return False
+            return
         wanted = device_classes.lendable_class(policy, reservation, open_=open_)
         if current is not None and _same(current.raw, wanted):
-            return False
+            return
         try:
             if current is None:
                 self.api.create(DEVICE_CLASSES, wanted)
@@ -266,11 +264,9 @@ class DeviceLending:
                 body = {"metadata": {**wanted["metadata"], "resourceVersion": version}, "spec": wanted["spec"]}
                 self.api.patch(api_path(f"{dra.GROUP}/v1", "deviceclasses", name=name), body)
         except Conflict:
-            return False  # changed meanwhile: next round
-        log.info("lending: reserved devices " + ("lent" if wanted["metadata"]["annotations"][
-            device_classes.LENDING_ANNOTATION] == device_classes.LENDING_OPEN else "not lent") + " to new borrowers",
-            extra={"deviceclass": name})  # fmt: skip
-        return True
+            return  # changed meanwhile: next round
+        state = "not lent" if _closed(wanted) else "lent"
+        log.info(f"lending: reserved devices {state} to new borrowers", extra={"deviceclass": name})
 
 
 def _closed(device_class: Mapping[str, Any]) -> bool:
