@@ -29,8 +29,9 @@ borrowers) and exports nothing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -63,6 +64,8 @@ class Observed:
     devices: DeviceRound = field(
         default_factory=DeviceRound
     )  # the reserved devices of split nodes (service/device_lending.py)
+    synced: bool = True  # the view of the cluster the round read was synced (else nothing was decided)
+    seconds: float | None = None  # how long the round took (None: not timed, e.g. not leading)
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -136,7 +139,12 @@ class LendingKeeper:
     def _round(self) -> None:
         try:
             # Another replica keeps lending: this one exports zeros (the alerts take the maximum).
-            self.on_round(self.run_once() if self.leading() else Observed())
+            if not self.leading():
+                self.on_round(Observed())
+                return
+            started = time.monotonic()
+            observed = self.run_once()
+            self.on_round(replace(observed, seconds=time.monotonic() - started))
         except ApiError as err:
             log.warning("lending: cannot read or write the cluster", extra={"error": str(err)})
 

@@ -238,6 +238,21 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # A round's duration and whether its view of the cluster was synced (issue 41: a round reads memory,
+        # never the apiserver; one that outlasts --lending-seconds delays every reclaim).
+        self.lending_round_seconds = Histogram(
+            f"{PREFIX}_lending_round_seconds",
+            "Seconds one round of the lending keeper took (the Lease holder; reads its watched view of the cluster).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.lending_view_synced = Gauge(
+            f"{PREFIX}_lending_view_synced",
+            "1 while the Lease holder's watched view of the cluster is synced (lending decides), 0 while it syncs "
+            "(no eviction, no opening of the lendable class), absent on other replicas.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.lending_taint_writes = Counter(
             f"{PREFIX}_lending_taint_writes",
             "Writes of the no-borrowers taint on reserved nodes, by result (written, conflict).",
@@ -257,6 +272,9 @@ class Metrics:
 
     def lending_round(self, observed: Observed) -> None:
         """What a round of lending saw and did, as metrics."""
+        if observed.seconds is not None:
+            self.lending_round_seconds.observe(observed.seconds)
+        self.lending_view_synced.set(1 if observed.synced else 0)
         self.lending_gpus_lent.labels("reserved").set(observed.lent)
         self.lending_closed_nodes.set(len(observed.closed))
         self.lending_inference_waiting.set(observed.waiting + observed.devices.waiting)
