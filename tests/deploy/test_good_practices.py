@@ -240,8 +240,8 @@ def test_least_privilege_rbac(resources: list[dict[str, Any]]) -> None:
             "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses", "resourceslices"],
             "verbs": read,
         },
-        # The audit reads the DeviceTaintRules of a device reservation by taints: listed, not watched.
-        {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["get", "list"]},
+        # The audit lists the DeviceTaintRules of a device reservation by taints; the lending view watches them.
+        {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": read},
         # The background audit's reports: listed (compared, stale ones found), server-side applied (patch, and
         # create when the apply creates one), deleted.
         {

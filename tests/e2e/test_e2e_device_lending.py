@@ -36,7 +36,10 @@ from typing import Any
 import pytest
 from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_claim_template, new_namespace
 
+from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
+from webhook.cluster.view import ClusterView, NotSynced
+from webhook.core.policy import Policy
 from webhook.core.policy import load_policy
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper
@@ -58,6 +61,13 @@ from .test_e2e_device_reservation import amd_resource_slice
 from .test_e2e_lending import GRACE, lending_policy  # grace 5 s
 
 NODES = ("lend-dra-1", "lend-dra-2")
+
+
+def new_view(plane: ControlPlane, policy: Policy) -> ClusterView:
+    """The Lease holder's view of the cluster, with the webhook's service account (its RBAC)."""
+    return ClusterView(load_api_client(str(service_account_kubeconfig(plane))), lambda: policy)
+
+
 TRAIN, SERVE = "dlend-train", "dlend-serve"
 LENDABLE, SHARED, RESERVED = "rocm-isolation-lendable", "rocm-isolation-shared", "rocm-isolation-reserved"
 BORROW = {"rocm-isolation.io/borrow": "true"}
@@ -80,22 +90,29 @@ class World:
     keeper_stop: threading.Event = field(default_factory=threading.Event)
     keeper_errors: list[str] = field(default_factory=list)
     keeper: threading.Thread | None = None
+    view: ClusterView | None = None
     # every (namespace, name, device) seen allocated: nobody but inference and borrowers on reserved ones
     holders: set[tuple[str, str, str]] = field(default_factory=set)
 
     def start_keeper(self) -> None:
+        """The keeper as ``serve``'s Lease holder runs it: on a watched view of the cluster, a round a second."""
         self.keeper_stop = threading.Event()
         policy = load_policy(self.policy_file)
-        keeper = LendingKeeper(self.api, lambda: policy, lambda: True)
+        view = new_view(self.plane, policy)
+        keeper = LendingKeeper(view.api(self.api), lambda: policy, lambda: True, view=view)
+        self.view = view
 
         def rounds() -> None:
-            while not self.keeper_stop.is_set():
-                try:
-                    keeper.run_once()
-                    self.sample()
-                except Exception as err:  # a failed round is retried, as serve's keeper does
-                    self.keeper_errors.append(repr(err))
-                self.keeper_stop.wait(1.0)
+            try:
+                while not self.keeper_stop.is_set():
+                    try:
+                        keeper.tick()
+                        self.sample()
+                    except Exception as err:  # a failed round is retried, as serve's keeper does
+                        self.keeper_errors.append(repr(err))
+                    self.keeper_stop.wait(1.0)
+            finally:
+                view.stop()
 
         self.keeper = threading.Thread(target=rounds, daemon=True)
         self.keeper.start()
@@ -214,6 +231,7 @@ def diagnosis(world: World, namespace: str, name: str) -> str:
     lendable = world.kube.get_or_none("DeviceClass", LENDABLE) or {}
     lines.append(f"lendable: {lendable.get('metadata', {}).get('annotations')} {lendable.get('spec')}")
     lines.append(f"keeper errors: {world.keeper_errors[-3:]}")
+    lines.append(f"keeper's view: {world.view.status() if world.view is not None else None}")
     return "\n".join(lines)
 
 
@@ -237,7 +255,10 @@ def no_inference_disrupted(world: World) -> None:
 
 
 def test_borrowers_take_shared_devices_then_lent_reserved_ones(world: World) -> None:
-    wait_until(lambda: world.kube.get_or_none("DeviceClass", LENDABLE), timeout=30, what="the lendable class")
+    try:
+        wait_until(lambda: world.kube.get_or_none("DeviceClass", LENDABLE), timeout=30, what="the lendable class")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnosis(world, SERVE, 'none')}") from None
     got: dict[str, list[str]] = {}
     for i in range(8):
         name = f"borrower-{i}"
@@ -352,14 +373,21 @@ def test_a_new_lease_holder_finishes_a_reclaim_in_flight_without_evicting_twice(
     assert len(first.evicted) == 1, first
     # The webhook goes down meanwhile: taking devices back does not need it.
     world.plane.processes.stop_one(world.webhook.component)
+    # The new holder reads only its own view, and decides nothing before the view has synced.
+    view = new_view(world.plane, policy)
     try:
-        second = DeviceLending(world.api, lambda: True)
+        second = DeviceLending(view.api(world.api), lambda: True)
+        with pytest.raises(NotSynced):
+            second.run(policy, waiting)
+        view.start()
+        wait_until(lambda: view.synced, timeout=30, what="the new holder's view synced")
         again = second.run(policy, wait_until(unschedulable, timeout=10, what="llm-1 still waiting"))
         assert len(again.evicted) == 1 and again.evicted != first.evicted, (first, again)
         third = second.run(policy, wait_until(unschedulable, timeout=10, what="llm-1 still waiting"))
         assert third.evicted == (), third  # both victims are leaving: nothing more
         bound(world, SERVE, "llm-1", timeout=GRACE + 30)
     finally:
+        view.stop()
         world.webhook = start_webhook(
             world.plane, world.workdir / "webhook", service_account_kubeconfig(world.plane), "--lending-seconds", "0",
             policy_file=world.policy_file, cert_dir=world.cert_dir, port=world.port,

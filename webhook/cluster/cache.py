@@ -8,7 +8,9 @@ cache.
 
 - list, then watch from the list's ``resourceVersion`` with bookmarks; every event moves the
   resourceVersion forward, so a watch that ends (server timeout, dropped connection) resumes
-  where it stopped;
+  where it stopped; the list is paginated (``limit``/``continue``, 500 per page as client-go's
+  reflector), so a collection of 100,000s never sits in memory as one response: only what
+  ``extract`` keeps of each object does;
 - ``410 Gone`` (as an HTTP status or as an ``ERROR`` event: the resourceVersion is too old) means
   relist; so does the periodic resync;
 - any other failure (connection refused, 5xx, a broken stream) is retried with exponential
@@ -21,7 +23,6 @@ models: a Node object is large and only its labels matter here.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -29,6 +30,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+import orjson
 
 from webhook.core import claims
 from webhook.core.decision import (
@@ -105,6 +108,8 @@ class Reflector:
         namespaced: bool = False,
         metrics: Metrics | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
         resync_seconds: float = 600.0,
         watch_timeout_seconds: int = 300,
         backoff_initial: float = 0.5,
@@ -115,6 +120,8 @@ class Reflector:
         self._list_call = list_call
         self.metrics = metrics
         self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.page_size = page_size
         self.resync_seconds = resync_seconds
         self.watch_timeout_seconds = watch_timeout_seconds
         self.backoff_initial = backoff_initial
@@ -203,6 +210,8 @@ class Reflector:
     def _call(self, **kwargs: Any) -> Any:
         if self.label_selector:
             kwargs["label_selector"] = self.label_selector
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
         try:
             return self._list_call(_preload_content=False, **kwargs)
         except Exception as err:
@@ -224,21 +233,31 @@ class Reflector:
 
     def _list(self) -> None:
         self._relist.clear()
-        response = self._call(_request_timeout=(10, 60))
-        try:
-            status = getattr(response, "status", 200)
-            if status == 410:
-                raise Gone()
-            body = json.loads(response.data)
-        finally:
-            response.release_conn()
         items: dict[str, Any] = {}
-        for obj in body.get("items") or []:
-            self._put(items, obj)
+        token = ""
+        while True:
+            # A continue token past etcd's compaction answers 410: the whole list starts again (Gone).
+            paging: dict[str, Any] = {"limit": self.page_size} if self.page_size else {}
+            if token:
+                paging["_continue"] = token
+            response = self._call(_request_timeout=(10, 60), **paging)
+            try:
+                status = getattr(response, "status", 200)
+                if status == 410:
+                    raise Gone()
+                body = orjson.loads(response.data)
+            finally:
+                response.release_conn()
+            for obj in body.get("items") or []:
+                self._put(items, obj)
+            metadata = body.get("metadata") or {}
+            token = str(metadata.get("continue") or "")
+            if not token:
+                break
         with self.lock:
             self.items = items
         self.served = True
-        self.resource_version = str((body.get("metadata") or {}).get("resourceVersion", ""))
+        self.resource_version = str(metadata.get("resourceVersion", ""))
         self.lists += 1
         self.last_error = None
         self.synced.set()
@@ -303,7 +322,7 @@ class Reflector:
             for line in _lines(response):
                 if self._stop.is_set():
                     return
-                self._apply(json.loads(line))
+                self._apply(orjson.loads(line))
         except Exception:
             # A stream cut by relist()/stop()/resync is the expected way out, not an error.
             if self._stop.is_set() or self._relist.is_set():
@@ -471,7 +490,7 @@ class ClusterCache:
         caller treats an unknown pod as no borrower, the safe side (a claim then gets shared devices only)."""
         try:
             response: Any = self._read_pod(name, namespace, _preload_content=False, _request_timeout=POD_READ_SECONDS)
-            found = json.loads(response.data)
+            found = orjson.loads(response.data)
         except Exception as err:  # any failure: unknown, never an error of the admission
             log.warning("cannot read a claim's pod", extra={"namespace": namespace, "pod": name, "error": str(err)})
             return None

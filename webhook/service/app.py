@@ -165,6 +165,11 @@ class WebhookService:
         if self.auditor is not None:
             # Informational: where the background audit's findings go never makes a replica unready.
             checks["auditReports"] = {"ok": True, **self.auditor.reports_status()}
+        view = self.lending.view if self.lending is not None else None
+        if view is not None:
+            # Informational: the Lease holder's view of the cluster (lending decides nothing until it is
+            # synced); admission never reads it, so it never makes a replica unready.
+            checks["lendingView"] = {"ok": True, **view.status()}
         if self.drain.draining:
             checks["shutdown"] = self.drain.status()
         missing = [name for name, check in checks.items() if not check["ok"]]

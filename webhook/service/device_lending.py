@@ -150,6 +150,9 @@ class DeviceLending:
     leading: Callable[[], bool]
     clock: Callable[[], float] = time.monotonic
     _spared: dict[tuple[str, str], float] = field(default_factory=dict)  # victim -> spared until
+    # Victims this keeper evicted, counted as leaving until the view shows them terminating (a watch event
+    # a few milliseconds behind the eviction): never evicted twice, never a second victim for one slot.
+    _evicted: dict[tuple[str, str], float] = field(default_factory=dict)  # victim -> counted until
 
     def run(self, policy: Policy, unschedulable_inference: Sequence[Mapping[str, Any]]) -> DeviceRound:
         devices = policy.spec.reserved_devices
@@ -205,7 +208,9 @@ class DeviceLending:
     ) -> None:
         now = self.clock()
         self._spared = {ref: until for ref, until in self._spared.items() if until > now}
+        self._evicted = {ref: until for ref, until in self._evicted.items() if until > now}
         leaving = {ref for ref, usage in read.cluster.usage.items() if usage.terminating}
+        leaving |= {ref for ref in self._evicted if ref in read.cluster.usage}
         pods = {(pod.namespace, pod.name): pod for pod in read.cluster.pods}
         evict = evictor(self.api, dry_run=False)  # pool's transport: the Eviction API, answers as HTTP statuses
         for _attempt in range(2):  # once more without the victims a budget protected
@@ -224,6 +229,7 @@ class DeviceLending:
                         refused = True
                     else:
                         leaving.add(victim.ref)
+                        self._evicted[victim.ref] = now + SPARED_SECONDS
                         if outcome == "evicted":
                             evicted.append("/".join(victim.ref))
             if not refused:

@@ -37,6 +37,7 @@ from typing import Any
 
 from webhook.cluster.inventory import gpu_request, node_info, parse_time
 from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, api_path
+from webhook.cluster.view import ClusterView, NotSynced
 from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.capacity import CapacityModel, Holder
@@ -113,17 +114,23 @@ def taint_patch(node: Mapping[str, Any], taint: Mapping[str, str], *, present: b
 @dataclass
 class LendingKeeper:
     """The rounds, and what they remember between them (preempted borrowers counted once, inference pods
-    seen waiting on borrowers)."""
+    seen waiting on borrowers).
 
-    api: KubeApi
+    With a ``view`` (what ``serve`` runs), ``api`` is the view's ``ViewApi``: the keeper starts the view when
+    its replica holds the Lease, stops it when it does not, and decides nothing until it is synced (after a
+    handover, a relist, a policy reload). Without one (tests, tools), every round reads ``api`` itself."""
+
+    api: KubeApi  # a ViewApi with a view
     policy: Callable[[], Policy]
     leading: Callable[[], bool]
     interval: float = 5.0
     on_round: Callable[[Observed], None] = lambda observed: None
+    view: ClusterView | None = None
     _preempted: set[str] = field(default_factory=set)
     _waited: dict[str, datetime | None] = field(default_factory=dict)  # uid -> creation, of inference pods
     _rounds: Periodic | None = None
     _devices: DeviceLending | None = None
+    _unsynced_said: bool = False
 
     def __post_init__(self) -> None:
         self._devices = DeviceLending(self.api, self.leading)
@@ -135,18 +142,43 @@ class LendingKeeper:
     def stop(self, timeout: float = 10.0) -> None:
         if self._rounds is not None:
             self._rounds.stop(timeout)
+        if self.view is not None:
+            self.view.stop()
 
     def _round(self) -> None:
         try:
-            # Another replica keeps lending: this one exports zeros (the alerts take the maximum).
-            if not self.leading():
-                self.on_round(Observed())
-                return
-            started = time.monotonic()
-            observed = self.run_once()
-            self.on_round(replace(observed, seconds=time.monotonic() - started))
+            self.on_round(self.tick())
         except ApiError as err:
             log.warning("lending: cannot read or write the cluster", extra={"error": str(err)})
+
+    def tick(self) -> Observed:
+        """One round as ``serve`` runs it: nothing but zeros off the Lease (another replica keeps lending; the
+        alerts take the maximum), nothing decided before the view is synced, else ``run_once``, timed."""
+        if not self.leading():
+            if self.view is not None:
+                self.view.stop()
+            self._preempted.clear()
+            self._waited.clear()
+            return Observed(synced=self.view is None)
+        started = time.monotonic()
+        if self.view is not None:
+            self.view.start()
+            self.view.follow(self.policy())
+            self.view.refresh_discovery()
+            if not self.view.synced:
+                return self._not_synced("the view of the cluster is syncing")
+        try:
+            observed = self.run_once()
+        except NotSynced as err:
+            return self._not_synced(str(err))
+        self._unsynced_said = False
+        return replace(observed, seconds=time.monotonic() - started)
+
+    def _not_synced(self, why: str) -> Observed:
+        if not self._unsynced_said:
+            log.info("lending: nothing decided until the view is synced", extra={"why": why})
+            self._unsynced_said = True
+        return Observed(synced=False)
 
     def _list(self, path: str, selector: str, fields: str | None = None) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []

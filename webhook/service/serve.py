@@ -174,17 +174,22 @@ def build_names_sync(
 def build_lending(
     settings: Settings, metrics: Metrics, policies: PolicyStore, auditor: BackgroundAudit
 ) -> LendingKeeper:
-    """Lending kept by the replica holding the audit Lease: the reserved nodes closed to new borrowers, and
-    lending's gauges (its own API client)."""
+    """Lending kept by the replica holding the audit Lease: the reserved nodes closed to new borrowers, the
+    reserved devices lent and taken back, and lending's gauges, all from the view of the cluster it watches
+    while it holds the Lease (``cluster/view.py``)."""
     from webhook.cluster.kubeapi import KubeApi
+    from webhook.cluster.view import ClusterView
     from webhook.service.lending_loop import LendingKeeper
 
+    # The view's reflectors have their own client (their watches hold connections); the writes theirs.
+    view = ClusterView(api_client(settings), lambda: policies.policy, resync_seconds=settings.resync_seconds)
     return LendingKeeper(
-        KubeApi(api_client(settings)),
+        view.api(KubeApi(api_client(settings))),
         lambda: policies.policy,
         lambda: auditor.leading,
         interval=settings.lending_seconds,
         on_round=metrics.lending_round,
+        view=view,
     )
 
 
