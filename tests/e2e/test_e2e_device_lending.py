@@ -39,8 +39,7 @@ from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_
 from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
 from webhook.cluster.view import ClusterView, NotSynced
-from webhook.core.policy import Policy
-from webhook.core.policy import load_policy
+from webhook.core.policy import Policy, load_policy
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper
 
