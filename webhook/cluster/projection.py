@@ -7,7 +7,8 @@ would not fit. The view keeps:
 - of a **pod**, only when it can matter to capacity or lending (``PodRelevance``): it carries our labels
   (a borrower, a placed pod), asks for DRA claims, requests an extended resource (every GPU resource and
   every DRA extended resource is one: a name with a ``/``), or opens another GPU route of the policy
-  (privileged, the AMD runtime's variables or RuntimeClass: ``core/pods.gpu_routes``). Of such a pod it keeps
+  (privileged, the AMD runtime's variables or RuntimeClass: ``core/pods.gpu_routes``); with ``scope.allPods``
+  every pod has a class, and every pod is kept. Of such a pod it keeps
   the metadata decisions read, the scheduling fields of the spec, each container's name, resources,
   securityContext, env and restartPolicy, ``hostPath`` volumes, and the status fields lending reads
   (phase, conditions, the claims' statuses). Every other pod (a cluster's non-GPU majority) is not kept
@@ -156,8 +157,11 @@ class PodRelevance:
         self.policy = policy
         self._labels = (settings(policy).pod_label, PLACED_LABEL)
         self._routes = policy.routes
+        self._every_pod = policy.spec.scope.all_pods  # every pod has a class: every pod is counted
 
     def __call__(self, pod: Mapping[str, Any]) -> bool:
+        if self._every_pod:
+            return True
         metadata = pod.get("metadata") or {}
         labels = metadata.get("labels") or {}
         if any(key in labels for key in self._labels):

@@ -122,6 +122,7 @@ class ClusterView:
         self._relevance: projection.PodRelevance | None = None
         self._drivers: frozenset[str] = frozenset()
         self.version: dict[str, Any] | None = None  # GET /version
+        self.version_error: ApiError | None = None  # or why it could not be read
         self.discovery: dict[str, frozenset[str] | None] = {}  # "group/version" -> resources (None: not served)
         self.dra_versions: dict[str, str] = {}  # DRA resource -> the version watched
         self._discovered_at = 0.0
@@ -176,7 +177,11 @@ class ClusterView:
         """``/version`` and which resource.k8s.io versions list which resources; a failure leaves what was
         known (the DRA reflectors of a first start then are none: retried at the next start)."""
         try:
-            self.version = self._reads.get("/version")
+            self.version, self.version_error = self._reads.get("/version"), None
+        except ApiError as err:  # what the apiserver said is said again until the next discovery
+            self.version, self.version_error = None, err
+            log.warning("lending view: cannot read the apiserver's version", extra={"error": str(err)})
+        try:
             discovery = {f"{dra.GROUP}/{v}": resources_served(self._reads, f"{dra.GROUP}/{v}") for v in DRA_VERSIONS}
         except ApiError as err:
             log.warning("lending view: API discovery failed", extra={"error": str(err)})
@@ -296,8 +301,12 @@ class ViewApi(KubeApi):
         log.debug("lending view: read not held, sent to the apiserver", extra={"path": path})
 
     def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        if path == "/version" and self.view.version is not None and not query:
-            return dict(self.view.version)
+        self._require(path)
+        if path == "/version" and not query and self.view.started:
+            if self.view.version is not None:
+                return dict(self.view.version)
+            if self.view.version_error is not None:
+                raise self.view.version_error
         group_version = path.removeprefix("/apis/")
         if path.startswith("/apis/") and group_version in self.view.discovery and not query:
             resources = self.view.discovery[group_version]
@@ -309,7 +318,6 @@ class ViewApi(KubeApi):
             self._pass(path)
             return super().get(path, query=query)
         reflector, namespace, name = held
-        self._require(reflector)
         items = reflector.items.get(namespace or "", {}) if reflector.namespaced else reflector.items
         found = items.get(name or "")
         if found is None:
@@ -317,12 +325,14 @@ class ViewApi(KubeApi):
         return dict(found)
 
     def serving_versions(self, group: str, versions: Sequence[str], resource: str) -> tuple[str, ...]:
+        self._require(f"/apis/{group}")
         if group == dra.GROUP and all(f"{group}/{v}" in self.view.discovery for v in versions):
             return tuple(v for v in versions if resource in (self.view.discovery[f"{group}/{v}"] or ()))
         self._pass(f"/apis/{group}")
         return super().serving_versions(group, versions, resource)
 
     def list(self, path: str, **options: Unpack[ListOptions]) -> Iterator[dict[str, Any]]:
+        self._require(path)
         held = self._held(path)
         if held is None or held[2] is not None:
             if self._dra_not_served(path):
@@ -331,7 +341,6 @@ class ViewApi(KubeApi):
             yield from super().list(path, **options)
             return
         reflector, namespace, _ = held
-        self._require(reflector)
         fields = options.get("field_selector")
         if reflector.resource == "pods":
             terms = frozenset(t.strip() for t in (fields or "").split(",") if t.strip())
@@ -364,9 +373,11 @@ class ViewApi(KubeApi):
             return False
         return resource not in (self.view.discovery[group_version] or ())
 
-    def _require(self, reflector: Reflector) -> None:
+    def _require(self, path: str) -> None:
+        """Nothing is read before the view is synced, not even through to the apiserver: a round decides on
+        one view of the cluster or not at all."""
         if not self.view.synced:
-            raise NotSynced(f"the view of {reflector.resource} is not synced")
+            raise NotSynced(f"GET {path}: the view of the cluster is not synced")
 
     # -- writes: to the apiserver, only from a synced view ---------------------------------------------
 
