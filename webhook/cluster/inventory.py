@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any, Final, Literal
 
 from webhook.cluster import slices
@@ -67,7 +68,13 @@ def quantity(value: Any) -> int:
         return 0
     if isinstance(value, int):
         return value
-    text = str(value).strip()
+    return _quantity_text(str(value))
+
+
+@lru_cache(maxsize=4096)
+def _quantity_text(value: str) -> int:
+    # A cluster writes few distinct quantities ("1", "8", "500m"): each parsed once, not once per pod.
+    text = value.strip()
     suffixes = {"k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
     multiplier = 1
     for suffix, factor in suffixes.items():
@@ -305,6 +312,7 @@ class Snapshot:
     slices_read: bool = False
     warnings: list[str] = field(default_factory=list)
     _devices: DeviceFacts | None = field(default=None, repr=False)
+    _node_facts: NodeFacts | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, api: KubeApi, policy: Policy, *, claims: bool = True) -> Snapshot:
@@ -321,6 +329,7 @@ class Snapshot:
             info = node_info(node, self.policy)
             nodes[info.name] = info
         self.nodes = nodes
+        self._node_facts = None
 
     def read_namespaces(self, api: KubeApi) -> None:
         namespaces: dict[str, dict[str, str]] = {}
@@ -497,7 +506,10 @@ class Snapshot:
         return frozenset(name for name, node in self.nodes.items() if node.labelled)
 
     def node_facts(self) -> NodeFacts:
-        return NodeFacts(reserved_node_names=self.reserved_node_names)
+        """Worked out once per snapshot (``pool`` and the lending keeper ask once per pod)."""
+        if self._node_facts is None:
+            self._node_facts = NodeFacts(reserved_node_names=self.reserved_node_names)
+        return self._node_facts
 
     def namespace_facts(self, namespace: str) -> NamespaceFacts:
         # A namespace that is not listed (deleted meanwhile) is unknown, not unlabelled.

@@ -128,6 +128,27 @@ class Gpu:
     key: str
 
 
+def _devices_of(spec: Mapping[str, Any], driver: str, pool_name: str) -> tuple[Device, ...]:
+    node = _text(spec.get("nodeName"))
+    devices = []
+    for raw in _items(spec.get("devices")):
+        if not isinstance(raw, Mapping):
+            continue
+        fields = device_fields(raw)
+        # perDeviceNodeSelection: each device names its node.
+        on, name = node or _text(fields.get("nodeName")), _text(raw.get("name"))
+        if on and name:
+            devices.append(Device(on, pool_name, name, pci_bus_id(raw), driver, _counter_sets(fields), _taints(fields)))
+    return tuple(devices)
+
+
+# A slice's devices by the identity of the slice read (the object is kept, so its id is not reused): the lending
+# keeper's view hands the same unchanged objects to every round (it replaces, never mutates, an object that
+# changes), so each is parsed once; a command reading fresh JSON simply misses.
+_PARSED: dict[int, tuple[Mapping[str, Any], tuple[Device, ...]]] = {}
+_PARSED_MAX = 50_000
+
+
 @dataclass
 class PublishedDevices:
     """The ResourceSlices of some drivers, added one by one (a list may start over: ``clear``)."""
@@ -148,19 +169,15 @@ class PublishedDevices:
         if driver not in self.drivers or not isinstance(pool, Mapping):
             return
         pool_name = _text(pool.get("name"))
-        node = _text(spec.get("nodeName"))
-        devices = []
-        for raw in _items(spec.get("devices")):
-            if not isinstance(raw, Mapping):
-                continue
-            fields = device_fields(raw)
-            # perDeviceNodeSelection: each device names its node.
-            on, name = node or _text(fields.get("nodeName")), _text(raw.get("name"))
-            if on and name:
-                devices.append(
-                    Device(on, pool_name, name, pci_bus_id(raw), driver, _counter_sets(fields), _taints(fields))
-                )
-        keep_newest(self._pools, (driver, pool_name), pool_generation(pool), devices)
+        known = _PARSED.get(id(resource_slice))
+        if known is not None and known[0] is resource_slice:
+            devices = known[1]
+        else:
+            devices = _devices_of(spec, driver, pool_name)
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[id(resource_slice)] = (resource_slice, devices)
+        keep_newest(self._pools, (driver, pool_name), pool_generation(pool), list(devices))
         self._by_result = None
 
     def _devices(self, driver: str | None = None, drivers: frozenset[str] | None = None) -> Iterable[Device]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from webhook.cluster.inventory import NodeInfo, Snapshot, node_info, pod_info
+from webhook.cluster.inventory import NodeInfo, PodInfo, Snapshot, node_info, pod_info
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound, api_path
 from webhook.cluster.slices import Device, Gpu, PublishedDevices
 from webhook.core import claims as dra
@@ -118,11 +118,15 @@ def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
 
 
 def pool_pod(
-    raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy, counted: set[Gpu] | None = None
+    raw: Mapping[str, Any],
+    snapshot: Snapshot,
+    policy: Policy,
+    counted: set[Gpu] | None = None,
+    info: PodInfo | None = None,
 ) -> PoolPod | None:
     """A bound, unfinished pod that holds GPUs (its resources, and the DRA GPU slots of its claims not in
-    ``counted`` yet) or that the policy classifies; None otherwise."""
-    info = pod_info(raw, policy)
+    ``counted`` yet) or that the policy classifies; None otherwise. ``info``: its ``pod_info``, when read."""
+    info = info or pod_info(raw, policy)
     if not info.bound:
         return None
     gpus = info.gpus + snapshot.dra_gpus_held(raw, set() if counted is None else counted)
@@ -159,11 +163,11 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
         counted.clear()
 
     for raw in Snapshot.pods(api, on_restart=restart):
-        found = pool_pod(raw, snapshot, policy, counted)
+        info = pod_info(raw, policy)
+        found = pool_pod(raw, snapshot, policy, counted, info)
         if found is not None:
             pods.append(found)
             ref = (found.namespace, found.name)
-            info = pod_info(raw, policy)
             uids[ref] = info.uid
             usage[ref] = PodUsage(
                 info.gpus,
