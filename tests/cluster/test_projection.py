@@ -30,6 +30,11 @@ def judged(case: dict[str, Any], pod: dict[str, Any]) -> tuple[bool, str, list[s
     return decision.allowed, decision.workload_class or "", sorted(v.rule for v in decision.violations)
 
 
+def patched_paths(case: dict[str, Any], pod: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the remaining patch would do (the audit's pod-missing-mutations): each operation and path."""
+    return [(op["op"], op["path"]) for op in decide(pod=pod, **facts(case)).patch]
+
+
 @pytest.mark.parametrize("case", CREATE_CASES)
 def test_a_projected_pod_is_decided_as_the_whole_pod(case: dict[str, Any]) -> None:
     pod = as_pod(case["pod"])
@@ -38,6 +43,7 @@ def test_a_projected_pod_is_decided_as_the_whole_pod(case: dict[str, Any]) -> No
     projected = pod_projection(pod)
     assert pod == original, "the projection must not modify the stored pod"
     assert judged(case, projected) == judged(case, pod)
+    assert patched_paths(case, projected) == patched_paths(case, pod)
     policy = facts(case)["policy"]
     assert gpu_request(projected, policy) == gpu_request(pod, policy)
 
@@ -98,7 +104,7 @@ def test_what_is_dropped() -> None:
         "spec": {
             "nodeName": "n1",
             "containers": [{"name": "c", "resources": {}}],
-            "volumes": [{"name": "kfd", "hostPath": {"path": "/dev/kfd"}}],
+            "volumes": [{"name": "token"}, {"name": "kfd", "hostPath": {"path": "/dev/kfd"}}],
         },
         "status": {"phase": "Running", "conditions": []},
     }

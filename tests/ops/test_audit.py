@@ -356,6 +356,17 @@ def test_cli_exits_2_on_a_bad_policy(fake: FakeCluster, tmp_path: Path, capsys: 
     assert code == 2 and "invalid policy" in err
 
 
+def test_cli_exits_2_on_a_view_dump_it_cannot_read(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "view.json"
+    broken.write_text("{not json")
+    code, out, err = cli_run(fake, tmp_path, capsys, "--from-view", str(broken))
+    assert code == 2 and out == "" and f"cannot read the view dump {broken}" in err
+    code, _, err = cli_run(fake, tmp_path, capsys, "--from-view", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read the view dump" in err
+
+
 def test_cli_exits_2_without_any_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

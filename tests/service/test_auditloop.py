@@ -231,6 +231,62 @@ def test_a_failed_audit_counts_a_failure_and_keeps_going(fake: FakeCluster, tmp_
         loop.stop()
 
 
+def test_the_background_audit_reads_the_lending_keepers_view_and_finds_what_a_listing_audit_finds(
+    tmp_path: Path,
+) -> None:
+    """With the Lease holder's view synced, the child audits its dump: the same findings and capacity as an
+    audit that lists the cluster, and not one list of the cluster."""
+    from audit_cluster import populate
+
+    from webhook.cluster.view import ClusterView
+
+    cluster = FakeCluster().start()
+    try:
+        cluster.serve_discovery()
+        populate(cluster)
+        populate_devices(cluster)
+        kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+        view = ClusterView(cluster.api_client(), lambda: POLICY)
+        view.start()
+        wait_for(lambda: view.synced, what="the view synced")
+        listing = BackgroundAudit(audit_command(str(kubeconfig), None), Metrics(), interval=60)
+        assert listing.run_once() and listing.last_report is not None
+        dumped: list[bool] = []
+
+        def dump(path: Path) -> bool:
+            dumped.append(view.dump(path))
+            return dumped[-1]
+
+        reading = BackgroundAudit(audit_command(str(kubeconfig), None), Metrics(), interval=60, view_dump=dump)
+        before = len(cluster.requests)
+        assert reading.run_once() and reading.last_report is not None
+        assert dumped == [True]
+        lists = [r.path for r in cluster.requests[before:] if r.method == "GET" and "watch" not in r.query]
+        assert lists == ["/api/v1/namespaces/rocm-isolation-system/configmaps/rocm-isolation-reserved-node-names"]
+        assert reading.last_report["findings"] == listing.last_report["findings"]
+        assert without_waits(reading.last_report["capacity"]) == without_waits(listing.last_report["capacity"])
+        view.stop()
+        # Not synced (a new Lease holder): the child lists the cluster itself.
+        assert view.dump(tmp_path / "unused.json") is False
+    finally:
+        cluster.stop()
+
+
+def without_waits(document: Any) -> Any:
+    """The capacity section but for how long pending pods have waited (the two audits ran a second apart)."""
+    if isinstance(document, dict):
+        return {k: without_waits(v) for k, v in document.items() if k != "oldestWaitSeconds"}
+    if isinstance(document, list):
+        return [without_waits(v) for v in document]
+    return document
+
+
+def populate_devices(cluster: FakeCluster) -> None:
+    from audit_cluster import populate_devices as devices
+
+    devices(cluster)
+
+
 def _args(*extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)

@@ -1,7 +1,7 @@
 """What the Lease holder's view (``cluster/view.py``) keeps of each object: the fields that a decision reads.
 
 A stored Pod as the apiserver returns it is mostly what no decision of ours reads (``managedFields``, the
-last-applied annotation, images, commands, probes, ports, volumes, container statuses); 100,000s of them
+last-applied annotation, images, commands, probes, ports, volume sources, container statuses); 100,000s of them
 would not fit. The view keeps:
 
 - of a **pod**, only when it can matter to capacity or lending (``PodRelevance``): it carries our labels
@@ -10,7 +10,7 @@ would not fit. The view keeps:
   (privileged, the AMD runtime's variables or RuntimeClass: ``core/pods.gpu_routes``); with ``scope.allPods``
   every pod has a class, and every pod is kept. Of such a pod it keeps
   the metadata decisions read, the scheduling fields of the spec, each container's name, resources,
-  securityContext, env and restartPolicy, ``hostPath`` volumes, and the status fields lending reads
+  securityContext, env, volume mounts and restartPolicy, the volumes' names (and sources of hostPath ones), and the status fields lending reads
   (phase, conditions, the claims' statuses). Every other pod (a cluster's non-GPU majority) is not kept
   at all: it holds no GPU and waits for none;
 - of a **node**, its labels, taints, cordon and allocatable resources;
@@ -69,7 +69,7 @@ _POD_SPEC = (
     "topologySpreadConstraints",
     "schedulingGates",
 )
-_CONTAINER = ("name", "resources", "securityContext", "env", "restartPolicy")
+_CONTAINER = ("name", "resources", "securityContext", "env", "envFrom", "restartPolicy", "volumeMounts")
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 _POD_STATUS = ("phase", "conditions", "resourceClaimStatuses", "extendedResourceClaimStatus", "nominatedNodeName")
 _NODE_SPEC = ("taints", "unschedulable", "providerID")
@@ -99,9 +99,8 @@ def pod_projection(pod: Mapping[str, Any]) -> dict[str, Any]:
             kept_spec[name] = [_pick(c, _CONTAINER) if isinstance(c, Mapping) else c for c in containers]
     volumes = spec.get("volumes")
     if isinstance(volumes, list):
-        host_paths = [v for v in volumes if isinstance(v, Mapping) and "hostPath" in v]
-        if host_paths:
-            kept_spec["volumes"] = host_paths
+        # Names (what mounts and the KFD mount's patch compare), and the source only of hostPath volumes.
+        kept_spec["volumes"] = [_pick(v, ("name", "hostPath")) if isinstance(v, Mapping) else v for v in volumes]
     return {"metadata": _metadata(pod), "spec": kept_spec, "status": _pick(pod.get("status"), _POD_STATUS)}
 
 

@@ -29,8 +29,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Unpack
 from urllib.parse import unquote
+
+import orjson
 
 from webhook.cluster import projection
 from webhook.cluster.cache import Extract, Metrics, Reflector
@@ -257,6 +260,75 @@ class ClusterView:
     def api(self, writes: KubeApi) -> ViewApi:
         return ViewApi(self, writes)
 
+    def dump(self, path: Path) -> bool:
+        """Write what the view holds to ``path`` (``FrozenView.load`` reads it: the background audit's child
+        process audits it instead of listing the cluster); False, and nothing written, while not synced."""
+        if not self.synced:
+            return False
+        collections: dict[str, Any] = {}
+        for where, reflector in list(self._reflectors.items()):
+            with reflector.lock:
+                items = dict(reflector.items)
+            if reflector.namespaced:
+                found = [obj for names in items.values() for obj in names.values()]
+            else:
+                found = builtins.list(items.values())
+            collections[where] = {"resource": reflector.resource, "namespaced": reflector.namespaced, "items": found}
+        document = {
+            "version": self.version,
+            "discovery": {gv: None if names is None else sorted(names) for gv, names in self.discovery.items()},
+            "collections": collections,
+        }
+        path.write_bytes(orjson.dumps(document))
+        return True
+
+
+class Held:
+    """One collection of a ``FrozenView``: what ``ViewApi`` reads of a reflector."""
+
+    def __init__(self, resource: str, namespaced: bool, objects: list[dict[str, Any]]) -> None:
+        self.resource = resource
+        self.namespaced = namespaced
+        self.lock = threading.Lock()
+        self.items: dict[str, Any] = {}
+        for obj in objects:
+            metadata = obj.get("metadata") or {}
+            name = str(metadata.get("name") or "")
+            if namespaced:
+                self.items.setdefault(str(metadata.get("namespace") or ""), {})[name] = obj
+            else:
+                self.items[name] = obj
+
+
+class FrozenView:
+    """A ``ClusterView`` as it was dumped (``ClusterView.dump``): synced by construction, never changing."""
+
+    started = True
+    synced = True
+    version_error: ApiError | None = None
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        version = document.get("version")
+        self.version: dict[str, Any] | None = version if isinstance(version, dict) else None
+        discovery = document.get("discovery") or {}
+        self.discovery: dict[str, frozenset[str] | None] = {
+            str(gv): None if names is None else frozenset(names) for gv, names in discovery.items()
+        }
+        self._held = {
+            str(where): Held(str(held["resource"]), bool(held["namespaced"]), held.get("items") or [])
+            for where, held in (document.get("collections") or {}).items()
+        }
+
+    @classmethod
+    def load(cls, path: Path) -> FrozenView:
+        return cls(orjson.loads(path.read_bytes()))
+
+    def reflector(self, path: str) -> Held | None:
+        return self._held.get(path)
+
+    def api(self, writes: KubeApi) -> ViewApi:
+        return ViewApi(self, writes)
+
 
 def _parse(path: str) -> tuple[str, str | None, str, str | None]:
     """A REST path as (collection path, namespace, resource, name): ``/api/v1/namespaces/a/pods/b`` is
@@ -281,14 +353,14 @@ class ViewApi(KubeApi):
     version, a resource it does not watch) go to the apiserver through the same client. Writes are refused
     while the view is not synced."""
 
-    def __init__(self, view: ClusterView, writes: KubeApi) -> None:
+    def __init__(self, view: ClusterView | FrozenView, writes: KubeApi) -> None:
         super().__init__(writes.api_client, page_size=writes.page_size, timeout=writes.timeout)
         self.view = view
         self.passed_through = 0  # reads the view could not answer (tests: a round makes none)
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    def _held(self, path: str) -> tuple[Reflector, str | None, str | None] | None:
+    def _held(self, path: str) -> tuple[Reflector | Held, str | None, str | None] | None:
         try:
             collection, namespace, _, name = _parse(path)
         except ValueError:

@@ -26,12 +26,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Final, TextIO, get_args
 
 import yaml
 
 from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
+from webhook.cluster.view import FrozenView
 from webhook.core.claims import MODE_CLASSES, MODE_TAINTS
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 from webhook.deploy import device_classes, reserved_names
@@ -555,6 +557,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--page-size", type=int, default=500, help="objects per list request (limit/continue; default: 500)"
     )
+    parser.add_argument(
+        "--from-view",
+        metavar="FILE",
+        help="read the cluster from a dump of serve's watched view (what serve's background audit passes its child "
+        "process, so that an audit lists nothing); what the dump does not hold is read from the cluster",
+    )
 
 
 def _in_namespace(finding: Finding, namespace: str) -> bool:
@@ -585,6 +593,12 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     try:
         api = KubeApi.connect(args.kubeconfig, context=args.context, page_size=args.page_size, prefetch=PREFETCH_PAGES)
+        if args.from_view:
+            try:
+                api = FrozenView.load(Path(args.from_view)).api(api)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                print(f"audit: cannot read the view dump {args.from_view}: {err}", file=sys.stderr)
+                return EXIT_ERROR
         try:
             report = run_audit(api, policy)
         finally:

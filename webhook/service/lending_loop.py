@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from webhook.cluster.inventory import gpu_request, node_info, parse_time
@@ -173,6 +174,11 @@ class LendingKeeper:
             return self._not_synced(str(err))
         self._unsynced_said = False
         return replace(observed, seconds=time.monotonic() - started)
+
+    def dump_view(self, path: Path) -> bool:
+        """The view, for the background audit's child (``audit --from-view``); False while none is synced (not
+        holding the Lease, syncing)."""
+        return self.view is not None and self.leading() and self.view.dump(path)
 
     def _not_synced(self, why: str) -> Observed:
         if not self._unsynced_said:

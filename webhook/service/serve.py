@@ -125,6 +125,7 @@ def build_service(settings: Settings) -> WebhookService:
             names_sync = build_names_sync(settings, metrics, cluster, policies, auditor)
         if settings.lending_seconds > 0:
             lending = build_lending(settings, metrics, policies, auditor)
+            auditor.view_dump = lending.dump_view  # the audit reads the keeper's view instead of listing
     return WebhookService(
         policies=policies,
         metrics=metrics,
