@@ -191,3 +191,50 @@ def test_a_policy_reload_lists_pods_and_slices_again(fake: FakeCluster) -> None:
 
 def test_view_api_is_a_kube_api() -> None:
     assert issubclass(ViewApi, KubeApi)
+
+
+def test_the_keepers_memo_reads_unchanged_pods_once_and_decides_again_when_their_facts_change(
+    fake: FakeCluster,
+) -> None:
+    from webhook.ops import pool_read
+
+    policy = default_policy()
+    view = synced_view(fake, policy)
+    try:
+        api = view.api(KubeApi(fake.api_client()))
+        memo = pool_read.PodMemo()
+        plain = read_cluster(api, policy)
+        decided: list[str] = []
+        original = pool_read.classify
+
+        def counting(raw: Any, snapshot: Any, policy: Policy) -> str:
+            decided.append(raw["metadata"]["name"])
+            return original(raw, snapshot, policy)
+
+        pool_read.classify = counting  # type: ignore[assignment]
+        try:
+            assert comparable(read_cluster(api, policy, memo)) == comparable(plain)
+            first = len(decided)
+            assert first > 0
+            assert comparable(read_cluster(api, policy, memo)) == comparable(plain)
+            assert len(decided) == first, "unchanged pods are not decided again"
+            # The watch brings a new label on namespace ml: its pods are decided again, the others not.
+            namespaces = view.reflector("/api/v1/namespaces")
+            assert namespaces is not None
+            ml = namespaces.items["ml"]
+            namespaces.items["ml"] = {
+                **ml,
+                "metadata": {**ml["metadata"], "labels": {"rocm-isolation.io/class": "inference"}},
+            }
+            changed = read_cluster(api, policy, memo)
+            again = decided[first:]
+            pods = view.reflector("/api/v1/pods")
+            assert pods is not None
+            assert again and set(again) <= set(pods.items["ml"])
+            assert {p.class_name for p in changed.pods if p.namespace == "ml"} != {
+                p.class_name for p in plain.pods if p.namespace == "ml"
+            }
+        finally:
+            pool_read.classify = original  # type: ignore[assignment]
+    finally:
+        view.stop()

@@ -11,7 +11,9 @@ would not fit. The view keeps:
   every pod has a class, and every pod is kept. Of such a pod it keeps
   the metadata decisions read, the scheduling fields of the spec, each container's name, resources,
   securityContext, env, volume mounts and restartPolicy, the volumes' names (and sources of hostPath ones), and the status fields lending reads
-  (phase, conditions, the claims' statuses). Every other pod (a cluster's non-GPU majority) is not kept
+  (phase, the PodScheduled and DisruptionTarget conditions, the claims' statuses); the sub-structures that
+  a workload's replicas repeat (containers, tolerations, affinity, labels, owner) are one shared copy
+  (``Shared``). Every other pod (a cluster's non-GPU majority) is not kept
   at all: it holds no GPU and waits for none;
 - of a **node**, its labels, taints, cordon and allocatable resources;
 - of a **ResourceClaim** or template, its metadata, spec and allocation (``status.devices``, per-device
@@ -25,8 +27,11 @@ projection as from the whole pod.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from webhook.core import pods
 from webhook.core.lending import settings
@@ -89,8 +94,41 @@ def _pick(source: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return {key: source[key] for key in keys if key in source} if isinstance(source, Mapping) else {}
 
 
-def pod_projection(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a pod that a decision of ours reads (module docstring)."""
+class Shared:
+    """One copy of each sub-structure that many pods repeat: the replicas of a workload have the same
+    containers, tolerations, affinity, volumes, labels and owner. A kept pod points at the copy (projections
+    are never modified: the view replaces an object that changes), which makes a replica's projection a few
+    hundred bytes of its own. Keyed by a 128-bit digest of the canonical JSON; started afresh by ``clear``
+    (the view does at every full list of pods) so copies no pod uses any more go."""
+
+    def __init__(self) -> None:
+        self._copies: dict[bytes, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, (dict, list)) or not value:
+            return value
+        key = hashlib.blake2b(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        return self._copies.setdefault(key, value)
+
+    def clear(self) -> None:
+        self._copies = {}
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+
+_SHARED_METADATA = ("labels", "ownerReferences", "annotations")
+_SHARED_SPEC = ("nodeSelector", "affinity", "tolerations", "resourceClaims", "overhead", "securityContext",
+                "topologySpreadConstraints", "volumes", *_CONTAINER_LISTS)  # fmt: skip
+# The conditions lending reads (PodScheduled: bound or why not; DisruptionTarget: preempted), and of each the
+# fields it reads: the others (Ready, probes' times, messages) change often and are read by nothing of ours.
+_CONDITIONS = frozenset({"PodScheduled", "DisruptionTarget"})
+_CONDITION = ("type", "status", "reason", "lastTransitionTime")
+
+
+def pod_projection(pod: Mapping[str, Any], shared: Shared | None = None) -> dict[str, Any]:
+    """The fields of a pod that a decision of ours reads (module docstring); with ``shared``, the
+    sub-structures replicas repeat are shared copies."""
     spec = pod.get("spec") or {}
     kept_spec = _pick(spec, _POD_SPEC)
     for name in _CONTAINER_LISTS:
@@ -101,7 +139,21 @@ def pod_projection(pod: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(volumes, list):
         # Names (what mounts and the KFD mount's patch compare), and the source only of hostPath volumes.
         kept_spec["volumes"] = [_pick(v, ("name", "hostPath")) if isinstance(v, Mapping) else v for v in volumes]
-    return {"metadata": _metadata(pod), "spec": kept_spec, "status": _pick(pod.get("status"), _POD_STATUS)}
+    metadata = _metadata(pod)
+    status = _pick(pod.get("status"), _POD_STATUS)
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        status["conditions"] = [
+            _pick(c, _CONDITION) for c in conditions if isinstance(c, Mapping) and c.get("type") in _CONDITIONS
+        ]
+    if shared is not None:
+        for key in _SHARED_METADATA:
+            if key in metadata:
+                metadata[key] = shared(metadata[key])
+        for key in _SHARED_SPEC:
+            if key in kept_spec:
+                kept_spec[key] = shared(kept_spec[key])
+    return {"metadata": metadata, "spec": kept_spec, "status": status}
 
 
 def node_projection(node: Mapping[str, Any]) -> dict[str, Any]:

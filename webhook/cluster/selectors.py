@@ -73,6 +73,8 @@ def _label_term(term: str) -> Callable[[Mapping[str, str]], bool]:
 def label_matcher(selector: str | None) -> Matcher:
     """Whether an object's ``metadata.labels`` satisfy ``selector`` (everything for none)."""
     terms = [_label_term(term) for term in _terms(selector or "")]
+    if not terms:
+        return lambda obj: True
 
     def matches(obj: Mapping[str, Any]) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -81,26 +83,29 @@ def label_matcher(selector: str | None) -> Matcher:
     return matches
 
 
-def _field(obj: Mapping[str, Any], dotted: str) -> str:
+def _field(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
     value: Any = obj
-    for part in dotted.split("."):
+    for part in path:
         value = value.get(part) if isinstance(value, Mapping) else None
     return "" if value is None else str(value)
 
 
 def field_matcher(selector: str | None) -> Matcher:
     """Whether an object satisfies the field ``selector`` (everything for none)."""
-    checks: list[tuple[str, bool, str]] = []  # (path, equal, value)
+    checks: list[tuple[tuple[str, ...], bool, str]] = []  # (path, equal, value)
     for term in _terms(selector or ""):
         for operator in ("!=", "==", "="):
             if operator in term:
                 path, _, value = (part.strip() for part in term.partition(operator))
                 if not _KEY.match(path):
                     raise ValueError(f"unsupported field selector term {term!r}")
-                checks.append((path, operator != "!=", value))
+                checks.append((tuple(path.split(".")), operator != "!=", value))
                 break
         else:
             raise ValueError(f"unsupported field selector term {term!r}")
+
+    if not checks:
+        return lambda obj: True
 
     def matches(obj: Mapping[str, Any]) -> bool:
         return all((_field(obj, path) == value) == equal for path, equal, value in checks)

@@ -124,6 +124,7 @@ class ClusterView:
         self._kept_for: Policy | None = None  # the policy whose relevance and drivers pods and slices follow
         self._relevance: projection.PodRelevance | None = None
         self._drivers: frozenset[str] = frozenset()
+        self._shared = projection.Shared()  # what the replicas of a workload repeat, kept once
         self.version: dict[str, Any] | None = None  # GET /version
         self.version_error: ApiError | None = None  # or why it could not be read
         self.discovery: dict[str, frozenset[str] | None] = {}  # "group/version" -> resources (None: not served)
@@ -213,7 +214,12 @@ class ClusterView:
 
     def _pod(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
         relevance = self._relevance
-        return projection.pod_projection(pod) if relevance is None or relevance(pod) else None
+        if relevance is not None and not relevance(pod):
+            return None
+        pods = self._reflectors.get("/api/v1/pods")
+        if len(self._shared) > 4 * (pods.count if pods is not None else 0) + 10_000:
+            self._shared.clear()  # copies of workloads long gone: pods keep theirs, new ones share anew
+        return projection.pod_projection(pod, self._shared)
 
     def _slice(self, resource_slice: Mapping[str, Any]) -> dict[str, Any] | None:
         driver = (resource_slice.get("spec") or {}).get("driver")

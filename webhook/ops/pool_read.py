@@ -117,12 +117,68 @@ def classify(raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
     return decision.workload_class or ""
 
 
+class PodMemo:
+    """What ``read_cluster`` works out of each pod, kept for the next read of the same objects: the lending
+    keeper reads the same unchanged pods from its view every round (the view replaces an object that
+    changes, never modifies it), and deciding 10,000s of pods again each round would outlast the round.
+
+    Keyed by the pod object's identity (kept, so the id is not reused) and what the answer depends on: the
+    policy for ``pod_info`` and borrowing; for the class, also the facts of its namespace (labels, claims),
+    the reserved node names and the cluster's GPU DeviceClasses. ``prune`` forgets the pods not read."""
+
+    def __init__(self) -> None:
+        self._info: dict[int, tuple[Mapping[str, Any], Policy, PodInfo, bool]] = {}
+        self._class: dict[int, tuple[Mapping[str, Any], Any, str]] = {}
+        self._facts: dict[str, Any] = {}  # namespace -> its facts key, for one read
+        self._seen: set[int] = set()
+
+    def start(self) -> None:
+        self._facts = {}
+        self._seen = set()
+
+    def info(self, raw: Mapping[str, Any], policy: Policy) -> tuple[PodInfo, bool]:
+        self._seen.add(id(raw))
+        known = self._info.get(id(raw))
+        if known is not None and known[0] is raw and known[1] is policy:
+            return known[2], known[3]
+        found = pod_info(raw, policy), is_borrower(raw, policy)
+        self._info[id(raw)] = (raw, policy, *found)
+        return found
+
+    def classify(self, raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
+        namespace = str((raw.get("metadata") or {}).get("namespace", ""))
+        key = self._facts.get(namespace)
+        if key is None:
+            labels = snapshot.namespaces.get(namespace)
+            claims = snapshot.claim_facts(namespace)
+            key = self._facts[namespace] = (
+                policy,
+                None if labels is None else frozenset(labels.items()),
+                frozenset(claims.claims.items()),
+                frozenset(claims.templates.items()),
+                snapshot.node_facts().reserved_node_names,
+                snapshot.devices,
+            )
+        known = self._class.get(id(raw))
+        if known is not None and known[0] is raw and known[1] == key:
+            return known[2]
+        found = classify(raw, snapshot, policy)
+        self._class[id(raw)] = (raw, key, found)
+        return found
+
+    def prune(self) -> None:
+        for memo in (self._info, self._class):
+            for gone in [k for k in memo if k not in self._seen]:
+                del memo[gone]
+
+
 def pool_pod(
     raw: Mapping[str, Any],
     snapshot: Snapshot,
     policy: Policy,
     counted: set[Gpu] | None = None,
     info: PodInfo | None = None,
+    memo: PodMemo | None = None,
 ) -> PoolPod | None:
     """A bound, unfinished pod that holds GPUs (its resources, and the DRA GPU slots of its claims not in
     ``counted`` yet) or that the policy classifies; None otherwise. ``info``: its ``pod_info``, when read."""
@@ -130,7 +186,7 @@ def pool_pod(
     if not info.bound:
         return None
     gpus = info.gpus + snapshot.dra_gpus_held(raw, set() if counted is None else counted)
-    class_name = classify(raw, snapshot, policy)
+    class_name = classify(raw, snapshot, policy) if memo is None else memo.classify(raw, snapshot, policy)
     if not class_name and gpus == 0:
         return None
     annotations = (raw.get("metadata") or {}).get("annotations") or {}
@@ -148,8 +204,12 @@ def pool_pod(
     )
 
 
-def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
+def read_cluster(api: KubeApi, policy: Policy, memo: PodMemo | None = None) -> Cluster:
+    """Nodes and pods, once; with ``memo`` (the lending keeper's), what each pod's reading and class were
+    when the same object was read before."""
     snapshot = Snapshot.read(api, policy)
+    if memo is not None:
+        memo.start()
     pods: list[PoolPod] = []
     uids: dict[tuple[str, str], str] = {}
     counted: set[Gpu] = set()
@@ -163,8 +223,8 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
         counted.clear()
 
     for raw in Snapshot.pods(api, on_restart=restart):
-        info = pod_info(raw, policy)
-        found = pool_pod(raw, snapshot, policy, counted, info)
+        info, borrower = (pod_info(raw, policy), None) if memo is None else memo.info(raw, policy)
+        found = pool_pod(raw, snapshot, policy, counted, info, memo)
         if found is not None:
             pods.append(found)
             ref = (found.namespace, found.name)
@@ -175,9 +235,11 @@ def read_cluster(api: KubeApi, policy: Policy) -> Cluster:
                 tuple(snapshot.claim_results(raw, extended=True)),
                 info.uid,
                 info.created,
-                is_borrower(raw, policy),
+                is_borrower(raw, policy) if borrower is None else borrower,
                 bool((raw.get("metadata") or {}).get("deletionTimestamp")),
             )
+    if memo is not None:
+        memo.prune()
     plugin = {
         info.name: sum(n for name, n in info.gpu_resources.items() if name.startswith(DEVICE_PLUGIN_PREFIX))
         for info in snapshot.nodes.values()

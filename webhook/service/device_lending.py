@@ -43,7 +43,7 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
 from webhook.ops.lending import Reclaim, Waiting, lent_per_node, plan_reclaims
-from webhook.ops.pool_read import PoolRead, capacity_model, read_cluster, read_dra, reservation_now
+from webhook.ops.pool_read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
 from webhook.ops.pool_write import evictor
 from webhook.ops.reservation import Reservation
 
@@ -153,6 +153,7 @@ class DeviceLending:
     # Victims this keeper evicted, counted as leaving until the view shows them terminating (a watch event
     # a few milliseconds behind the eviction): never evicted twice, never a second victim for one slot.
     _evicted: dict[tuple[str, str], float] = field(default_factory=dict)  # victim -> counted until
+    _memo: PodMemo = field(default_factory=PodMemo)  # each unchanged pod of the view read and classed once
 
     def run(self, policy: Policy, unschedulable_inference: Sequence[Mapping[str, Any]]) -> DeviceRound:
         devices = policy.spec.reserved_devices
@@ -161,7 +162,9 @@ class DeviceLending:
         if not self._lends(policy, classes[devices.reserved_class_name]) and (lendable is None or _closed(lendable)):
             return DeviceRound()  # the usual case without device lending: two GETs, nothing written
         # The cluster as ``pool`` reads it: only while devices may be lent or the class must be closed.
-        read = PoolRead(read_cluster(self.api, policy), read_dra(self.api, policy, claims=True, required=False))
+        read = PoolRead(
+            read_cluster(self.api, policy, self._memo), read_dra(self.api, policy, claims=True, required=False)
+        )
         reservation = reservation_now(policy, read.dra)
         active = settings(policy).enabled and reservation is not None and reservation.active
         if reservation is None or not active or reservation.by_taints:
