@@ -220,7 +220,7 @@ def test_the_default_policy_pins_the_whole_gpu_mode_and_audit_reports_an_unpinne
     node the driver would then taint every nps1 layout, inference's too); the next apply pins again."""
     plan = pool(ap.plane, "plan", "--devices-per-node", "2").stdout
     assert (
-        f"Memory mode: {PINNED_BY_DEFAULT}, pinned on every node of {DRIVER} (2 of them publish several: nps1, nps2, "
+        f"Memory mode: {PINNED_BY_DEFAULT}, pinned on every node of {DRIVER} (2 nodes publish several: nps1, nps2, "
         "nps4), from the mode of the whole-GPU layout (spx-nps1)"
     ) in plan, plan
     out = pool(ap.plane, "apply", "--devices-per-node", "2").stdout

@@ -191,7 +191,7 @@ def test_the_plan_says_which_mode_is_pinned_and_why() -> None:
     lines = device_plan.plan_lines(plan, POLICY)
     (line,) = [line for line in lines if line.startswith("Memory mode:")]
     assert line.startswith(
-        "Memory mode: nps1, pinned on every node of gpu.amd.com (1 of them publish several: nps1, nps2, nps4)"
+        "Memory mode: nps1, pinned on every node of gpu.amd.com (1 node publishes several: nps1, nps2, nps4)"
     )
     doc = device_plan.plan_json(plan)
     assert doc["memoryPartition"] == {
@@ -273,7 +273,7 @@ def test_pool_apply_pins_the_whole_gpu_mode_by_default(
     ap_cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, _ = run_pool(ap_cluster, tmp_path, capsys, "plan", "--devices-per-node", "2")
-    assert code == 0 and "Memory mode: nps1, pinned on every node of gpu.amd.com (2 of them publish several" in out
+    assert code == 0 and "Memory mode: nps1, pinned on every node of gpu.amd.com (2 nodes publish several" in out
     code, out, _ = run_pool(ap_cluster, tmp_path, capsys, "apply", "--devices-per-node", "2", "-o", "json")
     assert code == 0, out
     assert json.loads(out)["plan"]["devices"]["memoryPartition"]["mode"] == "nps1"

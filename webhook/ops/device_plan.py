@@ -373,7 +373,8 @@ def memory_lines(pin: Pin | None, driver: str) -> list[str]:
     if pin is None or not pin.mode:
         return []
     nodes = (
-        f" ({len(pin.mixed)} of them publish several: {', '.join(sorted({m for f in pin.mixed.values() for m in f}))})"
+        f" ({plural(len(pin.mixed), 'node')} publish{'es' if len(pin.mixed) == 1 else ''} several: "
+        f"{', '.join(sorted({m for f in pin.mixed.values() for m in f}))})"
     )
     return [
         f"Memory mode: {pin.mode}, pinned on every node of {driver}{nodes if pin.mixed else ''}, from {pin.why}: "
