@@ -40,6 +40,8 @@ from fake_cluster import RESOURCES, FakeCluster, fixture  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 MARKER = "<!-- audit-scale: written by make bench-audit (bench/audit_scale.py) -->"
+# Where the section ends: the sections after it (written by hand or by other benches) are kept.
+END_MARKER = "<!-- /audit-scale -->"
 NODES = 5_000
 PODS = 150_000
 BUDGET_SECONDS = 30.0
@@ -256,16 +258,35 @@ def section(result: dict[str, Any], server: dict[str, Any], nodes: int, pods: in
             f"Exit code {result['exit']}, {result['findings']:,} findings; reserved pool: "
             f"{capacity['reserved']['nodes']:,} nodes, {capacity['reserved']['gpusAllocatable']:,} GPUs; shared: "
             f"{capacity['shared']['nodes']:,} nodes, {capacity['shared']['gpusAllocatable']:,} GPUs.",
+            END_MARKER,
             "",
         ]
     )
 
 
-def write_section(text: str) -> None:
-    current = DOC.read_text(encoding="utf-8")
+def _section_end(current: str, begin: int) -> int:
+    """Where the section that starts at ``begin`` ends: after its end marker; a section written before the
+    marker existed ends at the next level-2 heading after its own (or at the end of the file)."""
+    end = current.find(END_MARKER, begin)
+    if end >= 0:
+        return end + len(END_MARKER)
+    heading = current.find("\n## ", begin)  # its own heading
+    following = current.find("\n## ", heading + 1) if heading >= 0 else -1
+    return following + 1 if following >= 0 else len(current)
+
+
+def write_section(text: str, doc: Path = DOC) -> None:
+    """Replace the section in ``doc`` (between its markers), or append it; every other section stays as it is.
+    Up to issue 42 everything after the marker was cut, deleting the sections other benches had written."""
+    current = doc.read_text(encoding="utf-8")
     if MARKER in current:
-        current = current[: current.index(MARKER)].rstrip("\n") + "\n"
-    DOC.write_text(current + "\n" + text, encoding="utf-8")
+        begin = current.index(MARKER)
+        before = current[:begin]
+        after = current[_section_end(current, begin) :].lstrip("\n")
+        current = before + text.rstrip("\n") + "\n" + ("\n" + after if after else "")
+    else:
+        current = current.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    doc.write_text(current, encoding="utf-8")
 
 
 def main() -> int:

@@ -8,7 +8,9 @@
   layout per GPU at a time), in an arbitrary order (the driver lists them from a Go map);
 - AMD's two DeviceClasses: ``gpu.amd.com`` (every layout) and ``gpu.amd.com-spx`` (whole GPUs only), the
   latter owning ``amd.com/gpu``;
-- the policy pins the node-wide memory mode (``reservedDevices.memoryPartition: nps1``).
+- the policy pins the node-wide memory mode (``reservedDevices.memoryPartition: nps1``); before it, the
+  default policy pins one itself (issue 42: the whole-GPU layout's nps1), an unpinned reservation is an audit
+  finding, and an explicit pin (nps4) wins over the recorded one.
 
 Proved: an ``amd.com/gpu`` pod gets a whole GPU (spx) before ``pool apply``, after it (a shared GPU for
 training, a reserved one for inference: the name's own classes ``rocm-isolation-{reserved,shared}-gpu``),
@@ -42,6 +44,7 @@ from cluster_objects import (
 )
 
 from webhook.core.policy import default_policy
+from webhook.deploy import device_classes
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import DRIVER, MI210_LABELS, Webhook, cli, install, make_node, render_manifests
@@ -179,6 +182,114 @@ def claim_layout(split: Split, ns: str, name: str, request: dict[str, Any]) -> t
 def test_before_apply_amd_gpu_pods_get_whole_gpus(ap: Split) -> None:
     got = layouts_of(ap, ap.training, gpu_pods(ap, ap.training, 3))
     assert all(layout == "spx-nps1" for _, _, layout in got), got
+
+
+# --- the node-wide memory mode (issue 42): the default policy pins one, an explicit pin wins ------------
+
+PINNED_BY_DEFAULT = "nps1"  # the mode of the whole-GPU layout (spx-nps1), the one gpu.amd.com-spx admits
+UNPINNED_RULE = "reserved-device-memory-mode-unpinned"
+OUR_CLASSES = (RESERVED_CLASS, RESERVED_GPU_CLASS, SHARED_CLASS, SHARED_GPU_CLASS)
+
+
+def memory_pin(mode: str) -> str:
+    return device_classes.memory_selector(DRIVER, mode)
+
+
+def audit_findings(split: Split, *policy: str) -> tuple[int, list[dict[str, Any]]]:
+    result = cli("audit", "-o", "json", *policy, kubeconfig=split.plane.admin_kubeconfig)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    return result.returncode, json.loads(result.stdout)["findings"]
+
+
+def unpin(split: Split) -> None:
+    """Our classes as a reservation written before issue 42 left them: no memory mode selector, none recorded."""
+    for name in OUR_CLASSES:
+        obj = split.kube.get("DeviceClass", name)
+        obj["spec"]["selectors"] = [
+            s for s in obj["spec"]["selectors"] if "memoryPartition" not in s["cel"]["expression"]
+        ]
+        obj["metadata"]["annotations"].pop(device_classes.MEMORY_PARTITION_ANNOTATION, None)
+        split.kube.replace(obj)
+
+
+def test_the_default_policy_pins_the_whole_gpu_mode_and_audit_reports_an_unpinned_one(ap: Split) -> None:
+    """The default policy (no reservedDevices.memoryPartition) on AutoPartition nodes: plan and apply pin nps1
+    (both sides' classes select only nps1 layouts, recorded in the reserved class), so a claim for an nps4
+    layout stays pending on either side. A reservation without a pin (as written before issue 42) is a finding
+    of the audit and a warning of pool status, and on it the nps4 claim IS allocated (the exposure: on a real
+    node the driver would then taint every nps1 layout, inference's too); the next apply pins again."""
+    plan = pool(ap.plane, "plan", "--devices-per-node", "2").stdout
+    assert (
+        f"Memory mode: {PINNED_BY_DEFAULT}, pinned on every node of {DRIVER} (2 nodes publish several: nps1, nps2, "
+        "nps4), from the mode of the whole-GPU layout (spx-nps1)"
+    ) in plan, plan
+    out = pool(ap.plane, "apply", "--devices-per-node", "2").stdout
+    assert "After apply: 2 devices per node, PCI bus IDs 0000:05:00.0, 0000:26:00.0 (" in out, out
+    for name in OUR_CLASSES:
+        assert memory_pin(PINNED_BY_DEFAULT) in expressions_of(ap.kube.get("DeviceClass", name)), name
+    annotations = ap.kube.get("DeviceClass", RESERVED_CLASS)["metadata"]["annotations"]
+    assert annotations[device_classes.MEMORY_PARTITION_ANNOTATION] == PINNED_BY_DEFAULT
+    nps4 = exactly(SHARED_CLASS, selectors=[selector(attribute("memoryPartition", "nps4"))])
+    ap.kube.create(new_claim("nps4", ap.training, nps4))
+    ap.kube.create(new_claim_pod("nps4", ap.training, claim_name="nps4"))
+    never_scheduled(ap, ap.training, "nps4")
+    _, pci, layout = claim_layout(
+        ap, ap.inference, "cpx", exactly(RESERVED_CLASS, selectors=[selector(attribute("computePartition", "cpx"))])
+    )
+    assert pci in PCI[:2] and layout == "cpx-nps1", (pci, layout)
+    code, findings = audit_findings(ap)
+    assert not [f for f in findings if f["rule"] == UNPINNED_RULE], findings
+    status = json.loads(pool(ap.plane, "status", "--output", "json").stdout)["devices"]
+    assert status["memoryPartition"] == {"pinned": PINNED_BY_DEFAULT, "unpinnedNodes": {}}, status
+    delete_pods(ap)
+    delete_claims(ap)
+    wait_until(lambda: not any(ap.kube.list("ResourceClaim", ns) for ns in ap.namespaces), timeout=60, what="claims")
+
+    unpin(ap)
+    code, findings = audit_findings(ap)
+    unpinned = sorted(f["name"] for f in findings if f["rule"] == UNPINNED_RULE)
+    assert code == 1 and unpinned == list(NODES), findings
+    message = next(f["message"] for f in findings if f["rule"] == UNPINNED_RULE)
+    assert "memory modes nps1, nps2, nps4" in message and "reservedDevices.memoryPartition" in message, message
+    assert "rocm-isolation-webhook pool apply --devices-per-node 2 pins one" in message, message
+    status = json.loads(pool(ap.plane, "status", "--output", "json").stdout)["devices"]
+    assert status["memoryPartition"]["unpinnedNodes"] == {n: ["nps1", "nps2", "nps4"] for n in NODES}, status
+    assert "pool apply --devices-per-node 2 pins one" in pool(ap.plane, "status").stdout
+    _, pci, layout = claim_layout(ap, ap.training, "open", nps4)
+    assert pci in PCI[2:] and layout == "cpx-nps4", (pci, layout)  # what the pin keeps from happening
+    delete_pods(ap)
+    delete_claims(ap)
+    wait_until(lambda: not any(ap.kube.list("ResourceClaim", ns) for ns in ap.namespaces), timeout=60, what="claims")
+
+    out = pool(ap.plane, "apply", "--devices-per-node", "2").stdout
+    assert f"Memory mode: {PINNED_BY_DEFAULT}, pinned" in out, out
+    assert all(memory_pin(PINNED_BY_DEFAULT) in expressions_of(ap.kube.get("DeviceClass", n)) for n in OUR_CLASSES)
+    _, findings = audit_findings(ap)
+    assert not [f for f in findings if f["rule"] == UNPINNED_RULE], findings
+
+
+def test_an_explicit_pin_wins_over_the_recorded_one(ap: Split, tmp_path: Path) -> None:
+    """reservedDevices.memoryPartition: nps4 over the nps1 the default pinned: the classes are rewritten, a claim
+    for any layout of the shared class gets cpx-nps4, and amd.com/gpu (whole GPUs: spx-nps1 only) gets nothing.
+    The module's own policy (nps1) then pins nps1 again (the fixture ``applied``)."""
+    policy = tmp_path / "nps4.yaml"
+    policy.write_text(POLICY_FILE.read_text().replace("memoryPartition: nps1", "memoryPartition: nps4"))
+    out = pool(ap.plane, "apply", "--devices-per-node", "2", "--policy", str(policy)).stdout
+    assert (
+        "Memory mode: nps4, pinned on every node of gpu.amd.com" in out
+        and "from reservedDevices.memoryPartition" in out
+    )
+    for name in OUR_CLASSES:
+        found = expressions_of(ap.kube.get("DeviceClass", name))
+        assert memory_pin("nps4") in found and memory_pin("nps1") not in found, (name, found)
+    annotations = ap.kube.get("DeviceClass", RESERVED_CLASS)["metadata"]["annotations"]
+    assert annotations[device_classes.MEMORY_PARTITION_ANNOTATION] == "nps4"
+    _, pci, layout = claim_layout(ap, ap.training, "any", exactly(SHARED_CLASS))
+    assert pci in PCI[2:] and layout == "cpx-nps4", (pci, layout)
+    ap.kube.create(new_pod("whole", ap.training, {"amd.com/gpu": "1"}))
+    never_scheduled(ap, ap.training, "whole")
+    _, findings = audit_findings(ap, "--policy", str(policy))
+    assert not [f for f in findings if f["rule"] == UNPINNED_RULE], findings
 
 
 # --- the reservation (the webhook steers claims) ------------------------------------------------------

@@ -108,7 +108,7 @@ def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster
     device_report = run(devices_fake)
     assert keyed(device_report) == DEVICE_EXPECTED
     # Every documented rule is exercised (lending's in tests/ops/test_audit_lending.py).
-    assert {rule for rule, _ in EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED} == set(audit.RULES)
+    assert {rule for rule, _ in EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED | MEMORY_EXPECTED} == set(audit.RULES)
     assert not {rule for rule, _ in EXPECTED} & {rule for rule, _ in DEVICE_EXPECTED}
     by_key = {(f.rule, f.name): f for f in report.findings}
     on_reserved = by_key[("pod-on-reserved-node", "trainer-on-reserved")]
@@ -616,8 +616,9 @@ def test_a_node_reserved_whole_is_never_split() -> None:
 AP_SLOTS = ("0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0")
 
 
-def autopartition_cluster() -> FakeCluster:
-    """Node ap: 4 MI300X under AutoPartition (16 virtual devices, two slices), the 2 lowest reserved; two
+def autopartition_cluster(memory: str = "nps1") -> FakeCluster:
+    """Node ap: 4 MI300X under AutoPartition (16 virtual devices, two slices), the 2 lowest reserved, the memory
+    mode ``memory`` pinned (as pool apply records it; "": a reservation written before issue 42, none); two
     inference pods share GPU 0 in CPX/NPS1 (consumable capacity: two claims of one device), a training pod
     has GPU 3 whole (SPX), GPUs 1 and 2 are in no layout."""
     cluster = FakeCluster().start()
@@ -626,7 +627,7 @@ def autopartition_cluster() -> FakeCluster:
         *autopartition_slices("ap", AP_SLOTS),
         namespace("serve", {"rocm-isolation.io/class": "inference"}),
         namespace("ml", {"rocm-isolation.io/class": "training", "pod-security.kubernetes.io/enforce": "baseline"}),
-        *reservation_classes(DeviceReservation(2, AP_SLOTS[:2])),
+        *reservation_classes(DeviceReservation(2, AP_SLOTS[:2], memory_partition=memory)),
         held_claim("llm-a-gpu", "serve", "ap", ["gpu-0-cpx-nps1"], pods=["llm-a"], device_class=RESERVED_CLASS),
         held_claim("llm-b-gpu", "serve", "ap", ["gpu-0-cpx-nps1"], pods=["llm-b"], device_class=RESERVED_CLASS),
         held_claim("trainer-gpu", "ml", "ap", ["gpu-3-spx-nps1"], pods=["trainer"]),
@@ -680,6 +681,37 @@ def test_audit_counts_gpus_and_shows_the_layout_each_allocated_one_is_in(
         ["ap", "0000:05:00.0", "reserved", "gpu-0-cpx-nps1 (of 4 devices)", "serve/llm-a (inference), serve/llm-b (inference)"],
         ["ap", "0000:65:00.0", "shared", "gpu-3-spx-nps1 (of 4 devices)", "ml/trainer (training)"],
     ]  # fmt: skip
+
+
+# AutoPartition with no memory mode pinned (issue 42): the split node ap publishes four layouts in three modes.
+MEMORY_EXPECTED = {("reserved-device-memory-mode-unpinned", "ap")}
+
+
+def test_an_unpinned_memory_mode_on_autopartition_nodes_is_a_finding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reservation written before issue 42 (no memory mode recorded, none in the policy) on a node whose GPUs
+    publish nps1, nps2 and nps4 layouts: the node's mode is open to either side's first claim. The same cluster
+    with the mode pinned (by the class, as pool apply records it, or by the policy) is quiet."""
+    cluster = autopartition_cluster(memory="")
+    try:
+        report = run(cluster)
+        code, out, _ = cli_run(cluster, tmp_path, capsys)
+        document = POLICY.document.model_dump(mode="json", by_alias=True, exclude_none=True)
+        document["spec"]["reservedDevices"] = {"memoryPartition": "nps1"}
+        pinned_by_policy = audit.run_audit(
+            KubeApi(cluster.api_client(), page_size=3), parse_policy(yaml.safe_dump(document)), now=NOW
+        )
+    finally:
+        cluster.stop()
+    assert keyed(report) == MEMORY_EXPECTED and code == audit.EXIT_FINDINGS
+    (finding,) = report.findings
+    assert finding.kind == "Node" and audit.RULES[finding.rule].severity == "high"
+    assert "memory modes nps1, nps2, nps4" in finding.message
+    assert "reservedDevices.memoryPartition" in finding.message
+    assert "rocm-isolation-webhook pool apply --devices-per-node 2 pins one" in finding.message
+    assert "reserved-device-memory-mode-unpinned" in out
+    assert keyed(pinned_by_policy) == set()
 
 
 def test_whole_gpus_need_no_layout_table(

@@ -255,6 +255,7 @@ def test_plan_of_a_subset_taints_that_nodes_lowest_devices_only_and_writes_nothi
             {"pool": "dra-a", "device": "gpu-9-137"},
             {"pool": "dra-a", "device": "gpu-9-137-p1"},
         ],
+        "memoryPartition": None,
     }
     assert doc["taintRuleVersion"] == "v1"
     assert sorted((r["name"], r["action"], r["node"], r["pciBusId"]) for r in doc["taintRules"]) == [

@@ -733,6 +733,7 @@ def test_device_plan_reserves_the_lowest_pci_bus_ids_of_every_dra_node_and_chang
         "devicesPerNode": 2,
         "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"],
         "taintedDevices": [],
+        "memoryPartition": None,  # whole GPUs: no memory mode to pin
     }
     assert [(n["name"], n["reserved"], n["shared"]) for n in doc["nodes"]] == [("dra-a", 2, 2), ("dra-b", 2, 2)]
     assert [p["name"] for p in doc["podsHoldingReserved"]] == ["train-a"]
@@ -1054,6 +1055,7 @@ def test_status_shows_the_devices_reserved_and_shared_and_who_holds_them(
         "devicesPerNode": 2,
         "pciBusIds": ["0000:19:00.0", "0000:3b:00.0"],
         "taintedDevices": [],
+        "memoryPartition": None,  # whole GPUs: no memory mode to pin
     }
     dra_b = devices["nodes"][1]
     assert (dra_b["name"], dra_b["reserved"], dra_b["shared"]) == ("dra-b", 2, 2)

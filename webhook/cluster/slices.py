@@ -57,6 +57,11 @@ class Device:
     driver: str = field(default="", compare=False)
     counter_sets: tuple[str, ...] = field(default=(), compare=False)  # the shared counter sets it consumes
     taints: tuple[Taint, ...] = field(default=(), compare=False)
+    # AMD's AutoPartition layouts: the layout's compute and memory partition modes (``computePartition``,
+    # ``memoryPartition`` of the driver's domain; "" when the device publishes none). The memory mode is
+    # node-wide, so ``pool`` pins one (ops/memory_mode.py).
+    compute_partition: str = field(default="", compare=False)
+    memory_partition: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -83,6 +88,17 @@ def pci_bus_id(device: Mapping[str, Any]) -> str:
     """The device's ``resource.kubernetes.io/pciBusID`` (a string attribute: ``{"string": "0000:19:00.0"}``)."""
     attribute = _mapping(_mapping(device_fields(device).get("attributes")).get(PCI_BUS_ID_ATTRIBUTE))
     return _text(attribute.get("string"))
+
+
+def partition_attribute(fields: Mapping[str, Any], driver: str, name: str) -> str:
+    """A string attribute of the driver's domain: ``name`` unqualified (a driver's own domain), or
+    ``<driver>/<name>``, as CEL's ``device.attributes["<driver>"].<name>`` reads both."""
+    attributes = _mapping(fields.get("attributes"))
+    for key in (name, f"{driver}/{name}"):
+        value = _text(_mapping(attributes.get(key)).get("string"))
+        if value:
+            return value
+    return ""
 
 
 def _counter_sets(fields: Mapping[str, Any]) -> tuple[str, ...]:
@@ -138,7 +154,19 @@ def _devices_of(spec: Mapping[str, Any], driver: str, pool_name: str) -> tuple[D
         # perDeviceNodeSelection: each device names its node.
         on, name = node or _text(fields.get("nodeName")), _text(raw.get("name"))
         if on and name:
-            devices.append(Device(on, pool_name, name, pci_bus_id(raw), driver, _counter_sets(fields), _taints(fields)))
+            devices.append(
+                Device(
+                    on,
+                    pool_name,
+                    name,
+                    pci_bus_id(raw),
+                    driver,
+                    _counter_sets(fields),
+                    _taints(fields),
+                    partition_attribute(fields, driver, "computePartition"),
+                    partition_attribute(fields, driver, "memoryPartition"),
+                )
+            )
     return tuple(devices)
 
 

@@ -31,7 +31,7 @@ instead of falling back to another class (kubernetes/kubernetes#141103, v1.36).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.core.claims import MANAGED_BY as MANAGED_BY
@@ -57,6 +57,9 @@ RELEASED = RESERVATION_RELEASED
 DEVICES_PER_NODE_ANNOTATION = "rocm-isolation.io/devices-per-node"
 PCI_BUS_IDS_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
 ROLE_ANNOTATION = "rocm-isolation.io/role"
+# The memory partition mode the classes pin while the reservation is active (AMD's AutoPartition: the mode
+# is node-wide); written only when one is pinned, so classes written before it existed read as unpinned.
+MEMORY_PARTITION_ANNOTATION = "rocm-isolation.io/memory-partition"
 # The roles of the extended resource name's own classes (``extended_class``).
 RESERVED_EXTENDED = "reserved-extended"
 SHARED_EXTENDED = "shared-extended"
@@ -97,6 +100,10 @@ class DeviceReservation:
     # With taints: the reserved devices as (pool, device), read from our DeviceTaintRules (the class does
     # not record them: ``pool`` and the audit add them, ``with_tainted``).
     tainted: frozenset[tuple[str, str]] = frozenset()
+    # The memory partition mode ``pool`` pinned (reservedDevices.memoryPartition, or the one it chose on
+    # devices publishing several: ops/memory_mode.py); "" when none. Recorded in the reserved class, so the
+    # pin stays the same for every later reader (status, audit, the lending keeper, the next apply).
+    memory_partition: str = ""
 
     @property
     def active(self) -> bool:
@@ -124,24 +131,37 @@ def shared_selector(driver: str, reservation: DeviceReservation) -> str:
 
 
 def _metadata(name: str, role: str, reservation: DeviceReservation) -> dict[str, Any]:
+    annotations = {
+        ROLE_ANNOTATION: role,
+        DEVICES_PER_NODE_ANNOTATION: str(reservation.devices_per_node),
+        PCI_BUS_IDS_ANNOTATION: ",".join(reservation.pci_bus_ids),
+        RESERVATION_MODE_ANNOTATION: MODE_TAINTS if reservation.by_taints else MODE_CLASSES,
+    }
+    if reservation.active and reservation.memory_partition:
+        annotations[MEMORY_PARTITION_ANNOTATION] = reservation.memory_partition
     return {
         "name": name,
         "labels": {MANAGED_BY_LABEL: MANAGED_BY, STATE_LABEL: ACTIVE if reservation.active else RELEASED},
-        "annotations": {
-            ROLE_ANNOTATION: role,
-            DEVICES_PER_NODE_ANNOTATION: str(reservation.devices_per_node),
-            PCI_BUS_IDS_ANNOTATION: ",".join(reservation.pci_bus_ids),
-            RESERVATION_MODE_ANNOTATION: MODE_TAINTS if reservation.by_taints else MODE_CLASSES,
-        },
+        "annotations": annotations,
     }
+
+
+def pinned_memory_partition(policy: Policy, reservation: DeviceReservation | None) -> str:
+    """The memory partition mode the classes select while ``reservation`` is active: the policy's
+    (reservedDevices.memoryPartition: an explicit pin wins, a changed one is rewritten by the next apply),
+    else the one the reservation records; "" when none (or no active reservation)."""
+    if reservation is None or not reservation.active:
+        return ""
+    return policy.spec.reserved_devices.memory_partition or reservation.memory_partition
 
 
 def _selectors(expression: str, policy: Policy, reservation: DeviceReservation) -> list[dict[str, Any]]:
     """The class's own selector, and the pinned memory partition mode while a reservation is active."""
     devices = policy.spec.reserved_devices
     found = [{"cel": {"expression": expression}}]
-    if reservation.active and devices.memory_partition:
-        found.append({"cel": {"expression": memory_selector(devices.driver, devices.memory_partition)}})
+    mode = pinned_memory_partition(policy, reservation)
+    if mode:
+        found.append({"cel": {"expression": memory_selector(devices.driver, mode)}})
     return found
 
 
@@ -256,14 +276,17 @@ def reservation_of(device_class: Mapping[str, Any] | None) -> DeviceReservation 
         count = 0
     ids = tuple(part for part in str(annotations.get(PCI_BUS_IDS_ANNOTATION, "")).split(",") if part)
     by_taints = annotations.get(RESERVATION_MODE_ANNOTATION) == MODE_TAINTS
-    return DeviceReservation(count, ids, by_taints) if count > 0 and ids else RELEASED_RESERVATION
+    memory = str(annotations.get(MEMORY_PARTITION_ANNOTATION, ""))
+    if count > 0 and ids:
+        return DeviceReservation(count, ids, by_taints, memory_partition=memory)
+    return RELEASED_RESERVATION
 
 
 def with_tainted(reservation: DeviceReservation, tainted: Iterable[tuple[str, str]]) -> DeviceReservation:
     """The reservation with the devices our DeviceTaintRules taint (only when taints hold it)."""
     if not reservation.by_taints:
         return reservation
-    return DeviceReservation(reservation.devices_per_node, reservation.pci_bus_ids, True, frozenset(tainted))
+    return replace(reservation, tainted=frozenset(tainted))
 
 
 def reservation_for(

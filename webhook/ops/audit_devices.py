@@ -22,6 +22,7 @@ from webhook.ops import device_ownership
 from webhook.ops.capacity import RESERVED, device_state, split_node_names, split_nodes
 from webhook.ops.device_split import split_label
 from webhook.ops.findings import Finding
+from webhook.ops.memory_mode import unpinned, unpinned_message
 
 # Device taint effects that keep a device from the claims that do not tolerate them (None does not).
 _BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
@@ -203,7 +204,22 @@ class DeviceAudit:
             found += self._missing(self.reservation)
             found += self._unhealthy(self.reservation)
             found += self._ownership(self.reservation)
+            found += self._memory(self.reservation)
         return found
+
+    def _memory(self, reservation: DeviceReservation) -> list[Finding]:
+        """AutoPartition: split nodes publishing several memory modes while the reservation pins none (the
+        mode is node-wide: either side's first allocation sets it for both)."""
+        open_modes = unpinned(self.policy, reservation, self.published, self.chosen_nodes())
+        return [
+            Finding(
+                "reserved-device-memory-mode-unpinned",
+                "Node",
+                name,
+                unpinned_message(self.policy, name, found, self._again(reservation)),
+            )
+            for name, found in open_modes.items()
+        ]
 
     def _again(self, reservation: DeviceReservation) -> str:
         again = f"rocm-isolation-webhook pool apply --devices-per-node {reservation.devices_per_node}"

@@ -44,6 +44,7 @@ from webhook.ops.device_ownership import (
     ownership_lines,
 )
 from webhook.ops.device_split import label_action, split_label, tainted_devices
+from webhook.ops.memory_mode import Pin
 from webhook.ops.raw import mapping, text
 from webhook.ops.reservation import PoolNode, PoolPod, SelectionError, columns, plural
 
@@ -196,6 +197,7 @@ class DevicePlan:
     label: tuple[str, str] = ("", "")  # the split nodes' label (key, value)
     rules: tuple[RuleChange, ...] = ()  # our DeviceTaintRules: created first, deleted after the classes
     rule_version: str | None = None  # the resource.k8s.io version they are written in
+    memory: Pin | None = None  # the memory mode pinned (ops/memory_mode.py); None: a release, or not worked out
 
     @property
     def changes(self) -> bool:
@@ -273,6 +275,7 @@ def build_device_plan(
     nodes: Mapping[str, PoolNode] | None = None,
     rules: Sequence[Mapping[str, Any]] = (),
     rule_version: str | None = None,
+    memory: Pin | None = None,
 ) -> DevicePlan:
     """The plan of ``apply --devices-per-node`` (``after`` from ``split``: ``wanted`` names the split
     nodes) or of ``release --devices`` (``after`` = ``RELEASED_RESERVATION``, nothing wanted,
@@ -328,6 +331,7 @@ def build_device_plan(
         label,
         rule_plan,
         rule_version,
+        memory,
     )
 
 
@@ -359,6 +363,33 @@ def reservation_json(reservation: DeviceReservation | None) -> dict[str, Any] | 
         "devicesPerNode": reservation.devices_per_node,
         "pciBusIds": list(reservation.pci_bus_ids),
         "taintedDevices": [{"pool": pool, "device": name} for pool, name in sorted(reservation.tainted)],
+        "memoryPartition": reservation.memory_partition or None,  # as the reserved class records it
+    }
+
+
+def memory_lines(pin: Pin | None, driver: str) -> list[str]:
+    """What the plan says of the memory mode: pinned, and why (nothing where no node publishes several and
+    the policy pins none)."""
+    if pin is None or not pin.mode:
+        return []
+    nodes = (
+        f" ({plural(len(pin.mixed), 'node')} publish{'es' if len(pin.mixed) == 1 else ''} several: "
+        f"{', '.join(sorted({m for f in pin.mixed.values() for m in f}))})"
+    )
+    return [
+        f"Memory mode: {pin.mode}, pinned on every node of {driver}{nodes if pin.mixed else ''}, from {pin.why}: "
+        f"both classes select only devices of it (or without the attribute), so neither side can switch a node's "
+        f"mode; another mode: set reservedDevices.memoryPartition in the policy, then apply again."
+    ]
+
+
+def memory_json(pin: Pin | None) -> dict[str, Any] | None:
+    if pin is None:
+        return None
+    return {
+        "mode": pin.mode or None,
+        "source": pin.source or None,
+        "mixedNodes": {n: list(m) for n, m in pin.mixed.items()},
     }
 
 
@@ -390,6 +421,7 @@ def plan_lines(plan: DevicePlan, policy: Policy) -> list[str]:
         ),
         f"Split nodes are labelled {plan.label[0]}={plan.label[1]} (inference is placed on them, no node taint: "
         "every class uses their shared devices).",
+        *memory_lines(plan.memory if plan.after.active else None, plan.driver),
     ]
     if plan.after.by_taints:
         lines += [
@@ -566,6 +598,7 @@ def plan_json(plan: DevicePlan) -> dict[str, Any]:
             }
             for r in plan.rules
         ],
+        "memoryPartition": memory_json(plan.memory if plan.after.active else None),
         "changes": plan.changes,
         "notes": list(plan.notes),
     }

@@ -13,7 +13,13 @@ from typing import Any
 from webhook.cluster.slices import Device
 from webhook.core.policy import Policy
 from webhook.deploy import device_taint_rules
-from webhook.deploy.device_classes import MANAGED_BY_LABEL, RELEASED_RESERVATION, DeviceReservation, with_tainted
+from webhook.deploy.device_classes import (
+    MANAGED_BY_LABEL,
+    RELEASED_RESERVATION,
+    DeviceReservation,
+    pinned_memory_partition,
+    with_tainted,
+)
 from webhook.ops.capacity import RESERVED, SHARED, GpuView, device_state
 from webhook.ops.capacity import gpu_views as capacity_gpu_views
 from webhook.ops.device_ownership import (
@@ -29,6 +35,7 @@ from webhook.ops.device_ownership import (
 )
 from webhook.ops.device_plan import Hold, NodeSplit, _pod_text, hold_json, reservation_json, reservation_text
 from webhook.ops.device_split import label_action, split_label
+from webhook.ops.memory_mode import unpinned, unpinned_message
 from webhook.ops.reservation import PoolNode, PoolPod, columns
 
 
@@ -42,6 +49,9 @@ class DeviceStatus:
     held: tuple[Hold, ...]
     owner: Ownership
     out_of_date: tuple[str, ...]  # what the classes say differs from the recorded reservation
+    memory_partition: str = ""  # the memory mode the classes pin while the reservation is active
+    # The split nodes publishing several memory modes while the active reservation pins none (a finding)
+    unpinned: Mapping[str, tuple[str, ...]] | None = None
 
 
 def device_status(
@@ -63,6 +73,7 @@ def device_status(
         reservation = with_tainted(reservation, device_taint_rules.tainted_keys(rules))
     owner = ownership(policy, classes)
     stale: list[str] = []
+    open_modes: dict[str, tuple[str, ...]] = {}
     if reservation is not None:
         again = (
             "pool apply --devices-per-node " + str(reservation.devices_per_node)
@@ -110,8 +121,20 @@ def device_status(
                 stale.append(
                     f"node/{name} still carries the label {label[0]}={label[1]} of a released split: {again} removes it"
                 )
+        # AutoPartition: a split node whose devices publish several memory modes, none pinned (issue 42).
+        open_modes = unpinned(policy, reservation, published, split_nodes)
+        stale += [unpinned_message(policy, name, found, again) for name, found in open_modes.items()]
     return DeviceStatus(
-        devices.driver, devices.reserved_class_name, reservation, foreign, published, tuple(held), owner, tuple(stale)
+        devices.driver,
+        devices.reserved_class_name,
+        reservation,
+        foreign,
+        published,
+        tuple(held),
+        owner,
+        tuple(stale),
+        pinned_memory_partition(policy, reservation),
+        open_modes,
     )
 
 
@@ -192,12 +215,18 @@ def status_json(status: DeviceStatus) -> dict[str, Any]:
         "nodes": nodes,
         "nonInferenceOnReserved": [hold_json(h) for h in strays],
         "extendedResource": ownership_json(status.owner),
+        "memoryPartition": {
+            "pinned": status.memory_partition or None,
+            "unpinnedNodes": {name: list(found) for name, found in (status.unpinned or {}).items()},
+        },
         "outOfDate": list(status.out_of_date),
     }
 
 
 def status_lines(status: DeviceStatus) -> list[str]:
     lines = [f"Device-level reservation (driver {status.driver}): {reservation_text(status.reservation)}"]
+    if status.memory_partition:
+        lines.append(f"  memory mode {status.memory_partition} pinned: both classes select only devices of it")
     for name in status.foreign:
         lines.append(f"  deviceclass/{name} exists and is not ours ({MANAGED_BY_LABEL}): pool will not edit it")
     lines.append("")

@@ -100,6 +100,13 @@ RULES: Final[dict[str, Rule]] = {
             "a GPU reserved for inference is tainted NoSchedule or NoExecute in its driver's ResourceSlice",
         ),
         Rule(
+            "reserved-device-memory-mode-unpinned",
+            "Node",
+            "high",
+            "a split node's GPUs are published in several memory partition modes (AMD AutoPartition) and the device "
+            "reservation pins none: either side's claim can set the node-wide mode and lock the other out",
+        ),
+        Rule(
             "split-node-label-out-of-date",
             "Node",
             "medium",

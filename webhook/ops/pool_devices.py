@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 
 from webhook.cluster.kubeapi import KubeApi
 from webhook.core.policy import Policy
@@ -26,6 +27,7 @@ from webhook.ops.device_split import (
     taint_rules_unusable,
 )
 from webhook.ops.eviction import EvictionResult
+from webhook.ops.memory_mode import PinError, choose, other_mode_holders
 from webhook.ops.pool_output import EXIT_NOT_DONE, EXIT_OK, Output
 from webhook.ops.pool_read import Cluster, DraState, PoolRead, capacity_model
 from webhook.ops.pool_write import evict, evictions_json, nodes_json, write_split, written_json
@@ -115,6 +117,26 @@ def plan_devices(
             "PCI bus ID, so none can be reserved"
         )
     held = holds(capacity_model(policy, PoolRead(cluster, state), reservation), cluster.pods)
+    # AutoPartition: the node-wide memory mode is pinned, never left open (ops/memory_mode.py).
+    try:
+        pin = choose(
+            policy,
+            state.published,
+            current_reservation(policy, state.classes),
+            (d for h in held if h.pod.inference for d in h.devices),
+            args.devices_per_node,
+        )
+    except PinError as err:
+        raise SelectionError(str(err)) from None
+    after = replace(after, memory_partition=pin.mode)
+    for node, pod, other in other_mode_holders(
+        pin.mode, ((f"{h.pod.namespace}/{h.pod.name}", h.devices) for h in held)
+    ):
+        notes.append(
+            f"{node}: {pod} holds {', '.join(d.name for d in other)} (memory mode {other[0].memory_partition}): "
+            f"until it ends, {node} stays in that mode and the driver keeps its {pin.mode} layouts tainted, for "
+            "both sides"
+        )
     notes += claims_of_pods_gone(state.claims, driver, cluster.pods, cluster.uids)
     plugin = sorted(name for name, n in cluster.plugin_gpus.items() if n > 0 and name not in state.published)
     if plugin:
@@ -134,6 +156,7 @@ def plan_devices(
         nodes={n.name: n for n in cluster.nodes},
         rules=state.rules,
         rule_version=state.rule_version,
+        memory=pin,
     )
 
 
