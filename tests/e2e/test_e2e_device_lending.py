@@ -38,7 +38,7 @@ from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_
 
 from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
-from webhook.cluster.view import ClusterView, NotSynced
+from webhook.cluster.view import ClusterView, NotSynced, ViewApi
 from webhook.core.policy import Policy, load_policy
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper
@@ -90,6 +90,7 @@ class World:
     keeper_errors: list[str] = field(default_factory=list)
     keeper: threading.Thread | None = None
     view: ClusterView | None = None
+    view_api: ViewApi | None = None
     # every (namespace, name, device) seen allocated: nobody but inference and borrowers on reserved ones
     holders: set[tuple[str, str, str]] = field(default_factory=set)
 
@@ -98,7 +99,8 @@ class World:
         self.keeper_stop = threading.Event()
         policy = load_policy(self.policy_file)
         view = new_view(self.plane, policy)
-        keeper = LendingKeeper(view.api(self.api), lambda: policy, lambda: True, view=view)
+        self.view_api = view.api(self.api)
+        keeper = LendingKeeper(self.view_api, lambda: policy, lambda: True, view=view)
         self.view = view
 
         def rounds() -> None:
@@ -271,6 +273,26 @@ def test_borrowers_take_shared_devices_then_lent_reserved_ones(world: World) -> 
     claim = world.kube.get("ResourceClaim", stored["status"]["resourceClaimStatuses"][0]["resourceClaimName"], TRAIN)
     classes = [s["deviceClassName"] for s in claim["spec"]["devices"]["requests"][0]["firstAvailable"]]
     assert classes == [SHARED, LENDABLE], claim["spec"]
+
+
+def test_the_keeper_reads_its_view_not_the_apiserver(world: World) -> None:
+    """Issue 41 on the real control plane: rounds (one a second here) send the apiserver no read at all,
+    and the view listed each collection once (then only watched)."""
+    assert world.view is not None and world.view_api is not None
+    wait_until(lambda: world.view is not None and world.view.synced, timeout=30, what="the keeper's view synced")
+    api = world.view_api
+    sent, passed = dict(api.sent), api.passed_through
+    lists = {r.resource: r.lists for r in world.view.reflectors}
+    time.sleep(5)  # five rounds
+    assert api.sent.get("GET", 0) == sent.get("GET", 0) == 0, (sent, api.sent)
+    assert api.passed_through == passed == 0
+    assert set(api.sent) <= {"GET", "PATCH", "POST"}, api.sent  # writes: the class, evictions
+    status = world.view.status()["collections"]
+    assert {"nodes", "pods", "resourceslices", "resourceclaims", "deviceclasses"} <= set(status)
+    assert all(item["synced"] for item in status.values()), status
+    listed = {r.resource: r.lists for r in world.view.reflectors}
+    assert listed == lists and set(listed.values()) == {1}, listed
+    assert world.keeper_errors == [], world.keeper_errors
 
 
 def test_a_training_pod_that_is_no_borrower_never_gets_a_reserved_device(world: World) -> None:

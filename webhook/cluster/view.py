@@ -263,6 +263,10 @@ class ClusterView:
     def reflector(self, path: str) -> Reflector | None:
         return self._reflectors.get(path)
 
+    @property
+    def reflectors(self) -> list[Reflector]:
+        return list(self._reflectors.values())
+
     def api(self, writes: KubeApi) -> ViewApi:
         return ViewApi(self, writes)
 
@@ -363,6 +367,7 @@ class ViewApi(KubeApi):
         super().__init__(writes.api_client, page_size=writes.page_size, timeout=writes.timeout)
         self.view = view
         self.passed_through = 0  # reads the view could not answer (tests: a round makes none)
+        self.sent: dict[str, int] = {}  # requests sent to the apiserver, by method (tests: no GET per round)
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -470,4 +475,5 @@ class ViewApi(KubeApi):
     ) -> Any:
         if method != "GET" and not self.view.synced:
             raise NotSynced(f"{method} {path}: the view of the cluster is not synced, nothing is written")
+        self.sent[method] = self.sent.get(method, 0) + 1
         return super().request(method, path, query=query, body=body, content_type=content_type)
