@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so webhook/*/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending bench-view fuzz soak certs manifests clean
 
 all: test
 
@@ -83,6 +83,10 @@ bench: $(COMPILED)
 # audit on 5,000 nodes and 150,000 pods (fake API): writes the "Audit at scale" section of docs/benchmarks.md
 bench-audit: $(COMPILED)
 	$(PY) -m bench.audit_scale
+
+# the lending keeper's watched view per GPU pod it keeps: bytes, and a round's reads (in memory; issue 41)
+bench-view: $(COMPILED)
+	$(PY) -m bench.view_footprint
 
 # instructions per decide() call, counted by callgrind (needs valgrind): repeatable on a busy machine
 bench-instructions: $(COMPILED)

@@ -239,7 +239,18 @@ class PublishedDevices:
 
 
 def gpu_of(device: Device) -> Gpu:
-    return Gpu(device.driver, device.pool, device.gpu)
+    # The view's rounds see the same Device objects (a slice is parsed once: ``_PARSED``): the same GPU each.
+    known = _GPUS.get(id(device))
+    if known is not None and known[0] is device:
+        return known[1]
+    found = Gpu(device.driver, device.pool, device.gpu)
+    if len(_GPUS) >= 8 * _PARSED_MAX:
+        _GPUS.clear()
+    _GPUS[id(device)] = (device, found)
+    return found
+
+
+_GPUS: dict[int, tuple[Device, Gpu]] = {}
 
 
 def published_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, tuple[Device, ...]]:
