@@ -39,7 +39,7 @@ from webhook.deploy import render, reserved_names, reserved_nodes
     ("data", "labelled", "expected"),
     [
         (None, [], []),
-        (None, ["inf-1"], ["is missing: the apiserver skips the pod backstop"]),
+        (None, ["inf-1"], ["is missing: the apiserver skips the pod backstop's name checks"]),
         ({"inf-1": ""}, ["inf-1"], []),
         ({"inf-1": ""}, ["inf-1", "inf-2"], ["inf-2 carry the reserved label but are not in the ConfigMap"]),
         ({"inf-1": "", "old": ""}, ["inf-1"], ["lists old, which no longer carry the reserved label"]),
