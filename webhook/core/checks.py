@@ -215,3 +215,31 @@ def check_reserved_devices(review: Assessment, cls: WorkloadClass, class_name: s
                     f"claim of {devices.shared_class_name}{hint}",
                 )
             )
+
+
+def check_lent_claims(review: Assessment, claims: ClaimFacts) -> None:
+    """A pod naming, by ``resourceClaimName``, a claim that names the lendable DeviceClass: the claim the
+    resourceclaim controller made from a borrower's template (only the webhook writes that class into a
+    claim, only for a borrower's, and the backstop lets only the controller create one), which may hold a
+    reserved GPU lent to that borrower. A ResourceClaim is shared by every pod naming it, so another pod
+    would use the lent GPU without being a borrower (the keeper evicts borrowers only, and the GPU would stay
+    allocated after the borrower left). Every pod is refused, whatever its class: the borrower itself names
+    its claim through its template, never by name. The backstop refuses the same when the scheduler would
+    reserve the claim for such a pod (``rocm-isolation-lent-claim-consumers``)."""
+    lendable = review.policy.spec.reserved_devices.lendable_class_name
+    for ref in pods.resource_claims(review.spec.get("resourceClaims")):
+        if ref.template_name or not ref.claim_name:
+            continue
+        classes = claims.claims.get(ref.claim_name)
+        if classes is None or lendable not in classes:
+            continue
+        review.violations.append(
+            Violation(
+                DENY_RESERVED_DEVICES,
+                ref.field,
+                f"{ref.field} ({ref.name}) names ResourceClaim {ref.claim_name}, which was made for a borrower "
+                f"(it names the DeviceClass {lendable}: it may hold a reserved GPU lent to that pod only); "
+                "a borrower's claim serves its own pod: give this pod a claim of its own "
+                "(resourceClaimTemplateName)",
+            )
+        )

@@ -12,7 +12,14 @@ from typing import Any, cast, get_args
 
 from webhook.core import lending, pods, scheduling
 from webhook.core.assessment import Assessment, class_hint, start_assessment
-from webhook.core.checks import check_create, check_direct_access, check_reserved_devices, check_update, stored_borrower
+from webhook.core.checks import (
+    check_create,
+    check_direct_access,
+    check_lent_claims,
+    check_reserved_devices,
+    check_update,
+    stored_borrower,
+)
 from webhook.core.decision import (
     NO_CLAIMS,
     NO_DEVICES,
@@ -200,6 +207,8 @@ def _decide_pod(
     check_create(review, cls, class_name, borrower)
     if devices.devices_reserved:
         check_reserved_devices(review, cls, class_name, claims)
+    if raw_claims is not None:
+        check_lent_claims(review, claims)
     if mirror:
         # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
         # mutate them. Anyone can set the annotation, so they are still checked.
