@@ -54,8 +54,13 @@ def deny_node_affinity(review: Assessment, class_name: str) -> None:
     denied(review, class_name, DENY_NODE_AFFINITY, where, "selects reserved nodes in every term")
 
 
-def check_create(review: Assessment, cls: WorkloadClass, class_name: str, borrower: bool = False) -> None:
-    """Reachability of reserved nodes for a class that may not use them (a borrower may: lending)."""
+def check_create(
+    review: Assessment, cls: WorkloadClass, class_name: str, borrower: bool = False, switching: bool = False
+) -> None:
+    """Reachability of reserved nodes for a class that may not use them (a borrower may: lending).
+    ``switching``: lending off, the pod made a borrower by the apiserver's placement policy still rendered with
+    lending on (``lending.placed_as_borrower_before``): its reserved toleration is not denied (that state
+    admits it); the training placement's ``NotIn`` keeps it off the reserved nodes."""
     spec = review.spec
     reserved = review.reserved
     node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
@@ -89,7 +94,8 @@ def check_create(review: Assessment, cls: WorkloadClass, class_name: str, borrow
         review.warnings.append(
             "matchFields on node names could not be checked against the reserved nodes (no cluster connection)"
         )
-    check_tolerations(review, class_name, tolerations)
+    if not switching:
+        check_tolerations(review, class_name, tolerations)
 
 
 def check_tolerations(
