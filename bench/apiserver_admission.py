@@ -13,11 +13,12 @@ so that whatever else the machine does falls on all of them alike:
   changes a GPU pod costs on this machine), ``baseline`` (the MAP as the manifests shipped it before
   issue 27, ``bench/apiserver_baseline.yaml``);
 - **VAP group** (the placement MAP bound as shipped): ``none`` (no backstop ValidatingAdmissionPolicy
-  bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names, the
-  device-level ones, which the apiserver skips while no device reservation exists),
+  bound), ``product`` (the backstop of the manifests: reserved nodes, reserved node names (a policy of
+  its own again since issue 42), the device-level ones, which the apiserver skips while no device
+  reservation exists),
   ``floor`` (``FLOOR_VAP``: one condition, one validation that holds), ``baseline`` (the backstop
   before issue 27: ``rocm-isolation-reserved-nodes`` by label and taint, ``-reserved-node-names`` by name,
-  one policy since), and ``rocm-isolation-reserved-device-pods`` alone, now and before (against the
+  one policy from issue 27 to 42), and ``rocm-isolation-reserved-device-pods`` alone, now and before (against the
   floor: one VAP each); the device-level pods policy alone and the whole backstop again (``product,
   devices reserved``, ``baseline, devices reserved``) are measured with the reserved DeviceClass present
   for their rounds (a device reservation applied: the apiserver then evaluates the pods policy's
@@ -90,8 +91,10 @@ BASELINE_SUFFIX = "-baseline"
 GROUPS = ("map", "vap")
 PLACEMENT = mutating_policy.POLICY_NAME
 NODES = render.RESERVED_NODES_POLICY
-# Before issue 27 the reserved node names had a policy of their own (bench/apiserver_baseline.yaml).
-BASELINE_NAMES = "rocm-isolation-reserved-node-names"
+# Before issue 27 the reserved node names had a policy of their own (bench/apiserver_baseline.yaml), and
+# again since issue 42 (the label checks then take no parameter: a deleted ConfigMap turns off only these).
+BASELINE_NAMES = reserved_nodes.NAMES_POLICY_NAME
+NAMES = reserved_nodes.NAMES_POLICY_NAME
 DEVICES = reserved_devices.POLICY_NAMES
 DEVICE_PODS = reserved_devices.PODS_POLICY
 # The device-level backstop's parameter: the reserved DeviceClass. Without it (no ``pool apply
@@ -149,12 +152,12 @@ GROUP_VARIANTS: dict[str, dict[str, list[str]]] = {
     },
     "vap": {
         "none": [],
-        "product": [NODES, *DEVICES],
+        "product": [NODES, NAMES, *DEVICES],
         "floor": [FLOOR_VAP_NAME],
         "baseline": _baseline([NODES, BASELINE_NAMES, *DEVICES]),
         "reserved-device-pods": [DEVICE_PODS],
         "reserved-device-pods baseline": _baseline([DEVICE_PODS]),
-        "product, devices reserved": [NODES, *DEVICES],
+        "product, devices reserved": [NODES, NAMES, *DEVICES],
         "baseline, devices reserved": _baseline([NODES, BASELINE_NAMES, *DEVICES]),
     },
 }

@@ -230,6 +230,14 @@ def match_conditions_pass(resources: list[dict[str, Any]], pod: Mapping[str, Any
     return all(evaluate(c["expression"], activation) for c in hook["matchConditions"])
 
 
+# The pod backstop's policies: the label policy (lending on: two, one bound to the namespaces labelled to
+# borrow, the other to the rest) takes no parameter; the names policy reads the reserved node names ConfigMap.
+LABEL_POLICIES = (render.RESERVED_NODES_POLICY, reserved_nodes.LENDING_POLICY_NAME)
+NAMES_POLICY = reserved_nodes.NAMES_POLICY_NAME
+# ``params`` of ``reserved_nodes_verdict``: the ConfigMap deleted (the names policy is skipped: Allow).
+MISSING: Mapping[str, Any] = {"missing": True}
+
+
 def reserved_nodes_verdict(
     resources: list[dict[str, Any]],
     case: Mapping[str, Any],
@@ -238,31 +246,42 @@ def reserved_nodes_verdict(
     sub_resource: str = "",
     params: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], set[str], list[str]]:
-    """(actions of the binding that applies, engine rules of the failed validations, messages), with
-    ``params`` as in ``pod_activation``."""
+    """(actions of the bindings that apply, engine rules of the failed validations of every backstop policy
+    bound there, their messages), with ``params`` as in ``pod_activation``, or ``MISSING``: the names
+    ConfigMap deleted, the names policy skipped (its bindings' ``parameterNotFoundAction: Allow``)."""
     ns = namespace_object(case)
-    # Lending on: a second policy, bound to the namespaces labelled to borrow (the first to the others).
-    names = [render.RESERVED_NODES_POLICY, reserved_nodes.LENDING_POLICY_NAME]
-    bindings = [
-        binding
-        for name in names
-        for binding in resources
-        if binding["kind"] == "ValidatingAdmissionPolicyBinding"
-        and binding["metadata"]["name"] in {f"{name}-{mode}" for mode in render.MODES}
-    ]
     applying = [
-        b
-        for b in bindings
-        if selector_matches(b["spec"]["matchResources"]["namespaceSelector"], ns["metadata"]["labels"])
+        binding
+        for group in (LABEL_POLICIES, (NAMES_POLICY,))
+        for binding in [
+            b
+            for b in resources
+            if b["kind"] == "ValidatingAdmissionPolicyBinding"
+            and b["spec"]["policyName"] in group
+            and selector_matches(b["spec"]["matchResources"]["namespaceSelector"], ns["metadata"]["labels"])
+        ]
     ]
-    assert len(applying) <= 1, "the mode bindings must select disjoint namespaces"
+    by_policy = {b["spec"]["policyName"] for b in applying}
+    assert len(by_policy) == len(applying), "the mode bindings must select disjoint namespaces"
+    assert len(by_policy & set(LABEL_POLICIES)) <= 1, "one label policy per namespace"
     if not applying:
         return [], set(), []
-    spec = find(resources, "ValidatingAdmissionPolicy", applying[0]["spec"]["policyName"])["spec"]
-    matched, failed, messages = run_policy(spec, pod_activation(case, pod, operation, sub_resource, params))
-    if not matched:
-        return applying[0]["spec"]["validationActions"], set(), []
-    return applying[0]["spec"]["validationActions"], {rule_of(spec["validations"][i]) for i in failed}, messages
+    actions = {tuple(b["spec"]["validationActions"]) for b in applying}
+    assert len(actions) == 1, "one mode per namespace"
+    rules: set[str] = set()
+    messages: list[str] = []
+    for binding in applying:
+        name = binding["spec"]["policyName"]
+        spec = find(resources, "ValidatingAdmissionPolicy", name)["spec"]
+        assert ("paramRef" in binding["spec"]) == (name == NAMES_POLICY) == ("paramKind" in spec)
+        if name == NAMES_POLICY and params is MISSING:
+            assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
+            continue
+        matched, failed, said = run_policy(spec, pod_activation(case, pod, operation, sub_resource, params))
+        if matched:
+            rules |= {rule_of(spec["validations"][i]) for i in failed}
+            messages += said
+    return list(next(iter(actions))), rules, messages
 
 
 def engine_reach(decision: Decision) -> set[str]:

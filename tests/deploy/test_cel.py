@@ -189,12 +189,13 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
     what to do, in the engine's words (assessment.denied)."""
     policy = policy_for({"policy": policy_name})
     spec = find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    names = find(rendered(policy_name), "ValidatingAdmissionPolicy", reserved_nodes.NAMES_POLICY_NAME)["spec"]
     key, value = policy.spec.reserved_nodes.label
     unreserved = [name for name, cls in policy.spec.classes.items() if cls.placement == "unreserved"]
     taint = policy.spec.reserved_nodes.taint
-    # By label, taint and opting out, then by the reserved node names of its parameter.
+    # By label, taint and opting out (the label policy), then by the reserved node names of the names
+    # policy's parameter.
     rules = [*REACH_RULES, OPTED_OUT_NODE_NAME, engine.DENY_EPHEMERAL]
-    rules += [engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY, engine.DENY_EPHEMERAL]
     if taint is None:
         rules.remove(engine.DENY_TOLERATION)
     validations = spec["validations"]
@@ -205,6 +206,8 @@ def test_the_backstops_messages_are_static_and_name_their_rule(policy_name: str)
         assert no_borrowers["message"].startswith(f"rocm-isolation: [{engine.DENY_TOLERATION}] only inference pods ")
         assert f"({lent.key}={lent.value}:{lent.effect})" in no_borrowers["message"]
         assert "messageExpression" not in no_borrowers
+    rules += [engine.DENY_NODE_NAME, engine.DENY_NODE_AFFINITY, engine.DENY_EPHEMERAL]
+    validations += names["validations"]
     for rule, validation in zip(rules, validations, strict=True):
         assert "messageExpression" not in validation
         message = validation["message"]
@@ -429,7 +432,7 @@ def _lending_backstops(policy_name: str) -> list[dict[str, Any]]:
     resources = rendered(policy_name)
     return [
         find(resources, "ValidatingAdmissionPolicy", name)
-        for name in (reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME)
+        for name in (reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME, reserved_nodes.NAMES_POLICY_NAME)
     ]
 
 
@@ -471,11 +474,16 @@ def test_lending_on_the_backstops_leave_out_the_reserved_class_namespaces_where_
             assert not [
                 b for b in bindings if selector_matches(b["spec"]["matchResources"]["namespaceSelector"], labels)
             ]
-            # ... and a training namespace of the same labels is bound (by one of the two).
+            # ... and a training namespace of the same labels is bound (by one of the two label policies, and
+            # by the names policy).
             training = {**labels, "rocm-isolation.io/class": "training"}
+            name = backstop["metadata"]["name"]
             assert any(
                 selector_matches(b["spec"]["matchResources"]["namespaceSelector"], training) for b in bindings
-            ) == (bool(lending) == (backstop["metadata"]["name"] == reserved_nodes.LENDING_POLICY_NAME))
+            ) == (
+                name == reserved_nodes.NAMES_POLICY_NAME
+                or bool(lending) == (name == reserved_nodes.LENDING_POLICY_NAME)
+            )
             spec = backstop["spec"]
             activation = pod_activation(where, pod, case.get("operation", "CREATE"), params=params)
             variables: dict[Any, Any] = {}
@@ -498,7 +506,11 @@ def test_the_reserved_class_namespaces_stay_bound_when_a_namespace_rule_could_cl
         document["spec"]["namespaces"] = [{"match": {"names": ["serve-*"]}, "allowedClasses": allowed}]
         policy = parse_policy(yaml.safe_dump(document))
         selectors = reserved_nodes.binding_namespaces(policy)
-        assert set(selectors) == {reserved_nodes.POLICY_NAME, reserved_nodes.LENDING_POLICY_NAME}
+        assert set(selectors) == {
+            reserved_nodes.POLICY_NAME,
+            reserved_nodes.LENDING_POLICY_NAME,
+            reserved_nodes.NAMES_POLICY_NAME,
+        }
         for requirements in selectors.values():
             assert (requirement in requirements) == left_out, allowed
     assert reserved_nodes.binding_namespaces(default_policy()) == {}

@@ -12,6 +12,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from cel_harness import (
+    MISSING,
     REACH_RULES,
     as_pod,
     decide,
@@ -38,7 +39,7 @@ from webhook.deploy import render, reserved_names, reserved_nodes
     ("data", "labelled", "expected"),
     [
         (None, [], []),
-        (None, ["inf-1"], ["is missing: the apiserver skips the pod backstop"]),
+        (None, ["inf-1"], ["is missing: the apiserver skips the pod backstop's name checks"]),
         ({"inf-1": ""}, ["inf-1"], []),
         ({"inf-1": ""}, ["inf-1", "inf-2"], ["inf-2 carry the reserved label but are not in the ConfigMap"]),
         ({"inf-1": "", "old": ""}, ["inf-1"], ["lists old, which no longer carry the reserved label"]),
@@ -53,18 +54,27 @@ def test_audit_reports_when_the_params_and_the_labelled_nodes_disagree(
         assert text in finding
 
 
-def test_one_backstop_policy_bound_per_mode_to_the_params_allowing_when_they_are_missing() -> None:
-    """One policy for labels, taints and names (one conversion and one condition activation per pod, not
-    two); its bindings read the ConfigMap by name and skip the policy while it is missing (``Deny`` would
-    reject every pod of the bound namespaces: the apiserver looks the parameter up before any condition)."""
+def test_the_label_backstop_takes_no_parameter_and_the_names_backstop_allows_while_its_parameter_is_missing() -> None:
+    """Issue 42: the backstop fails closed. The checks that need no parameter (label, taint, opting out, GPU
+    debug containers) are a policy without ``paramKind`` whose bindings take no ``paramRef``: nothing about
+    the ConfigMap can turn them off. The name checks read the ConfigMap by name and are skipped while it is
+    missing (``Deny`` would reject every pod of the bound namespaces: the apiserver looks the parameter up
+    before any condition)."""
     resources = render.render(overlay="cert-manager")
     policies = [r["metadata"]["name"] for r in resources if r["kind"] == "ValidatingAdmissionPolicy"]
-    assert reserved_names.PARAMS_CONFIGMAP not in policies, "the names are the reserved-nodes policy's parameter"
-    policy = render._find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)
-    assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
-    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert {render.RESERVED_NODES_POLICY, reserved_nodes.NAMES_POLICY_NAME} <= set(policies)
+    labels = render._find(resources, "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)
+    assert "paramKind" not in labels["spec"] and labels["spec"]["failurePolicy"] == "Fail"
+    assert "params" not in str(labels["spec"])
+    names = render._find(resources, "ValidatingAdmissionPolicy", reserved_nodes.NAMES_POLICY_NAME)
+    assert names["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert names["spec"]["failurePolicy"] == "Fail"
     for mode in render.MODES:
         binding = render._find(resources, "ValidatingAdmissionPolicyBinding", f"{render.RESERVED_NODES_POLICY}-{mode}")
+        assert "paramRef" not in binding["spec"]
+        binding = render._find(
+            resources, "ValidatingAdmissionPolicyBinding", f"{reserved_nodes.NAMES_POLICY_NAME}-{mode}"
+        )
         assert binding["spec"]["paramRef"] == {
             "name": reserved_names.PARAMS_CONFIGMAP,
             "namespace": render.NAMESPACE,
@@ -195,7 +205,8 @@ def _gpu(policy: Policy, case: Mapping[str, Any], pod: Mapping[str, Any]) -> boo
 
 
 def _backstop(policy_name: str) -> dict[str, Any]:
-    return find(rendered(policy_name), "ValidatingAdmissionPolicy", render.RESERVED_NODES_POLICY)["spec"]
+    """The names policy (the one reading the params)."""
+    return find(rendered(policy_name), "ValidatingAdmissionPolicy", reserved_nodes.NAMES_POLICY_NAME)["spec"]
 
 
 def _evaluated(
@@ -234,6 +245,7 @@ def test_the_conditions_leave_out_only_pods_no_validation_by_name_denies(case: d
 def test_most_fixture_pods_stop_at_the_conditions_and_every_name_check_is_exercised() -> None:
     spec = _backstop("default")
     name_rules = {i for i, v in enumerate(spec["validations"]) if "params.data" in v["expression"]}
+    assert len(name_rules) == len(spec["validations"])
     assert {rule_of(spec["validations"][i]) for i in name_rules} == {
         engine.DENY_NODE_NAME,
         engine.DENY_NODE_AFFINITY,
@@ -294,12 +306,13 @@ def test_the_backstop_judges_only_pods_that_select_or_name_a_reserved_node(
 ) -> None:
     """A training pod (the default class) is judged, and denied with the engine's rule, only when it selects
     a reserved node by label or names one the params list; with the params as shipped (no data: nothing
-    synced yet) only by label."""
+    synced yet) or deleted only by label. The names policy judges only the pods it denies by name."""
     pod = {"metadata": {"name": "p", "namespace": "research"}, "spec": {"containers": GPU, **spec}}
     for params, expected in ((LISTING_R1, denied), (reserved_names_params(None), without_names)):
         conditions, _ = _evaluated(_backstop("default"), RESEARCH, pod, params)
-        assert conditions == {"may-be-denied": bool(expected)}
+        assert conditions == {"may-be-denied": params is LISTING_R1 and denied != without_names}
         assert reserved_nodes_verdict(rendered("default"), RESEARCH, pod, "CREATE", params=params)[1] == expected
+    assert reserved_nodes_verdict(rendered("default"), RESEARCH, pod, "CREATE", params=MISSING)[1] == without_names
 
 
 @pytest.mark.parametrize("policy_name", ["default", "engine-all-pods"])
@@ -315,3 +328,19 @@ def test_the_backstops_name_checks_are_guarded_by_the_params_and_use_no_regex(po
     assert not any(".matches(" in expression for expression in expressions)
     assert all(v["expression"].startswith("!(") for v in spec["validations"]), "each check first"
     assert reserved_nodes.PARAM_REF["name"] == reserved_names.PARAMS_CONFIGMAP
+
+
+@pytest.mark.parametrize("case", POD_CASES, ids=lambda case: case["_id"])
+def test_with_the_configmap_deleted_the_backstop_denies_all_it_denies_knowing_no_names(case: dict[str, Any]) -> None:
+    """Issue 42: the params ConfigMap deleted (the names policy skipped) takes nothing from the backstop but
+    the name checks: every fixture pod, as sent and as patched, gets the verdict of a ConfigMap listing no
+    node (which denies every placement the engine denies by label, taint or opting out)."""
+    resources = rendered(case.get("policy", "default"))
+    operation = case.get("operation", "CREATE")
+    sub_resource = case.get("subResource", "")
+    for pod in _sent(case):
+        missing = reserved_nodes_verdict(resources, case, pod, operation, sub_resource, params=MISSING)
+        empty = reserved_nodes_verdict(
+            resources, case, pod, operation, sub_resource, params=reserved_names_params(None)
+        )
+        assert missing[1] == empty[1], (missing, empty)

@@ -331,6 +331,63 @@ def test_a_training_pod_that_is_no_borrower_never_gets_a_reserved_device(world: 
     no_nonborrower_on_reserved(world)
 
 
+def test_a_pod_naming_a_borrowers_claim_is_refused_by_the_webhook_and_by_the_backstop(world: World) -> None:
+    """Issue 42: a borrower's claim (made by the resourceclaim controller, holding a lent reserved device)
+    serves its own pod only. A pod that is not a borrower naming it by ``resourceClaimName`` is denied by the
+    webhook at its CREATE; with the webhook out of the path the pod is admitted (a pod's policy cannot read
+    the claim it names) but the scheduler cannot reserve the claim for it (``rocm-isolation-lent-claim-
+    consumers`` denies the status update): it stays pending and never gets the device, and the borrower keeps
+    its claim and its device."""
+    lender = next(
+        f"borrower-{i}" for i in range(8) if set(devices_of(world, TRAIN, f"borrower-{i}") or []) <= set(RESERVED_PCI)
+    )
+    lent = devices_of(world, TRAIN, lender)
+    claim_name = world.kube.get("Pod", lender, TRAIN)["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    sharer = new_claim_pod(
+        "sharer", TRAIN, claim_name=claim_name, labels={"app": "sharer", "rocm-isolation.io/borrow": "false"}
+    )
+    with pytest.raises(ApiError) as denied:
+        world.kube.create(sharer)
+    message = denied.value.message
+    assert f"names ResourceClaim {claim_name}, which was made for a borrower" in message, message
+    assert "resourceClaimTemplateName" in message, message
+    hook = world.kube.get("MutatingWebhookConfiguration", "rocm-isolation-webhook")
+    world.kube.delete("MutatingWebhookConfiguration", "rocm-isolation-webhook")
+    try:
+        # The webhook out of the path: the pod is admitted (nothing in a pod tells whose claim it names) ...
+        wait_until(lambda: _created_or_none(world, sharer), timeout=30, what="the pod admitted without the webhook")
+    finally:
+        hook["metadata"] = {"name": hook["metadata"]["name"], "labels": hook["metadata"].get("labels", {})}
+        world.kube.create(hook)
+
+    def refused() -> str | None:
+        live = world.kube.get("Pod", "sharer", TRAIN)
+        assert not live["spec"].get("nodeName"), "bound with a borrower's claim"
+        scheduled = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}.get("PodScheduled")
+        said = (scheduled or {}).get("message") or ""
+        return said if "rocm-isolation-lent-claim-consumers" in said else None
+
+    # ... and the scheduler cannot reserve the claim for it: the backstop denies the status update.
+    said = wait_until(refused, timeout=30, what="the scheduler refused the claim's reservation")
+    assert "was made for a borrower" in said, said
+    time.sleep(2)
+    assert not world.kube.get("Pod", "sharer", TRAIN)["spec"].get("nodeName")
+    users = world.kube.get("ResourceClaim", claim_name, TRAIN)["status"]["reservedFor"]
+    assert [u["name"] for u in users] == [lender], users
+    # The borrower's own claim keeps working: still bound, same lent device.
+    assert devices_of(world, TRAIN, lender) == lent
+    world.kube.delete("Pod", "sharer", TRAIN, force=True)
+    no_nonborrower_on_reserved(world)
+
+
+def _created_or_none(world: World, body: Obj) -> Obj | None:
+    try:
+        created: Obj = world.kube.create(body)
+    except ApiError:
+        return None
+    return created
+
+
 # --- 2. reclaim ---------------------------------------------------------------------------------------
 
 

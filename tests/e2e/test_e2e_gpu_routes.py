@@ -24,6 +24,7 @@ import yaml
 from cluster_objects import device_class, new_pod
 
 from webhook.core.policy import default_policy
+from webhook.deploy.reserved_nodes import NAMES_POLICY_NAME as NAMES_POLICY
 
 from .controlplane import LOOPBACK
 from .harness import DRIVER, RESERVED_POLICY, WEBHOOK_CONFIGURATION, WEBHOOK_DENIAL, Cluster, cli, metric_value
@@ -359,8 +360,13 @@ def test_a_privileged_ephemeral_container_on_a_reserved_node_is_denied(
         assert f"runs on the reserved node {live['spec']['nodeName']}" in sysadmin.stderr, sysadmin.stderr
     else:
         # Tolerated and on a reserved node, or named only: the backstop denies (by the toleration, or by the
-        # reserved node names of its params).
-        assert f"ValidatingAdmissionPolicy '{RESERVED_POLICY}'" in sysadmin.stderr, sysadmin.stderr
+        # reserved node names of the names policy's params; bound by spec.nodeName, both policies deny and
+        # the apiserver names the first).
+        assert any(
+            f"ValidatingAdmissionPolicy '{name}'" in sysadmin.stderr for name in (RESERVED_POLICY, NAMES_POLICY)
+        ), sysadmin.stderr
+        if how == "named":
+            assert f"ValidatingAdmissionPolicy '{NAMES_POLICY}'" in sysadmin.stderr, sysadmin.stderr
         assert WEBHOOK_DENIAL not in sysadmin.stderr, sysadmin.stderr
         assert "an added ephemeral container reaches the GPUs" in sysadmin.stderr, sysadmin.stderr
     # The same container through a strategic-merge PATCH of the subresource, AMD runtime variable instead.

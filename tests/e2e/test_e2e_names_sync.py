@@ -17,7 +17,8 @@ from .harness import MI210_LABELS, Cluster, gpu_pod, make_node
 from .kube import ApiError, wait_until
 
 POOL = "rocm-isolation.io/pool"
-NAMES_POLICY = reserved_nodes.POLICY_NAME
+NAMES_POLICY = reserved_nodes.NAMES_POLICY_NAME
+LABEL_POLICY = reserved_nodes.POLICY_NAME
 
 
 def _names(cluster: Cluster) -> set[str]:
@@ -80,33 +81,66 @@ def test_the_backstop_learns_nodes_reserved_by_any_tool_within_seconds(
         wait_until(lambda: _names(cluster) == before, timeout=15, what="the ConfigMap restored")
 
 
-def test_a_deleted_params_configmap_turns_the_pod_backstop_off_until_pool_apply_writes_it_again(
+def test_with_the_params_configmap_deleted_and_the_webhook_down_the_backstop_still_denies_all_but_names(
     cluster: Cluster, namespace: Callable[..., str]
 ) -> None:
-    """The documented trade of one backstop policy (webhook/deploy/reserved_nodes.py): its bindings read
-    the names ConfigMap with parameterNotFoundAction Allow, so while it is deleted the apiserver skips the
-    whole policy (a training pod selecting the reserved nodes by label is admitted with the webhook out of
-    the path), and ``pool apply`` re-creates it (denied again)."""
+    """Issue 42: the backstop fails closed. With the webhook out of the path and the names ConfigMap deleted,
+    the apiserver alone still denies a training GPU pod tolerating the reserved taint, selecting the reserved
+    pool, requiring it by affinity, tolerating every taint, or opting out with a node name
+    (``rocm-isolation-reserved-nodes`` takes no parameter); only the name checks
+    (``rocm-isolation-reserved-node-names``, ``parameterNotFoundAction: Allow``) are off, and a pod of another
+    namespace, GPU or not, is still admitted (the cluster keeps working). ``pool apply`` re-creates the
+    ConfigMap and ``spec.nodeName`` of a reserved node is denied again."""
     kube = cluster.kube
     before = _names(cluster)
+    reserved = sorted(before)[0]
     ns = namespace(labels={"rocm-isolation.io/class": "training"})
-    by_label = gpu_pod("by-label", ns, nodeSelector={POOL: "inference"})
+    term = {"matchExpressions": [{"key": POOL, "operator": "In", "values": ["inference"]}]}
+    by_label = {
+        "toleration": gpu_pod(
+            "tolerates", ns, tolerations=[{"key": "rocm-isolation.io/reserved", "operator": "Exists"}]
+        ),
+        "selector": gpu_pod("selects", ns, nodeSelector={POOL: "inference"}),
+        "affinity": gpu_pod(
+            "affinity",
+            ns,
+            affinity={
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            },
+        ),
+        "every-taint": gpu_pod("everything", ns, tolerations=[{"operator": "Exists"}]),
+        "opted-out": gpu_pod("opted-out", ns, labels={"rocm-isolation.io/ignore": "true"}, node_name=reserved),
+    }
+    by_name = gpu_pod("by-name", ns, node_name=reserved)
 
-    def denied() -> bool:
+    def denial(pod: dict[str, Any]) -> str | None:
         try:
-            kube.create(by_label, dry_run=True)
+            kube.create(pod, dry_run=True)
         except ApiError as err:
-            assert NAMES_POLICY in err.message, err.message
-            return True
-        return False
+            return err.message
+        return None
 
     with cluster.without_webhook_configuration():
-        assert denied()
+        reviews = cluster.webhook_reviews()
+        assert NAMES_POLICY in (denial(by_name) or ""), "denied by name while the ConfigMap is there"
         kube.delete("ConfigMap", reserved_names.PARAMS_CONFIGMAP, reserved_names.NAMESPACE)
         try:
-            wait_until(lambda: not denied(), timeout=30, what="the backstop skipped without its parameter")
+            # The apiserver's params informer has seen the deletion once a pod naming a reserved node passes.
+            wait_until(
+                lambda: denial(by_name) is None, timeout=30, what="the names policy skipped without its parameter"
+            )
+            for what, pod in by_label.items():
+                message = denial(pod)
+                assert message is not None, f"{what}: admitted with the ConfigMap deleted"
+                assert f"ValidatingAdmissionPolicy '{LABEL_POLICY}'" in message, (what, message)
+            # The cluster keeps working: pods that reach no reserved node are admitted, GPU or not.
+            assert denial(gpu_pod("placed-elsewhere", ns)) is None
+            plain: Any = gpu_pod("no-gpu", ns)
+            plain["spec"]["containers"][0].pop("resources", None)
+            assert denial(plain) is None
+            assert cluster.webhook_reviews() == reviews, "the webhook was out of the path"
         finally:
             result = cluster.cli("pool", "apply", "--nodes", ",".join(sorted(before)))
             assert result.returncode == 0, result.stdout + result.stderr
         assert _names(cluster) == before
-        wait_until(denied, timeout=30, what="the backstop back with its parameter")
+        wait_until(lambda: NAMES_POLICY in (denial(by_name) or ""), timeout=30, what="the names policy back")

@@ -54,8 +54,13 @@ def deny_node_affinity(review: Assessment, class_name: str) -> None:
     denied(review, class_name, DENY_NODE_AFFINITY, where, "selects reserved nodes in every term")
 
 
-def check_create(review: Assessment, cls: WorkloadClass, class_name: str, borrower: bool = False) -> None:
-    """Reachability of reserved nodes for a class that may not use them (a borrower may: lending)."""
+def check_create(
+    review: Assessment, cls: WorkloadClass, class_name: str, borrower: bool = False, switching: bool = False
+) -> None:
+    """Reachability of reserved nodes for a class that may not use them (a borrower may: lending).
+    ``switching``: lending off, the pod made a borrower by the apiserver's placement policy still rendered with
+    lending on (``lending.placed_as_borrower_before``): its reserved toleration is not denied (that state
+    admits it); the training placement's ``NotIn`` keeps it off the reserved nodes."""
     spec = review.spec
     reserved = review.reserved
     node_name = pods.string(spec.get("nodeName"), "spec.nodeName")
@@ -89,7 +94,8 @@ def check_create(review: Assessment, cls: WorkloadClass, class_name: str, borrow
         review.warnings.append(
             "matchFields on node names could not be checked against the reserved nodes (no cluster connection)"
         )
-    check_tolerations(review, class_name, tolerations)
+    if not switching:
+        check_tolerations(review, class_name, tolerations)
 
 
 def check_tolerations(
@@ -215,3 +221,31 @@ def check_reserved_devices(review: Assessment, cls: WorkloadClass, class_name: s
                     f"claim of {devices.shared_class_name}{hint}",
                 )
             )
+
+
+def check_lent_claims(review: Assessment, claims: ClaimFacts) -> None:
+    """A pod naming, by ``resourceClaimName``, a claim that names the lendable DeviceClass: the claim the
+    resourceclaim controller made from a borrower's template (only the webhook writes that class into a
+    claim, only for a borrower's, and the backstop lets only the controller create one), which may hold a
+    reserved GPU lent to that borrower. A ResourceClaim is shared by every pod naming it, so another pod
+    would use the lent GPU without being a borrower (the keeper evicts borrowers only, and the GPU would stay
+    allocated after the borrower left). Every pod is refused, whatever its class: the borrower itself names
+    its claim through its template, never by name. The backstop refuses the same when the scheduler would
+    reserve the claim for such a pod (``rocm-isolation-lent-claim-consumers``)."""
+    lendable = review.policy.spec.reserved_devices.lendable_class_name
+    for ref in pods.resource_claims(review.spec.get("resourceClaims")):
+        if ref.template_name or not ref.claim_name:
+            continue
+        classes = claims.claims.get(ref.claim_name)
+        if classes is None or lendable not in classes:
+            continue
+        review.violations.append(
+            Violation(
+                DENY_RESERVED_DEVICES,
+                ref.field,
+                f"{ref.field} ({ref.name}) names ResourceClaim {ref.claim_name}, which was made for a borrower "
+                f"(it names the DeviceClass {lendable}: it may hold a reserved GPU lent to that pod only); "
+                "a borrower's claim serves its own pod: give this pod a claim of its own "
+                "(resourceClaimTemplateName)",
+            )
+        )

@@ -12,7 +12,14 @@ from typing import Any, cast, get_args
 
 from webhook.core import lending, pods, scheduling
 from webhook.core.assessment import Assessment, class_hint, start_assessment
-from webhook.core.checks import check_create, check_direct_access, check_reserved_devices, check_update, stored_borrower
+from webhook.core.checks import (
+    check_create,
+    check_direct_access,
+    check_lent_claims,
+    check_reserved_devices,
+    check_update,
+    stored_borrower,
+)
 from webhook.core.decision import (
     NO_CLAIMS,
     NO_DEVICES,
@@ -189,17 +196,31 @@ def _decide_pod(
         return _finish(review, mode, class_name, RULE_CHECKED)
     class_name = _classify(review, labels, None)
     cls = policy.spec.classes[class_name]
-    borrower = False
+    borrower = switching = False
     if cls.placement == "unreserved" and policy.spec.lending.enabled:
         borrower, why_not = lending.borrow_choice(policy, namespace.name, namespace.labels, labels)
         if why_not:
             review.warnings.append(why_not)
+        if borrower and lending.placed_without_lending(policy, labels, spec):
+            # A switch on, the apiserver's objects not yet re-rendered: a borrower's toleration would be
+            # denied by their backstop. Placed as training (shared capacity) instead.
+            borrower = False
+            review.warnings.append(
+                "lending is on in the webhook's policy but the apiserver's placement policy placed the pod as a "
+                "non-borrower (its manifests still have lending off): the pod runs on shared capacity only"
+            )
+    elif cls.placement == "unreserved":
+        # A switch off, the apiserver's objects not yet re-rendered: what their placement policy wrote for a
+        # borrower is not denied; the training placement keeps the pod off the reserved nodes.
+        switching = lending.placed_as_borrower_before(policy, namespace.name, namespace.labels, spec)
     if cls.direct_gpu_access == "deny":
         review.direct.extend(pods.unscanned_runtime_routes(routes, matcher))
     check_direct_access(review, cls, class_name)
-    check_create(review, cls, class_name, borrower)
+    check_create(review, cls, class_name, borrower, switching)
     if devices.devices_reserved:
         check_reserved_devices(review, cls, class_name, claims)
+    if raw_claims is not None:
+        check_lent_claims(review, claims)
     if mirror:
         # The kubelet owns mirror pods (a changed one no longer matches its static pod): never
         # mutate them. Anyone can set the annotation, so they are still checked.

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from webhook.core.policy import LENDING_ALLOWED, Policy, PriorityClassSettings
+from webhook.core.rules import PLACED_LABEL
 
 # What the engine writes on a borrower: the record that it borrows (its pod label, "true").
 BORROWING = "true"
@@ -94,11 +95,46 @@ def namespace_may_borrow(policy: Policy, namespace: str, labels: Mapping[str, st
     """The namespace is labelled ``<lending.namespaces.labelKey>=allowed`` or named in
     ``lending.namespaces.names``. Unknown labels (no cluster connection): by name only."""
     lending = settings(policy)
-    if not lending.enabled:
-        return False
+    return lending.enabled and _may_borrow(lending, namespace, labels)
+
+
+def _may_borrow(lending: LendingSettings, namespace: str, labels: Mapping[str, str] | None) -> bool:
     if labels is not None and labels.get(lending.namespace_label) == LENDING_ALLOWED:
         return True
     return lending.namespace_names is not None and lending.namespace_names.match(namespace) is not None
+
+
+# --- switching lending on or off (issue 42) ---------------------------------------------------------------
+#
+# The policy file reaches the webhook (hot reload) and the in-apiserver objects (``manifests``, applied) in
+# two writes, in either order, seconds to minutes apart. Between them a pod is placed by the apiserver's
+# placement policy (the MAP, which runs before the webhook) with one lending setting and judged by the
+# webhook with the other. Neither state may deny a pod the other admits, and neither may let a pod borrow
+# reserved capacity that the state after the switch would not: so the webhook follows the safe side,
+# placing such a pod as a training pod on shared capacity, and denies nothing for what the MAP wrote.
+
+
+def placed_as_borrower_before(
+    policy: Policy, namespace: str, namespace_labels: Mapping[str, str] | None, spec: Mapping[str, Any]
+) -> bool:
+    """Lending off in this policy, and a pod of a namespace that the policy's lending settings let borrow
+    already carries the borrowers' PriorityClass on CREATE: the apiserver's placement policy, still rendered
+    with lending on, made it a borrower (it also added the reserved toleration). The webhook then denies no
+    toleration of the reserved taint (the state with lending on admits it) and places the pod as training:
+    its ``NotIn`` requirement keeps it off the reserved nodes, so it borrows nothing."""
+    lending = settings(policy)
+    if lending.enabled or spec.get("priorityClassName") != lending.borrower.name:
+        return False
+    return _may_borrow(lending, namespace, namespace_labels)
+
+
+def placed_without_lending(policy: Policy, labels: Mapping[str, str], spec: Mapping[str, Any]) -> bool:
+    """Lending on in this policy, and on CREATE the apiserver's placement policy has placed the pod (its
+    marker label) without making it a borrower (no borrowers' PriorityClass): that policy is still rendered
+    with lending off, and so is the backstop, which would deny the reserved toleration a borrower gets. The
+    webhook then does not make the pod a borrower (it runs on shared capacity, as with lending off). The one
+    use of the marker by the webhook, and only ever toward borrowing less."""
+    return PLACED_LABEL in labels and spec.get("priorityClassName") != settings(policy).borrower.name
 
 
 def borrow_choice(

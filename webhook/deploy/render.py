@@ -218,12 +218,12 @@ def _metadata(name: str, namespace: str | None = None) -> dict[str, Any]:
 def backstop_resources(
     policy: Policy,
     excluded: dict[str, Any],
-    policies: list[tuple[str, dict[str, Any], dict[str, str]]],
+    policies: list[tuple[str, dict[str, Any], dict[str, str] | None]],
     namespaces: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[Resource]:
     """Each backstop ValidatingAdmissionPolicy and one binding per mode (the namespaces of that effective
     mode, none excluded, and ``namespaces[name]``'s requirements when given), each taking the policy's
-    parameter."""
+    parameter, if it has one."""
     out: list[Resource] = []
     for name, spec, param_ref in policies:
         out.append(
@@ -235,15 +235,16 @@ def backstop_resources(
             }
         )
         for mode in MODES:
+            binding: dict[str, Any] = {"policyName": name, "validationActions": MODE_ACTIONS[mode]}
+            if param_ref is not None:
+                binding["paramRef"] = dict(param_ref)
             out.append(
                 {
                     "apiVersion": "admissionregistration.k8s.io/v1",
                     "kind": "ValidatingAdmissionPolicyBinding",
                     "metadata": _metadata(f"{name}-{mode}"),
                     "spec": {
-                        "policyName": name,
-                        "validationActions": MODE_ACTIONS[mode],
-                        "paramRef": dict(param_ref),
+                        **binding,
                         "matchResources": {
                             "namespaceSelector": {
                                 "matchExpressions": [

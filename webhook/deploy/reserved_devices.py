@@ -43,6 +43,8 @@ CLAIMS_POLICY = "rocm-isolation-reserved-device-claims"
 TEMPLATES_POLICY = "rocm-isolation-reserved-device-claim-templates"
 PODS_POLICY = "rocm-isolation-reserved-device-pods"
 POLICY_NAMES = (CLAIMS_POLICY, TEMPLATES_POLICY, PODS_POLICY)
+# Lending on: a borrower's claim (it names the lendable class) is reserved for no pod but its owner.
+LENT_CLAIMS_POLICY = "rocm-isolation-lent-claim-consumers"
 
 _ACTIVE = (
     f"has(params.metadata.labels) && {quote(STATE_LABEL)} in params.metadata.labels && "
@@ -289,8 +291,84 @@ def policy_specs(policy: Policy) -> dict[str, dict[str, Any]]:
     }
 
 
-def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
-    """(name, spec, parameter) of each policy, all reading the reserved DeviceClass; ``render`` binds them per
-    mode."""
+def _names_lendable(policy: Policy) -> str:
+    """CEL: the claim names the lendable class in a ``firstAvailable`` entry (a borrower's: only the webhook
+    writes it, only into a claim the resourceclaim controller makes for a borrower; the claims policy
+    denies it to anyone else)."""
+    lendable = quote(policy.spec.reserved_devices.lendable_class_name)
+    return (
+        "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, "
+        f"has(r.firstAvailable) && r.firstAvailable.exists(s, has(s.deviceClassName) && s.deviceClassName == {lendable}))"
+    )
+
+
+def lent_claims_policy_spec(policy: Policy) -> dict[str, Any]:
+    """A borrower's claim serves its own pod only (issue 42). A ResourceClaim is shared by every pod that
+    names it (``resourceClaimName``), so another pod naming the claim the controller made for a borrower
+    would use the reserved GPU lent to it without being a borrower. A pod's VAP cannot read the claim it
+    names; the claim's status can tell: the scheduler reserves a claim for each pod it binds with it
+    (``status.reservedFor``, an UPDATE of ``resourceclaims/status``), and a claim made from a template is
+    owned by its pod (the controller's ownerReference, ``controller: true``). So a reservation of a
+    borrower's claim for any pod but its owner is denied: the scheduler cannot bind that pod (it stays
+    pending, the scheduler's event names this policy), webhook up or down. Only entries the update adds are
+    judged (entries already there, and their removal by the resourceclaim controller, pass)."""
+    lendable = policy.spec.reserved_devices.lendable_class_name
+    reserved_for = "(has(object.status) && has(object.status.reservedFor) ? object.status.reservedFor : [])"
+    before = "(has(oldObject.status) && has(oldObject.status.reservedFor) ? oldObject.status.reservedFor : [])"
+    owners = (
+        "has(object.metadata.ownerReferences) ? object.metadata.ownerReferences.filter(o, o.kind == 'Pod' && "
+        "has(o.controller) && o.controller).map(o, o.uid) : []"
+    )
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["resourceclaims/status"],
+                }
+            ]
+        },
+        "matchConditions": [{"name": "a-borrowers-claim", "expression": _names_lendable(policy)}],
+        "variables": [
+            {"name": "owners", "expression": owners},
+            {
+                "name": "added",
+                "expression": f"{reserved_for}.filter(c, !{before}.exists(o, o.uid == c.uid))",
+            },
+            {"name": "others", "expression": "variables.added.filter(c, !(c.uid in variables.owners))"},
+        ],
+        "validations": [
+            {
+                "expression": "size(variables.others) == 0",
+                "message": f"rocm-isolation: this ResourceClaim was made for a borrower (it names the DeviceClass "
+                f"{lendable}) and serves that pod only; give the other pod a claim of its own "
+                "(resourceClaimTemplateName)",
+                # The apiserver evaluates every messageExpression, passing or not: '' unless it fails.
+                "messageExpression": "size(variables.others) == 0 ? '' :\n"
+                + quote("rocm-isolation: ResourceClaim ")
+                + " + object.metadata.name + "
+                + quote(" was made for a borrower (it names the DeviceClass ")
+                + f" + {quote(lendable)} + "
+                + quote(": it may hold a reserved GPU lent to that pod only) and cannot be reserved for pod ")
+                + " + variables.others[0].name + "
+                + quote("; give that pod a claim of its own (resourceClaimTemplateName)"),
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
+def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str] | None]]:
+    """(name, spec, parameter) of each policy, all reading the reserved DeviceClass but the lent claims' one
+    (lending on: no parameter, a borrower's claim exists only where lending was on); ``render`` binds them
+    per mode."""
     param_ref = {"name": policy.spec.reserved_devices.reserved_class_name, "parameterNotFoundAction": "Allow"}
-    return [(name, spec, param_ref) for name, spec in policy_specs(policy).items()]
+    out: list[tuple[str, dict[str, Any], dict[str, str] | None]] = [
+        (name, spec, param_ref) for name, spec in policy_specs(policy).items()
+    ]
+    if policy.spec.lending.enabled:
+        out.append((LENT_CLAIMS_POLICY, lent_claims_policy_spec(policy), None))
+    return out

@@ -59,9 +59,10 @@ def disagreement(data: Mapping[str, str] | None, labelled: Iterable[str]) -> lis
         if not names:
             return []
         return [
-            f"the ConfigMap {NAMESPACE}/{PARAMS_CONFIGMAP} is missing: the apiserver skips the pod backstop "
-            f"(the ValidatingAdmissionPolicy that reads it) while the reserved nodes are "
-            f"{', '.join(names)}, so only the webhook keeps training pods off them; run "
+            f"the ConfigMap {NAMESPACE}/{PARAMS_CONFIGMAP} is missing: the apiserver skips the pod backstop's "
+            f"name checks (the ValidatingAdmissionPolicy rocm-isolation-reserved-node-names) while the reserved "
+            f"nodes are {', '.join(names)}, so only the webhook keeps training pods from naming them "
+            "(spec.nodeName); run "
             "`rocm-isolation-webhook pool apply` (or re-apply the manifests) to write it"
         ]
     out = []

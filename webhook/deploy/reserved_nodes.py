@@ -1,25 +1,29 @@
-"""The pod backstop: the ValidatingAdmissionPolicy ``rocm-isolation-reserved-nodes``, which keeps GPU pods
-of the classes that may not use reserved nodes (``placement: unreserved``, e.g. training) off them in the
-apiserver, webhook up or down.
+"""The pod backstop: the ValidatingAdmissionPolicies ``rocm-isolation-reserved-nodes`` and
+``rocm-isolation-reserved-node-names``, which keep GPU pods of the classes that may not use reserved nodes
+(``placement: unreserved``, e.g. training) off them in the apiserver, webhook up or down.
 
 It denies such a pod that reaches a reserved node by the reserved label (``spec.nodeSelector``, required
 node affinity), by tolerating the reserved taint, by naming a reserved node (``spec.nodeName``,
 ``matchFields metadata.name``), an opted-out pod that names any node, and a GPU debug container added to
-a pod that may be on a reserved node. The reserved node names come from its parameter, the ConfigMap
+a pod that may be on a reserved node. The reserved node names come from the names policy's parameter, the ConfigMap
 ``rocm-isolation-system/rocm-isolation-reserved-node-names`` (``reserved_names``: one key per node, kept
 in step with the labelled nodes by ``serve`` and ``pool``).
 
-One policy, not one for labels and one for names (as up to issue 27): kube-apiserver 1.36 pays, per
-policy that matches a pod, a conversion of the pod to v1, a namespace lookup and an activation for the
-match conditions (the pod converted to unstructured again), before any CEL runs. Every GPU pod pays
-that once instead of twice. The trade: the bindings read the ConfigMap with ``parameterNotFoundAction:
-Allow`` (``Deny`` would reject every pod of the bound namespaces, GPU or not: the apiserver looks the
-parameter up before the match conditions), so while it is deleted the whole pod backstop is off; the
-webhook still enforces everything. It is shipped with the manifests, only an administrator of
-``rocm-isolation-system`` can delete it (who can already change the policy itself there); ``serve`` logs
-it and counts it (``rocm_isolation_reserved_names_syncs_total{result="missing"}``, alert
-``RocmIsolationBackstopParamsMissing``), ``audit`` reports it, ``pool apply`` or re-applying the
-manifests re-creates it.
+Two policies, split by what they need (issue 42: the backstop fails closed). ``rocm-isolation-reserved-nodes``
+takes no parameter: the reserved label, the reserved taint, opting out with a node name, a GPU debug
+container, the no-borrowers taint (lending on) hold whatever happens to any ConfigMap.
+``rocm-isolation-reserved-node-names`` holds the three checks that need the names (``spec.nodeName``,
+``matchFields metadata.name``, a GPU debug container on a pod bound by name) and reads the ConfigMap with
+``parameterNotFoundAction: Allow``: the apiserver looks the parameter up before any match condition, so
+``Deny`` would reject every pod of the bound namespaces, GPU or not, while it is missing (a cluster that
+cannot start a pod is worse than a check off). From issue 27 to 42 the two were one policy reading the
+ConfigMap: one policy's fixed price per pod instead of two, but with the ConfigMap deleted the apiserver
+skipped the label and taint checks too (a training pod tolerating the reserved taint and selecting the
+reserved pool was admitted with the webhook down). The names policy's price is one more conversion and
+condition activation per pod of the bound namespaces; its condition tests ``spec.nodeName`` /
+``matchFields`` first, so a pod naming no node stops there. While the ConfigMap is missing only the
+name checks are off; the Lease holder of ``serve`` re-creates it within a round (service/names_sync.py),
+``audit`` reports it, ``pool apply`` or re-applying the manifests re-creates it.
 
 What the apiserver evaluates per pod (docs/architecture.md): its match conditions in one activation (all
 of them: no short-circuit between conditions, hence one), then, for a pod they hold for, every
@@ -36,6 +40,7 @@ container makes it a GPU pod (the webhook's denial says all three).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from webhook.core import engine
@@ -49,6 +54,10 @@ POLICY_NAME = "rocm-isolation-reserved-nodes"
 # borrower at the borrowers' priority: a match condition cannot read the namespace (``namespaceObject`` is
 # null there), a binding's namespace selector can.
 LENDING_POLICY_NAME = "rocm-isolation-reserved-nodes-lending"
+# The checks that need the reserved node names (its parameter); the only backstop skipped while the
+# ConfigMap is missing. One policy for every namespace, lending on or off: its condition is cheap without
+# the namespace (a node named), so a borrower is told by its namespace in the class variable.
+NAMES_POLICY_NAME = "rocm-isolation-reserved-node-names"
 PARAM_REF: dict[str, str] = {
     "name": reserved_names.PARAMS_CONFIGMAP,
     "namespace": reserved_names.NAMESPACE,
@@ -182,27 +191,34 @@ def _name_checks(policy: Policy) -> list[Check]:
 
 
 def checks(policy: Policy) -> list[Check]:
-    """The validations' checks in order (tests map a failed validation to its rule with it)."""
+    """The validations' checks in order, the label policy's then the names policy's (tests map a failed
+    validation to its rule with it)."""
     return _label_checks(policy) + _name_checks(policy)
 
 
-def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
-    """The backstop's spec; ``borrowing`` (lending on): the one bound to the namespaces labelled to borrow,
-    where a pod at the borrowers' priority is a borrower by that alone."""
+def _advice(policy: Policy) -> str:
     spec = policy.spec
-    unreserved = [name for name, cls in spec.classes.items() if cls.placement == "unreserved"]
     reserved_class = next((name for name, cls in spec.classes.items() if cls.placement == "reserved"), None)
-    # The engine's words (assessment.denied, reserved_hint): "<class> pods may not use the reserved nodes
-    # (<key>=<value>): <field> <what>; to use them, run the pod in a namespace labelled <class label>=<class>".
-    key, value = spec.reserved_nodes.label
-    classes = " or ".join(unreserved)
-    advice = (
+    return (
         f"to use them, run the pod in a namespace labelled {spec.labels.namespace_class}={reserved_class}, or "
         if reserved_class
         else ""
     )
+
+
+def _unreserved(policy: Policy) -> list[str]:
+    return [name for name, cls in policy.spec.classes.items() if cls.placement == "unreserved"]
+
+
+def _validations(policy: Policy, of: list[Check]) -> list[dict[str, str]]:
+    """The validations of ``of``, each with its static message. The engine's words (assessment.denied,
+    reserved_hint): "<class> pods may not use the reserved nodes (<key>=<value>): <field> <what>; to use
+    them, run the pod in a namespace labelled <class label>=<class>"."""
+    key, value = policy.spec.reserved_nodes.label
+    classes = " or ".join(_unreserved(policy))
+    advice = _advice(policy)
     validations = []
-    for rule, current, before, what, fix in checks(policy):
+    for rule, current, before, what, fix in of:
         # Inline, not variables: each check is read once, in the validations' activation. Cheapest first:
         # the check, then the class, then (UPDATE) whether the old pod did the same.
         expression = f"!({current}) ||\n!variables.unreservedClass"
@@ -218,9 +234,30 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
                 "reason": "Forbidden",
             }
         )
+    return validations
+
+
+_RULES = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
+    # kubectl debug: the one subresource that adds containers to a running pod.
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/ephemeralcontainers"]},
+]
+
+
+def _at_priority(policy: Policy) -> str:
+    value = policy.spec.lending.borrower_priority_class.value
+    return f"(has(object.spec.priority) && object.spec.priority <= {value})"
+
+
+def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
+    """The label policy's spec (no parameter); ``borrowing`` (lending on): the one bound to the namespaces
+    labelled to borrow, where a pod at the borrowers' priority is a borrower by that alone."""
+    spec = policy.spec
+    unreserved = _unreserved(policy)
+    advice = _advice(policy)
+    validations = _validations(policy, _label_checks(policy))
     # Only the pods a validation may deny: the checks without the class. The label checks leave a
-    # terminating pod's update out (it is never scheduled again; finalizers); the name checks are
-    # CREATE or pods/ephemeralcontainers only.
+    # terminating pod's update out (it is never scheduled again; finalizers).
     by_label = [
         cel.node_selector_reserved(policy, "object"),
         cel.affinity_only_reserved(policy, "object"),
@@ -244,19 +281,13 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
             }
         )
         by_label.append(cel.tolerates_no_borrowers(policy, added=False))
-    by_name = [current for _, current, _, _, _ in _name_checks(policy)]
-    may_be_denied = (
-        f"({cel.NOT_TERMINATING} && (\n"
-        + " ||\n".join(f"({test})" for test in by_label)
-        + ")) ||\n"
-        + " ||\n".join(f"({test})" for test in by_name)
-    )
-    # One condition, the cheapest test first: a pod that selects, tolerates and names no reserved node (a
+    may_be_denied = f"{cel.NOT_TERMINATING} && (\n" + " ||\n".join(f"({test})" for test in by_label) + ")"
+    # One condition, the cheapest test first: a pod that selects and tolerates no reserved node (a
     # training pod the webhook or the MAP placed, most pods without GPU) stops before the GPU-route scan.
     if not spec.scope.all_pods:
         may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
     unreserved_class = f"variables.podClass in {str_list(unreserved)}"
-    at_priority = f"(has(object.spec.priority) && object.spec.priority <= {lending.borrower_priority_class.value})"
+    at_priority = _at_priority(policy)
     if borrowing:
         # The namespace may borrow (the binding selects it by the label): a borrower by its priority.
         unreserved_class += f" &&\n!{at_priority}"
@@ -272,19 +303,7 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
         unreserved_class += f" &&\n!({at_priority} && {cel.namespace_named_to_borrow(policy)})"
     return {
         "failurePolicy": "Fail",
-        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-        "matchConstraints": {
-            "resourceRules": [
-                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]},
-                # kubectl debug: the one subresource that adds containers to a running pod.
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["UPDATE"],
-                    "resources": ["pods/ephemeralcontainers"],
-                },
-            ]
-        },
+        "matchConstraints": {"resourceRules": copy.deepcopy(_RULES)},
         "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
         "variables": [
             {"name": "podClass", "expression": cel.pod_class(policy)},
@@ -294,12 +313,41 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
     }
 
 
-def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
-    """(name, spec, parameter) of the policy (lending on: and of the borrowing namespaces' one); ``render``
-    binds each per mode (``binding_namespaces``: which namespaces)."""
-    out = [(POLICY_NAME, policy_spec(policy), PARAM_REF)]
+def names_policy_spec(policy: Policy) -> dict[str, Any]:
+    """The names policy's spec (parameter: the reserved node names ConfigMap): ``spec.nodeName`` or
+    ``matchFields`` of a reserved node on CREATE, a GPU debug container on a pod bound to one. Lending on,
+    a pod at the borrowers' priority in a namespace that may borrow is a borrower (it may be on reserved
+    nodes): told by ``namespaceObject`` in the class variable, not by the bindings, since its condition
+    (a node named) already leaves out almost every pod."""
+    spec = policy.spec
+    by_name = [current for _, current, _, _, _ in _name_checks(policy)]
+    may_be_denied = " ||\n".join(f"({test})" for test in by_name)
+    if not spec.scope.all_pods:
+        may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
+    unreserved_class = f"variables.podClass in {str_list(_unreserved(policy))}"
+    if spec.lending.enabled:
+        unreserved_class += f" &&\n!({_at_priority(policy)} && {cel.namespace_may_borrow(policy)})"
+    return {
+        "failurePolicy": "Fail",
+        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+        "matchConstraints": {"resourceRules": copy.deepcopy(_RULES)},
+        "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
+        "variables": [
+            {"name": "podClass", "expression": cel.pod_class(policy)},
+            {"name": "unreservedClass", "expression": unreserved_class},
+        ],
+        "validations": _validations(policy, _name_checks(policy)),
+    }
+
+
+def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str] | None]]:
+    """(name, spec, parameter or None) of the label policy (lending on: and of the borrowing namespaces'
+    one) and of the names policy; ``render`` binds each per mode (``binding_namespaces``: which
+    namespaces)."""
+    out: list[tuple[str, dict[str, Any], dict[str, str] | None]] = [(POLICY_NAME, policy_spec(policy), None)]
     if policy.spec.lending.enabled:
-        out.append((LENDING_POLICY_NAME, policy_spec(policy, borrowing=True), PARAM_REF))
+        out.append((LENDING_POLICY_NAME, policy_spec(policy, borrowing=True), None))
+    out.append((NAMES_POLICY_NAME, names_policy_spec(policy), PARAM_REF))
     return out
 
 
@@ -335,4 +383,5 @@ def binding_namespaces(policy: Policy) -> dict[str, list[dict[str, Any]]]:
     return {
         POLICY_NAME: [*reserved, {"key": key, "operator": "NotIn", "values": [LENDING_ALLOWED]}],
         LENDING_POLICY_NAME: [*reserved, {"key": key, "operator": "In", "values": [LENDING_ALLOWED]}],
+        NAMES_POLICY_NAME: list(reserved),
     }

@@ -16,10 +16,12 @@ first, until their free GPUs cover the headroom. The rest are open.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from webhook.core.rules import PLACED_LABEL
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder, NodeCapacity
 
 
@@ -178,3 +180,25 @@ def reclaim(model: CapacityModel, pod: Waiting, spared: Iterable[tuple[str, str]
         if best is None or key < best[0]:
             best = (key, Reclaim(pod, node.name, found))
     return best[1] if best is not None else None
+
+
+def closed_after_lending(pods: Iterable[Mapping[str, Any]], borrower_class: str, inference: Iterable[str]) -> bool:
+    """Lending off (issue 42): whether the reserved nodes stay closed to borrowers (the no-borrowers taint).
+    A borrower admitted before the switch, still pending, tolerates the reserved taint and would bind to an
+    idle reserved node afterwards: while one exists (``spec.priorityClassName`` the borrowers' class, not
+    bound, not terminating; judged by the class alone, since ``core/lending.is_borrower`` says no borrower
+    with lending off), every reserved node stays closed. Inference pods tolerate that taint only while
+    lending is on, so an inference pod waiting (a pod placed as one of ``inference``, not bound, not
+    terminating) opens them: it outranks every borrower in the scheduler's queue. ``pods``: the pods labelled
+    to borrow and those placed as inference; running borrowers are left alone either way."""
+    names = set(inference)
+    pending_borrower = False
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        metadata = pod.get("metadata") or {}
+        if spec.get("nodeName") or metadata.get("deletionTimestamp"):
+            continue
+        if (metadata.get("labels") or {}).get(PLACED_LABEL) in names:
+            return False
+        pending_borrower = pending_borrower or spec.get("priorityClassName") == borrower_class
+    return pending_borrower

@@ -23,7 +23,8 @@ while the policy's lending is on:
 
 With lending off, a round removes the taint from any node still carrying it and closes the lendable class
 (turning lending off leaves running borrowers alone and lends nothing new: admission stops making
-borrowers) and exports nothing.
+borrowers) and exports nothing; but while a borrower admitted before the switch is still pending (and no
+inference pod waits), every reserved node keeps the taint (``ops/lending.closed_after_lending``, issue 42).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from webhook.cluster.view import ClusterView, NotSynced
 from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.capacity import CapacityModel, Holder
-from webhook.ops.lending import Waiting, closed_nodes, lent_per_node
+from webhook.ops.lending import Waiting, closed_after_lending, closed_nodes, lent_per_node
 from webhook.service.device_lending import DeviceLending, DeviceRound
 from webhook.service.periodic import Periodic
 
@@ -198,11 +199,17 @@ class LendingKeeper:
         key, value = policy.spec.reserved_nodes.label
         nodes = self._list(api_path("v1", "nodes"), f"{key}={value}")
         taint = {k: str(v) for k, v in lending.no_borrowers_toleration.items() if k != "operator"}
+        inference = sorted(n for n, c in policy.spec.classes.items() if c.placement == "reserved")
         if not lending.enabled:
-            written, conflicts = self._taint(nodes, taint, closed=set())
+            # Pending borrowers of before the switch keep the reserved nodes closed (ops/lending).
+            pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
+            if inference and pods:
+                pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)
+            keep = closed_after_lending(pods, lending.borrower.name, inference)
+            closed = {str((n.get("metadata") or {}).get("name", "")) for n in nodes} if keep else set()
+            written, conflicts = self._taint(nodes, taint, closed=closed)
             devices = self._device_round(policy, [])
             return Observed(written=tuple(written), conflicts=tuple(conflicts), devices=devices)
-        inference = sorted(n for n, c in policy.spec.classes.items() if c.placement == "reserved")
         pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
         if inference:
             pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)

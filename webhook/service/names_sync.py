@@ -12,7 +12,14 @@ removed, by whatever tool.
   fight; a merge patch with the ``resourceVersion`` read makes a concurrent write a 409, retried next
   round.
 - The ConfigMap is shipped (empty) with the manifests: RBAC is ``get``/``patch`` on that one object by
-  name, no ``create``. If someone deletes it, this says so (log, metric) and ``pool apply`` re-creates it.
+  name, no ``create``. If someone deletes it, this says so (log, metric ``result="missing"``, alert
+  ``RocmIsolationBackstopParamsMissing``) and ``pool apply`` re-creates it. Reported, not re-created
+  (issue 42): RBAC cannot restrict ``create`` by name, and ``create`` on ConfigMaps of
+  ``rocm-isolation-system`` would let a stolen token of the webhook re-create the parameter of the class
+  label guard (``rocm-isolation-class-label-editors``) with groups of its choosing if that one were ever
+  deleted. What is lost meanwhile is small since issue 42: only the name checks
+  (``rocm-isolation-reserved-node-names``) are skipped; the label, taint and opt-out checks
+  (``rocm-isolation-reserved-nodes``) take no parameter.
 - Without the Lease (``--audit-interval-seconds 0``) nothing is synced; ``audit`` keeps reporting drift
   when no replica runs (``reserved-node-names-out-of-date``).
 """
@@ -78,7 +85,8 @@ class ReservedNamesSync:
         except NotFound:
             if not self._missing_said:
                 log.warning(
-                    "reserved node names: the ConfigMap is missing (shipped with the manifests); "
+                    "reserved node names: the ConfigMap is missing (shipped with the manifests): the apiserver "
+                    "skips the backstop's name checks (spec.nodeName of a reserved node) until "
                     "`rocm-isolation-webhook pool apply` re-creates it",
                     extra={"configmap": PARAMS_CONFIGMAP},
                 )
