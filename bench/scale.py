@@ -970,7 +970,8 @@ def plot(rows: list[dict[str, Any]], extrapolated: dict[str, Any], target: Path,
         ax.plot(pods, ys, "o-", label="measured")
         fit = extrapolated.get(key)
         if fit:
-            xs = [0, extrapolated["pods"]]
+            low, high = min(pods), extrapolated["pods"]
+            xs = [low * (high / low) ** (i / 40) for i in range(41)]  # straight on linear axes, not on the log one
             ax.plot(
                 xs, [(fit["intercept"] + fit["slope_per_1000_pods"] * x / 1000) * factor for x in xs], "k--", lw=1,
                 label="least squares",
@@ -980,7 +981,7 @@ def plot(rows: list[dict[str, Any]], extrapolated: dict[str, Any], target: Path,
             ax.plot([r["pods"] for r in prior], [(r.get(key) or 0) * factor for r in prior], "x:", label="before")
         ax.set_xlabel("pods")
         ax.set_title(label, fontsize=10)
-        ax.set_xscale("symlog", linthresh=1000)
+        ax.set_xscale("log")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(target)
