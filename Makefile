@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so webhook/*/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending bench-view fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending bench-scale bench-view fuzz soak certs manifests clean
 
 all: test
 
@@ -110,6 +110,19 @@ bench-lending: $(COMPILED)
 	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
 	fi; \
 	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.lending $(ARGS)
+
+# what the lending keeper of `serve` costs the apiserver and itself as the cluster grows (issue 41), on the real
+# control plane: 50 nodes / 1,000 pods up to 1,000 nodes / 30,000 pods, a steady window per size, one reclaim at the
+# largest, extrapolated to 5,000 / 150,000 (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md
+# and docs/bench-scale.png, the figures as JSON on the last line. ARGS: more options of bench.scale (--sizes,
+# --window-seconds, --label, --save-before, --no-write).
+bench-scale: $(COMPILED)
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
+	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
+	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
+	fi; \
+	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.scale $(ARGS)
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)
