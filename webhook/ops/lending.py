@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from webhook.core import scheduling
+from webhook.core.pods import MalformedPod
 from webhook.core.rules import PLACED_LABEL
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder, NodeCapacity
 
@@ -35,6 +37,9 @@ class Waiting:
     gpus: int
     created: datetime | None = None
     devices: bool = False  # its GPUs are DRA devices (claims): only evictions make room
+    # The nodes its nodeSelector and required node affinity admit (``node_admits``); None: any node. Room is
+    # made only there: evicting a borrower from a node the pod cannot go to frees nothing for it.
+    nodes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,51 @@ class Reclaim:
     pod: Waiting
     node: str
     victims: tuple[Holder, ...]
+
+
+def _requirement_holds(expression: Mapping[str, Any], value: str | None) -> bool:
+    operator = expression.get("operator")
+    values = [str(v) for v in expression.get("values") or []]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            number, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return number > bound if operator == "Gt" else number < bound
+    return False
+
+
+def node_admits(pod: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> bool:
+    """Whether the pod's ``nodeSelector`` and required node affinity admit the node (the scheduler's
+    NodeAffinity filter: every selector label, and one of the terms, each requirement of it; ``matchFields``
+    on ``metadata.name``). A pod whose terms cannot be read is admitted everywhere (the plan then may evict
+    for a node it cannot use, as before, rather than never make room)."""
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
+    if isinstance(selector, Mapping) and any(labels.get(str(k)) != str(v) for k, v in selector.items()):
+        return False
+    try:
+        terms = scheduling.required_terms(spec)
+    except MalformedPod:
+        return True
+    if terms is None:
+        return True
+    for term in terms:
+        if term.empty:
+            continue
+        if all(_requirement_holds(e, labels.get(str(e.get("key")))) for e in term.expressions) and all(
+            _requirement_holds(f, name if f.get("key") == "metadata.name" else None) for f in term.fields
+        ):
+            return True
+    return False
 
 
 def lent(node: NodeCapacity) -> int:
@@ -117,7 +167,8 @@ def plan_reclaims(
     """Room for every waiting pod whose GPUs are devices of split nodes, the oldest first: on each node, what
     is free once the ``leaving`` pods are gone (borrowers already evicted, terminating), less what was
     promised to older waiting pods this round; where that is not enough, the fewest borrowers to evict,
-    the youngest among equals (never an inference pod, a non-borrower, one leaving already or one of
+    the youngest among equals, on the nodes the pod can go to (``Waiting.nodes``) (never an inference pod, a
+    non-borrower, one leaving already or one of
     ``spared``: its PodDisruptionBudget refused). A pod the freed devices already cover gets a plan with no
     victims: nothing more is evicted for it (this is what makes a new Lease holder pick up a reclaim in
     flight without evicting twice: the plan is a function of the cluster, not of memory). A pod that fits
@@ -129,7 +180,7 @@ def plan_reclaims(
     for pod in sorted(waiting, key=lambda w: (w.created.timestamp() if w.created else 0.0, w.namespace, w.name)):
         best: tuple[tuple[int, float, str], Reclaim] | None = None
         for node in model.pool_nodes(RESERVED):
-            if not node.split:
+            if not node.split or (pod.nodes is not None and node.name not in pod.nodes):
                 continue
             free = model.free_without(node.name, RESERVED, gone) - promised.get(node.name, 0)
             chosen: list[Holder] = []

@@ -42,7 +42,7 @@ from webhook.core.lending import settings
 from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
-from webhook.ops.lending import Reclaim, Waiting, lent_per_node, plan_reclaims
+from webhook.ops.lending import Reclaim, Waiting, lent_per_node, node_admits, plan_reclaims
 from webhook.ops.pool_read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
 from webhook.ops.pool_write import evictor
 from webhook.ops.reservation import Reservation
@@ -84,10 +84,14 @@ def requested_devices(claim: Mapping[str, Any]) -> int:
 
 
 def waiting_for_devices(
-    pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver_classes: set[str]
+    pods: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    driver_classes: set[str],
+    nodes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[Waiting]:
     """The pods (unschedulable inference pods, as the keeper found them) waiting for devices: with claims of
-    ours (``driver_classes``: the classes that hand out reserved devices) not allocated yet, and how many."""
+    ours (``driver_classes``: the classes that hand out reserved devices) not allocated yet, how many, and
+    (given the ``nodes``' labels) which of the nodes their selector and required affinity admit."""
     by_name = {
         (str((c.get("metadata") or {}).get("namespace")), str((c.get("metadata") or {}).get("name"))): c for c in claims
     }
@@ -112,6 +116,9 @@ def waiting_for_devices(
                     needed,
                     parse_time(metadata.get("creationTimestamp")),
                     devices=True,
+                    nodes=None
+                    if nodes is None
+                    else frozenset(name for name, labels in nodes.items() if node_admits(pod, name, labels)),
                 )
             )
     return found
@@ -172,7 +179,10 @@ class DeviceLending:
             return DeviceRound()
         model = capacity_model(policy, read, Reservation.from_policy(policy))
         waiting = waiting_for_devices(
-            unschedulable_inference, read.devices.claims, {devices.reserved_class_name, devices.lendable_class_name}
+            unschedulable_inference,
+            read.devices.claims,
+            {devices.reserved_class_name, devices.lendable_class_name},
+            {node.name: node.labels for node in read.cluster.nodes},
         )
         evicted: list[str] = []
         blocked: list[str] = []
