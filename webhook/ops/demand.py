@@ -32,6 +32,18 @@ from webhook.ops.lending import Waiting
 WHOLE: Final = "whole"
 SPLIT: Final = "split"
 KINDS: Final = (WHOLE, SPLIT)
+POOL: Final = "reserved"  # the pool label of the gauges: the policy's one reserved pool
+
+# The gauge of each figure (``serve`` exports them, labelled pool and nodes; ``pool recommend`` reads them back).
+GAUGES: Final = {
+    "nodes": "rocm_isolation_reserved_nodes",
+    "node_gpus": "rocm_isolation_reserved_nodes_gpus",
+    "reserved": "rocm_isolation_reserved_gpus",
+    "inference": "rocm_isolation_reserved_gpus_inference",
+    "waiting": "rocm_isolation_reserved_gpus_inference_waiting",
+    "lent": "rocm_isolation_reserved_gpus_lent",
+    "idle": "rocm_isolation_reserved_gpus_idle",
+}
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,9 @@ def reserved_demand(model: CapacityModel, waiting: Iterable[Waiting]) -> dict[st
         found = counts[SPLIT if node.split else WHOLE]
         side = node.side(RESERVED)
         found["nodes"] += 1
-        found["node_gpus"] += side.capacity + (node.sides[SHARED].capacity if node.split and SHARED in node.sides else 0)
+        found["node_gpus"] += side.capacity + (
+            node.sides[SHARED].capacity if node.split and SHARED in node.sides else 0
+        )
         found["reserved"] += side.capacity
         found["inference"] += sum(gpus for holder, gpus in side.holders if holder.inference)
         found["lent"] += sum(gpus for holder, gpus in side.holders if holder.borrower and not holder.inference)

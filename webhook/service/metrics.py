@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from webhook.ops.capacity import RESERVED
-from webhook.ops.demand import SPLIT, WHOLE
+from webhook.ops.demand import GAUGES, POOL, SPLIT, WHOLE
 
 if TYPE_CHECKING:
     from webhook.ops.demand import Demand
@@ -260,10 +259,10 @@ class Metrics:
         # Inference's demand on the reservation, per kind of node (issue 43: ``pool recommend`` sizes the
         # reservation from their history). Set by the lending keeper (the Lease holder; 0 on other replicas: read
         # them with max by (pool, nodes)); nodes is whole (reserved whole) or split (the split nodes' reserved
-        # devices). pool is the reserved pool (one today: the policy's reserved label).
+        # devices). pool is the reserved pool (one today: the policy's reserved label). The names: ops/demand.GAUGES.
         demand_labels = ["pool", "nodes"]
         self.reserved_nodes = Gauge(
-            f"{PREFIX}_reserved_nodes",
+            GAUGES["nodes"],
             "Nodes of the reserved pool, by kind (whole: reserved whole; split: a device-level reservation splits "
             "them), seen by the lending keeper.",
             demand_labels,
@@ -271,28 +270,28 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self.reserved_nodes_gpus = Gauge(
-            f"{PREFIX}_reserved_nodes_gpus",
+            GAUGES["node_gpus"],
             "Every GPU of those nodes (a split node's reserved and shared ones): what a larger reservation can take.",
             demand_labels,
             registry=r,
             multiprocess_mode="livemax",
         )
         self.reserved_gpus = Gauge(
-            f"{PREFIX}_reserved_gpus",
+            GAUGES["reserved"],
             "Reserved GPUs (the reserved side of those nodes): the reservation's size.",
             demand_labels,
             registry=r,
             multiprocess_mode="livemax",
         )
         self.reserved_gpus_inference = Gauge(
-            f"{PREFIX}_reserved_gpus_inference",
+            GAUGES["inference"],
             "Reserved GPUs that inference pods hold.",
             demand_labels,
             registry=r,
             multiprocess_mode="livemax",
         )
         self.reserved_gpus_inference_waiting = Gauge(
-            f"{PREFIX}_reserved_gpus_inference_waiting",
+            GAUGES["waiting"],
             "GPUs that inference pods asked for and did not get (Unschedulable; on split nodes, the devices of "
             "their claims not allocated): held + waiting is the demand the reservation must cover.",
             demand_labels,
@@ -300,14 +299,14 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self.reserved_gpus_lent = Gauge(
-            f"{PREFIX}_reserved_gpus_lent",
+            GAUGES["lent"],
             "Reserved GPUs that borrowers hold.",
             demand_labels,
             registry=r,
             multiprocess_mode="livemax",
         )
         self.reserved_gpus_idle = Gauge(
-            f"{PREFIX}_reserved_gpus_idle",
+            GAUGES["idle"],
             "Reserved GPUs that nobody holds.",
             demand_labels,
             registry=r,
@@ -366,7 +365,7 @@ class Metrics:
             (self.reserved_gpus_lent, demand.lent),
             (self.reserved_gpus_idle, demand.idle),
         ):
-            gauge.labels(RESERVED, kind).set(value)
+            gauge.labels(POOL, kind).set(value)
 
     def render(self) -> bytes:
         if multiprocess_dir():
