@@ -63,15 +63,17 @@ unit: $(COMPILED)
 	    "tests/deploy/test_monitoring.py are skipped. \`make promtool\` installs it (Debian package prometheus)."
 	$(PY) -m pytest
 
-# promtool (Debian's prometheus package) checks and unit-tests the alert rules of the monitoring pack.
+# promtool (Debian's prometheus package) checks and unit-tests the alert rules of the monitoring pack; the
+# package's prometheus server runs `pool recommend`'s e2e test (tests/e2e/test_e2e_recommend.py).
 # Installed with apt when missing and running as root (CI); otherwise says what to do.
 promtool:
-	@command -v promtool >/dev/null 2>&1 && exit 0; \
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	        prometheus >/dev/null || echo "NOTE: apt-get could not install prometheus: the alert rule tests are skipped"; \
 	else \
-	    echo "NOTE: promtool missing: run \`sudo apt-get install prometheus\` (the alert rule tests are skipped)"; \
+	    echo "NOTE: promtool/prometheus missing: run \`sudo apt-get install prometheus\` (the alert rule tests and" \
+	        "pool recommend's e2e test are skipped)"; \
 	fi
 
 test: promtool lint typecheck unit
