@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "bench.instructions",
         "bench.soak",
         "bench.lending",
+        "bench.lending_recommend",
     ],
 )
 def test_a_bench_module_imports_as_make_runs_it(module: str) -> None:
