@@ -95,9 +95,9 @@ class RecordingRun(Run):
             self.scrape_errors += 1
 
 
-def recommend(history: Path, policy: Path, quantile: float) -> dict[str, Any]:
+def recommend(history: Path, policy: Path, quantile: float, max_gap: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "webhook", "pool", "recommend", "--from-file", str(history), "--window", "1d",
-            "--max-gap", "30m", "--quantile", str(quantile), "--policy", str(policy), "-o", "json"]  # fmt: skip
+            "--max-gap", max_gap, "--quantile", str(quantile), "--policy", str(policy), "-o", "json"]  # fmt: skip
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pool recommend exited {result.returncode}: {result.stderr.strip()}")
@@ -190,7 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantile", type=float, default=0.99, help="pool recommend --quantile")
     parser.add_argument("--history", type=Path, help="keep the exported gauges here (default: a temporary file)")
     parser.add_argument(
-        "--time-factor", type=float, default=Settings().time_factor, help="trace seconds per real second (a quick try: 2400)"
+        "--time-factor",
+        type=float,
+        default=Settings().time_factor,
+        help="trace seconds per real second (a quick try: 2400)",
+    )
+    parser.add_argument(
+        "--max-gap",
+        default="30m",
+        help="pool recommend --max-gap, trace time (a sample every 4 trace minutes at the default time factor; a "
+        "quick try at 2400: 2h)",
     )
     parser.add_argument("--no-write", action="store_true", help="print only: docs/benchmarks.md untouched")
     args = parser.parse_args(argv)
@@ -220,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         history.write_text(openmetrics(recorded.records), encoding="utf-8")
         policy = Path(directory) / "policy.yaml"
         policy.write_text(policy_text(hand_settings, True), encoding="utf-8")
-        advice = recommend(history, policy, args.quantile)
+        advice = recommend(history, policy, args.quantile, args.max_gap)
     by_kind = pools(advice)
-    per_node = by_kind["split"]["recommended"]["devicesPerNode"] if "split" in by_kind else hand_settings.devices_per_node
+    per_node = (
+        by_kind["split"]["recommended"]["devicesPerNode"] if "split" in by_kind else hand_settings.devices_per_node
+    )
     if per_node > lending.GPUS_PER_NODE:
         raise RuntimeError(f"pool recommend said {per_node} devices per node: more than a node's GPUs")
     whole_nodes = by_kind["whole"]["recommended"]["reservedNodes"] if "whole" in by_kind else hand_settings.whole_nodes
@@ -236,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{per_node} devices per split node (today {hand_settings.devices_per_node}), "
         f"{whole_nodes} whole nodes (today {hand_settings.whole_nodes}), headroomGPUs {headroom} (today "
         f"{hand_settings.headroom}); busiest hour's demand: "
-        + ", ".join(f"{k} {p['demandGPUs']} GPUs at {p['peakHour']:02d}:00, burst {p['burstGPUs']}" for k, p in by_kind.items())
+        + ", ".join(
+            f"{k} {p['demandGPUs']} GPUs at {p['peakHour']:02d}:00, burst {p['burstGPUs']}" for k, p in by_kind.items()
+        )
     )
     log(f"pool recommend: {said}")
     chosen_settings = Settings(time_factor=args.time_factor, devices_per_node=per_node, headroom=headroom)

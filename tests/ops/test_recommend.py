@@ -21,6 +21,7 @@ from webhook.ops.demand_history import (
     from_matrix,
     from_samples,
     parse_openmetrics,
+    to_openmetrics,
 )
 from webhook.ops.recommend import HistoryError, expected, quantile, recommend
 
@@ -257,6 +258,7 @@ def test_the_table_names_the_command_and_the_policy_change(capsys: pytest.Captur
         (["--from-file", "x.om", "--token", "t"], "--token, --token-file and the TLS options are for --prometheus"),
         (["--from-file", "x.om", "--quantile", "1.5"], "--quantile 1.5: give a value between 0.5 and 1"),
         (["--from-file", "x.om", "--count", "2"], "reads history, not nodes: --count does not apply"),
+        (["--from-file", "x.om", "--save", "y.om"], "--save writes what --prometheus read"),
         (["--from-file", "/nonexistent/x.om"], "--from-file /nonexistent/x.om: No such file or directory"),
         (["--from-file", str(FIXTURES / "gap.om.gz"), "--window", "1d"], "a gap of 1h in the history"),
         (["--from-file", str(FIXTURES / "generate.py"), "--window", "1d"], "generate.py, line 1: not an OpenMetrics"),
@@ -275,3 +277,9 @@ def test_recommend_options_are_refused_with_other_verbs(capsys: pytest.CaptureFi
     pool.add_arguments(parser)
     assert pool.main(parser.parse_args(["status", "--window", "7d"])) == 2
     assert "--window is only for pool recommend" in capsys.readouterr().err
+
+
+def test_a_saved_history_is_the_same_history_on_the_same_grid() -> None:
+    history = load("gap.om.gz")
+    again = from_samples(parse_openmetrics(to_openmetrics(history)), history.grid)
+    assert again.values == history.values and again.values  # the gap saved as a gap, not filled

@@ -172,3 +172,29 @@ def from_matrix(answers: Mapping[str, Sequence[Mapping[str, Any]]], grid: Grid) 
                 if not math.isnan(value):
                     _put(history, _key(labels), figure, index, value)
     return history
+
+
+def to_openmetrics(history: History) -> str:
+    """The history as OpenMetrics text, one sample per grid point with a value (``pool recommend --save``): read
+    back on the same grid (``from_samples``) it is the same history, so a recommendation can be made again offline,
+    or in CI."""
+    lines: list[str] = []
+    times = history.grid.times()
+    for figure, name in GAUGES.items():
+        lines.append(f"# TYPE {name} gauge")
+        for (pool, nodes), columns in sorted(history.values.items()):
+            series = f'{name}{{pool="{_escape(pool)}",nodes="{_escape(nodes)}"}}'
+            before: float | None = None
+            for at, value in zip(times, columns.get(figure) or [], strict=False):
+                if value is not None:
+                    lines.append(f"{series} {value:.10g} {at:.3f}")
+                elif before is not None:
+                    # A NaN where the values stop: read back, the last value would otherwise fill the lookback.
+                    lines.append(f"{series} NaN {at:.3f}")
+                before = value
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.core.policy import Policy
-from webhook.ops.demand_history import Grid, HistoryFormatError, from_samples, parse_openmetrics
+from webhook.ops.demand_history import Grid, HistoryFormatError, from_samples, parse_openmetrics, to_openmetrics
 from webhook.ops.pool_output import EXIT_BAD, EXIT_OK, Output
 from webhook.ops.prometheus import PrometheusError, Server, read_history, step_for
 from webhook.ops.recommend import (
@@ -35,7 +35,8 @@ from webhook.ops.reservation import columns
 EXAMPLES = """\
   rocm-isolation-webhook pool recommend --prometheus https://prometheus.monitoring:9090 --token-file /var/run/token
   rocm-isolation-webhook pool recommend --prometheus http://localhost:9090 --window 7d --quantile 0.95 -o json
-  rocm-isolation-webhook pool recommend --from-file demand.om
+  rocm-isolation-webhook pool recommend --prometheus http://localhost:9090 --save demand.om.gz
+  rocm-isolation-webhook pool recommend --from-file demand.om.gz
 """
 
 
@@ -68,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Any) -> None:
         metavar="DURATION",
         help="recommend: the longest stretch without samples accepted (default 15m)",
     )
+    group.add_argument(
+        "--save",
+        metavar="FILE",
+        help="recommend --prometheus: also write the history read to FILE (OpenMetrics; FILE.gz: gzipped), for "
+        "--from-file later, offline or in CI",
+    )
     group.add_argument("--token", metavar="TOKEN", help="recommend: bearer token for Prometheus")
     group.add_argument("--token-file", metavar="FILE", help="recommend: read the bearer token from this file")
     group.add_argument("--certificate-authority", metavar="FILE", help="recommend: CA bundle of Prometheus's TLS")
@@ -78,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Any) -> None:
     )
 
 
-OPTIONS = ("prometheus", "from_file", "window", "max_gap", "token", "token_file", "certificate_authority")
+OPTIONS = ("prometheus", "from_file", "save", "window", "max_gap", "token", "token_file", "certificate_authority")
 DEFAULT_WINDOW = 14 * 86400.0
 DEFAULT_MAX_GAP = 15 * 60.0
 
@@ -105,6 +112,8 @@ def check_usage(args: argparse.Namespace) -> None:
         getattr(args, n) for n in ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
     ):
         raise RecommendUsageError("--token, --token-file and the TLS options are for --prometheus, not --from-file")
+    if args.save is not None and args.prometheus is None:
+        raise RecommendUsageError("--save writes what --prometheus read: give --prometheus URL")
     if args.token is not None and args.token_file is not None:
         raise RecommendUsageError("give --token or --token-file, not both")
     if args.prometheus is not None and not args.prometheus.startswith(("http://", "https://")):
@@ -135,6 +144,17 @@ def read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def save(path: Path, text: str) -> None:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "wt", encoding="utf-8") as out:
+                out.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise RecommendUsageError(f"--save {path}: {err.strerror or err}") from err
+
+
 def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None = None) -> int:
     """Read the history, recommend, print; every failure is one ``error:`` line and exit 2."""
     window = args.window if args.window is not None else DEFAULT_WINDOW
@@ -156,6 +176,9 @@ def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None
         else:
             grid = Grid.ending(time.time() if now is None else now, window, step)
             history = read_history(_server(args), grid)
+            if args.save is not None:
+                # Before the analysis: a history it refuses is worth keeping too (to see the gap).
+                save(Path(args.save), to_openmetrics(history))
         found = recommend(history, window, args.quantile, policy.spec.lending.headroom_gpus, max_gap)
     except (RecommendUsageError, PrometheusError, HistoryFormatError) as err:
         out.error(str(err))
