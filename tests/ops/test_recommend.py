@@ -283,3 +283,17 @@ def test_a_saved_history_is_the_same_history_on_the_same_grid() -> None:
     history = load("gap.om.gz")
     again = from_samples(parse_openmetrics(to_openmetrics(history)), history.grid)
     assert again.values == history.values and again.values  # the gap saved as a gap, not filled
+
+
+def test_a_moment_nobody_led_is_no_demand_and_no_burst() -> None:
+    history = load("daily.om.gz")
+    key = ("reserved", "whole")
+    # 12:30-12:35: every replica exports zeros (the Lease changing hands): demand 8 -> 0 -> 8 would read as a rise of
+    # 8, twice the real burst (4 at 12:00), and the busiest hour's demand would not change either way.
+    for figure in ("nodes", "node_gpus", "reserved", "inference", "waiting", "lent", "idle"):
+        column = history.values[key][figure]
+        for index in range(750, 755):
+            column[index] = 0.0
+    whole = next(r for r in recommend(history, DAY, 0.99, 0, GAP).kinds if r.kind == "whole")
+    assert (whole.burst, whole.demand) == (4, 8)
+    assert next(h for h in whole.hours if h.hour == 12).samples == 55

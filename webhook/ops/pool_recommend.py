@@ -59,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Any) -> None:
     group.add_argument(
         "--quantile",
         type=float,
-        default=0.99,
         metavar="Q",
         help="recommend: the demand the reservation covers in the busiest hour (default 0.99)",
     )
@@ -85,9 +84,20 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Any) -> None:
     )
 
 
-OPTIONS = ("prometheus", "from_file", "save", "window", "max_gap", "token", "token_file", "certificate_authority")
+OPTIONS = (
+    "prometheus",
+    "from_file",
+    "save",
+    "window",
+    "quantile",
+    "max_gap",
+    "token",
+    "token_file",
+    "certificate_authority",
+)
 DEFAULT_WINDOW = 14 * 86400.0
 DEFAULT_MAX_GAP = 15 * 60.0
+DEFAULT_QUANTILE = 0.99
 
 
 def check_usage(args: argparse.Namespace) -> None:
@@ -95,8 +105,6 @@ def check_usage(args: argparse.Namespace) -> None:
     given = [name for name in OPTIONS if getattr(args, name, None) is not None]
     if getattr(args, "insecure_skip_tls_verify", False):
         given.append("insecure_skip_tls_verify")
-    if getattr(args, "quantile", 0.99) != 0.99:
-        given.append("quantile")
     if args.action != "recommend":
         if given:
             raise RecommendUsageError(f"--{given[0].replace('_', '-')} is only for pool recommend")
@@ -118,7 +126,7 @@ def check_usage(args: argparse.Namespace) -> None:
         raise RecommendUsageError("give --token or --token-file, not both")
     if args.prometheus is not None and not args.prometheus.startswith(("http://", "https://")):
         raise RecommendUsageError(f"--prometheus {args.prometheus}: give a URL (http:// or https://)")
-    if not 0.5 <= args.quantile <= 1.0:
+    if args.quantile is not None and not 0.5 <= args.quantile <= 1.0:
         raise RecommendUsageError(f"--quantile {args.quantile}: give a value between 0.5 and 1")
     if args.max_gap is not None and args.max_gap <= 0:
         raise RecommendUsageError("--max-gap: give a positive duration")
@@ -159,6 +167,7 @@ def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None
     """Read the history, recommend, print; every failure is one ``error:`` line and exit 2."""
     window = args.window if args.window is not None else DEFAULT_WINDOW
     max_gap = args.max_gap if args.max_gap is not None else DEFAULT_MAX_GAP
+    quantile = args.quantile if args.quantile is not None else DEFAULT_QUANTILE
     step = step_for(window)
     try:
         if args.from_file is not None:
@@ -179,7 +188,7 @@ def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None
             if args.save is not None:
                 # Before the analysis: a history it refuses is worth keeping too (to see the gap).
                 save(Path(args.save), to_openmetrics(history))
-        found = recommend(history, window, args.quantile, policy.spec.lending.headroom_gpus, max_gap)
+        found = recommend(history, window, quantile, policy.spec.lending.headroom_gpus, max_gap)
     except (RecommendUsageError, PrometheusError, HistoryFormatError) as err:
         out.error(str(err))
         return EXIT_BAD

@@ -135,8 +135,11 @@ def _demand(history: History, key: Key) -> list[float | None]:
 
 
 def _present(history: History, key: Key) -> list[bool]:
+    """The points with every needed figure, and nodes: zeros everywhere are a moment when no replica led the
+    keeping (the others export zeros), not a demand of 0; a drop to 0 and back would read as a burst."""
     columns = [history.series(key, figure) for figure in NEEDED]
-    return [all(column[i] is not None for column in columns) for i in range(history.grid.points)]
+    nodes = history.series(key, "nodes")
+    return [all(column[i] is not None for column in columns) and bool(nodes[i]) for i in range(history.grid.points)]
 
 
 def _label(key: Key) -> str:
