@@ -159,15 +159,39 @@ def section(hand: dict[str, Any], chosen: dict[str, Any], advice: Mapping[str, A
     lines += [f"| {name} | {cell(hand.get(key))} | {cell(chosen.get(key))} |" for name, key in ROWS]
     p99 = chosen["inference_bind_p99_s"]
     held = p99 is not None and p99 <= bound
-    fewer = chosen["interruptions"] <= hand["interruptions"] and chosen["lost_gpu_hours"] <= hand["lost_gpu_hours"]
+    pairs = [(chosen[k], hand[k]) for k in ("interruptions", "lost_gpu_hours")]
+    fewer = (
+        "fewer" if all(a <= b for a, b in pairs) and any(a < b for a, b in pairs)
+        else "as many" if all(a == b for a, b in pairs) else "more"
+    )  # fmt: skip
     lines += [
         "",
         f"- Bound (grace + 5 = {bound} s) at the recommended size: p99 {cell(p99)} s: **{'held' if held else 'NOT held'}**.",
         f"- Borrowers taken back {hand['interruptions']} → {chosen['interruptions']}, work lost "
         f"{cell(hand['lost_gpu_hours'])} → {cell(chosen['lost_gpu_hours'])} GPU-hours: "
-        f"**{'fewer or as many' if fewer else 'more'}**; borrowed {cell(hand['borrowed_gpu_hours'])} → "
+        f"**{fewer}**; borrowed {cell(hand['borrowed_gpu_hours'])} → "
         f"{cell(chosen['borrowed_gpu_hours'])} GPU-hours.",
     ]
+    if hand["reserved"] == chosen["reserved"]:
+        lines.append(
+            "- The hand-chosen size is already right for this trace: its busiest hour's demand fills the reservation "
+            "(the trace's peak is 100 % of it), so `pool recommend` keeps the size and changes the headroom only."
+        )
+    if hand["borrowed_gpu_hours"]:
+        cost = 1 - chosen["borrowed_gpu_hours"] / hand["borrowed_gpu_hours"]
+        lines.append(
+            f"- The price of the headroom: {cost:.0%} fewer GPU-hours lent (kept idle for a burst instead)."
+            + (
+                f" Inference still waits about a grace period when a burst outgrows it (p50 {cell(p50)} s)."
+                if (p50 := chosen.get("inference_bind_p50_s")) is not None and p50 >= 0.8 * meta["grace"]
+                else ""
+            )
+        )
+    lines.append(
+        "- One run of each, on a machine shared with other work: a difference of a few reclaims is within what "
+        "separates two runs of the same size (compare the hand-chosen column with `make bench-lending`'s lending "
+        "run above)."
+    )
     lines += [f"- {note}" for note in meta["notes"]]
     lines += ["", "The last line `make bench-lending-recommend` printed:", "", "```json", json.dumps(meta["json"]),
               "```", SECTION_END]  # fmt: skip

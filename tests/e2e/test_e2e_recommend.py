@@ -5,7 +5,7 @@ the certificates ``rocm-isolation-webhook certs`` makes.
 
 - The same history read from Prometheus (``--prometheus``, ``--certificate-authority``) and from the file it was
   backfilled from (``--from-file``) gives the same recommendation: the PromQL (``max by (pool, nodes)``, its
-  lookback) and the file's lookup agree.
+  lookback) and the file's lookup agree; so does what ``--save`` wrote, read back.
 - TLS without the CA is refused with a clear error; a window longer than the history gets "too short a history";
   both exit 2 with no recommendation.
 
@@ -147,6 +147,14 @@ def test_recommend_reads_the_same_answer_from_prometheus_and_from_the_file(prome
     assert offline.returncode == 0, offline.stdout + offline.stderr
     found = json.loads(live.stdout)
     assert figures(found) == figures(json.loads(offline.stdout))
+    # What --save writes is what was read: offline again from it, the same recommendation.
+    saved = prometheus.history.with_name("saved.om.gz")
+    kept = run("--prometheus", prometheus.url, "--certificate-authority", str(prometheus.ca_file), "--window", "1d",
+               "--save", str(saved), "-o", "json")  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    again = run("--from-file", str(saved), "--window", "1d", "-o", "json")
+    assert again.returncode == 0, again.stderr
+    assert figures(json.loads(again.stdout)) == figures(found)
     # The fixture's day (tests/ops/test_recommend.py reasons it out): whole 4 nodes -> 2, split 2 per node -> 3.
     assert [(p["nodes"], p["recommended"]) for p in found["pools"]] == [
         ("whole", {"reservedGPUs": 8, "reservedNodes": 2}),

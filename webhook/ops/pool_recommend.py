@@ -232,7 +232,7 @@ def as_text(found: Recommendation, window: float) -> list[str]:
             f"q{found.quantile:g} of its rises from one point to the next: {report.burst} GPUs",
             "",
         ]
-        lines += columns(_compare(report, found))
+        lines += columns(_compare(report))
         for note in report.notes:
             lines.append(f"note: {note}")
         if report.commands:
@@ -245,8 +245,9 @@ def as_text(found: Recommendation, window: float) -> list[str]:
     else:
         lines.append(f"policy: no change (lending.headroomGPUs stays {found.headroom_today})")
     lines.append(
-        "expected figures replay the window's demand at each size (borrowers take whatever may be lent); "
-        "`make bench-lending` measures them on a real control plane"
+        "expected figures replay the window's demand at each size: borrowers take whatever may be lent at once, and "
+        "give back what the headroom needs as soon as it is needed without a reclaim (they finish), so the expected "
+        "reclaims are a floor; `make bench-lending-recommend` measures a recommendation on a real control plane"
     )
     return lines
 
@@ -259,7 +260,7 @@ def _heading(report: KindReport) -> str:
     )
 
 
-def _compare(report: KindReport, found: Recommendation) -> list[list[str]]:
+def _compare(report: KindReport) -> list[list[str]]:
     def row(name: str, today: str, recommended: str) -> list[str]:
         return [name, today, recommended]
 
@@ -283,7 +284,6 @@ def _compare(report: KindReport, found: Recommendation) -> list[list[str]]:
                 "",
             )
         )
-    del found
     return rows
 
 

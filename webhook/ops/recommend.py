@@ -15,7 +15,9 @@ and kind of node. Per kind with nodes in the history:
 - **expected** idle, lent and waiting GPU-hours per day and GPUs taken back from borrowers per day, today's size
   against the recommended one, by replaying the window's demand (``expected``: borrowers take whatever may be
   lent at once, a backlog always waiting, as in ``make bench-lending``; lending closes without a reclaim as
-  demand rises into the headroom; a rise past the free GPUs takes that many GPUs back from borrowers).
+  demand rises into the headroom; a rise past the free GPUs takes that many GPUs back from borrowers). The
+  headroom comes back at once in the replay, as if borrowers finished the moment lending closed: in a cluster it
+  comes back as they finish, so the expected reclaims are a floor (``make bench-lending-recommend`` measures).
 
 Refused, never guessed: a window shorter than a day (some hour of the day unseen), no sample at all, and a
 gap (no sample for longer than ``max_gap``, including at the start or end of the window: history shorter than
