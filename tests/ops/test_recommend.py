@@ -79,7 +79,19 @@ CASES = [
         "gap.om.gz",
         error="a gap of 1h in the history, from 2025-12-05 10:00 UTC to 2025-12-05 11:00 UTC",
     ),
-    Case("half a day of history for a day's window", "half-day.om.gz", error="the history starts at 2025-12-05 12:00"),
+    Case(
+        "half a day of history for a day's window",
+        "half-day.om.gz",
+        error="the history starts at 2025-12-05 12:00 UTC: only 12h of it, and a recommendation needs at least 1d",
+    ),
+    Case(
+        # A day of history, asked for two: say which window it supports.
+        "a day of history for a two days' window",
+        "daily.om.gz",
+        window=2 * DAY,
+        error="the history starts at 2025-12-05 00:00 UTC, 1d into the 2d window: too short a history for the window "
+        "(give --window 1d or less",
+    ),
     Case("no demand gauge", "empty.om.gz", error="no data: no sample of rocm_isolation_reserved_nodes"),
     Case("a window shorter than a day", "daily.om.gz", window=6 * 3600.0, error="--window 6h is too short"),
 ]

@@ -177,6 +177,11 @@ def check(history: History, window: float, max_gap: float) -> list[Key]:
         seen = [i for i, ok in enumerate(present) if ok]
         # The window's edges count as samples: history that starts late or stops early is a gap too.
         first_at = times[seen[0]]
+        if first_at - grid.start > max_gap and grid.end - first_at < DAY:
+            raise HistoryError(
+                f"{_label(key)}: the history starts at {when(first_at)}: only {duration_text(grid.end - first_at)} "
+                "of it, and a recommendation needs at least 1d (every hour of the day); wait for more"
+            )
         if first_at - grid.start > max_gap:
             raise HistoryError(
                 f"{_label(key)}: the history starts at {when(first_at)}, {duration_text(first_at - grid.start)} "
