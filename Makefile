@@ -11,7 +11,7 @@ REMOVE_COMPILED := rm -f webhook/*.so webhook/*/*.so *__mypyc*.so
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending bench-scale bench-view fuzz soak certs manifests clean
+.PHONY: all setup compile pure run test lint typecheck unit promtool bench bench-audit bench-instructions bench-apiserver bench-lending bench-lending-recommend bench-scale bench-view fuzz soak certs manifests clean
 
 all: test
 
@@ -63,15 +63,17 @@ unit: $(COMPILED)
 	    "tests/deploy/test_monitoring.py are skipped. \`make promtool\` installs it (Debian package prometheus)."
 	$(PY) -m pytest
 
-# promtool (Debian's prometheus package) checks and unit-tests the alert rules of the monitoring pack.
+# promtool (Debian's prometheus package) checks and unit-tests the alert rules of the monitoring pack; the
+# package's prometheus server runs `pool recommend`'s e2e test (tests/e2e/test_e2e_recommend.py).
 # Installed with apt when missing and running as root (CI); otherwise says what to do.
 promtool:
-	@command -v promtool >/dev/null 2>&1 && exit 0; \
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	        prometheus >/dev/null || echo "NOTE: apt-get could not install prometheus: the alert rule tests are skipped"; \
 	else \
-	    echo "NOTE: promtool missing: run \`sudo apt-get install prometheus\` (the alert rule tests are skipped)"; \
+	    echo "NOTE: promtool/prometheus missing: run \`sudo apt-get install prometheus\` (the alert rule tests and" \
+	        "pool recommend's e2e test are skipped)"; \
 	fi
 
 test: promtool lint typecheck unit
@@ -123,6 +125,16 @@ bench-scale: $(COMPILED)
 	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
 	fi; \
 	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.scale $(ARGS)
+
+# the same trace at the size `pool recommend` gives, beside the hand-chosen one (issue 43): lending at 2 devices per
+# split node recording the webhook's demand gauges, `pool recommend --from-file` on them, lending again at what it
+# said (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md, the figures as JSON on the last line.
+bench-lending-recommend: $(COMPILED)
+	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
+	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
+	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
+	fi; \
+	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.lending_recommend $(ARGS)
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)

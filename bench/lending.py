@@ -141,10 +141,13 @@ class Settings:
     headroom: int = 0
     mean: float = 0.4
     jobs_per_route: int = 300
+    # reserved devices per split node (pool apply --devices-per-node); inference's replicas stay 2 devices each,
+    # as many as split nodes at the peak: the demand is the trace's, whatever the size (bench/lending_recommend.py)
+    devices_per_node: int = RESERVED_PER_SPLIT_NODE
 
     @property
     def reserved_gpus(self) -> int:
-        return self.whole_nodes * GPUS_PER_NODE + self.split_nodes * RESERVED_PER_SPLIT_NODE
+        return self.whole_nodes * GPUS_PER_NODE + self.split_nodes * self.devices_per_node
 
     @property
     def real_seconds(self) -> float:
@@ -449,7 +452,7 @@ class Run:
         )  # fmt: skip
         install(self.plane, [d for d in manifests if d["kind"] == "MutatingWebhookConfiguration"])
         admin = self.plane.admin_kubeconfig
-        for args in (("--nodes", ",".join(self.whole)), ("--devices-per-node", str(RESERVED_PER_SPLIT_NODE))):
+        for args in (("--nodes", ",".join(self.whole)), ("--devices-per-node", str(s.devices_per_node))):
             result = cli("pool", "apply", *args, kubeconfig=admin)
             if result.returncode != 0:
                 raise RuntimeError(f"pool apply {' '.join(args)}: {result.stdout}\n{result.stderr}")
@@ -459,7 +462,7 @@ class Run:
         )
         for node in self.split:
             self.reserved_devices[node] = {f"gpu-{i}" for i, pci in enumerate(PCI_SLOTS) if pci in reserved_pci}
-            if len(self.reserved_devices[node]) != RESERVED_PER_SPLIT_NODE:
+            if len(self.reserved_devices[node]) != s.devices_per_node:
                 raise RuntimeError(f"{node}: reserved {self.reserved_devices[node]} (class annotation {reserved_pci})")
         for name, labels in (
             (TRAIN, {CLASS_LABEL: "training", LENDING_LABEL: "allowed"}),
@@ -623,6 +626,9 @@ class Run:
         training = sum(a.progress.job.gpus for a in self.attempts.values() if a.running)
         return Sample(hour, 0.0, s.reserved_gpus, inference, borrowers, reclaiming, training, violations)
 
+    def observe(self, hour: float) -> None:
+        """After each sample: nothing here; bench/lending_recommend.py records the webhook's gauges."""
+
     def run_trace(self) -> None:
         s = self.settings
         samples: list[Sample] = []
@@ -642,6 +648,7 @@ class Run:
             self.account(hour, by_name)
             self.submit()
             samples.append(self.sample(hour, pods_by_uid, self.claims.snapshot()))
+            self.observe(hour)
             times.append(now)
             if now - last_log >= 30:
                 last = samples[-1]
@@ -682,10 +689,10 @@ class Run:
                 self.result.notes.append(f"{watcher.kind} watch restarted: {watcher.errors[:3]}")
 
 
-def run_mode(settings: Settings, mode: str) -> RunResult:
+def run_mode(settings: Settings, mode: str, make: type[Run] | None = None) -> RunResult:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"bench-lending-{mode}-") as directory:
-        run = Run(settings, mode, Path(directory))
+        run = (make or Run)(settings, mode, Path(directory))
         try:
             log(f"{mode}: starting the control plane, the webhook and the cluster")
             run.start()

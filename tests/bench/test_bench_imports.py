@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "bench.soak",
         "bench.lending",
         "bench.scale",
+        "bench.lending_recommend",
     ],
 )
 def test_a_bench_module_imports_as_make_runs_it(module: str) -> None:

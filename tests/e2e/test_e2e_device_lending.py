@@ -40,8 +40,9 @@ from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
 from webhook.cluster.view import ClusterView, NotSynced, ViewApi
 from webhook.core.policy import Policy, load_policy
+from webhook.ops.demand import Demand
 from webhook.service.device_lending import DeviceLending
-from webhook.service.lending_loop import LendingKeeper
+from webhook.service.lending_loop import LendingKeeper, Observed
 
 from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
 from .harness import (
@@ -93,6 +94,7 @@ class World:
     view_api: ViewApi | None = None
     # every (namespace, name, device) seen allocated: nobody but inference and borrowers on reserved ones
     holders: set[tuple[str, str, str]] = field(default_factory=set)
+    observed: Observed | None = None  # the keeper's last round
 
     def start_keeper(self) -> None:
         """The keeper as ``serve``'s Lease holder runs it: on a watched view of the cluster, a round a second."""
@@ -107,7 +109,7 @@ class World:
             try:
                 while not self.keeper_stop.is_set():
                     try:
-                        keeper.tick()
+                        self.observed = keeper.tick()
                         self.sample()
                     except Exception as err:  # a failed round is retried, as serve's keeper does
                         self.keeper_errors.append(repr(err))
@@ -268,6 +270,10 @@ def test_borrowers_take_shared_devices_then_lent_reserved_ones(world: World) -> 
         time.sleep(0.3)  # creation order: the youngest is the last
     reserved = [n for n, pcis in got.items() if set(pcis) <= set(RESERVED_PCI)]
     assert len(reserved) == 4, got
+    # The demand the keeper exports (issue 43): the split nodes' 4 reserved devices all lent, none idle or wanted.
+    lent = Demand(nodes=2, node_gpus=8, reserved=4, inference=0, waiting=0, lent=4, idle=0)
+    wait_until(lambda: world.observed is not None and world.observed.devices.demand == lent, timeout=10,
+               what=f"the keeper's demand {lent} (last: {world.observed and world.observed.devices.demand})")  # fmt: skip
     stored = world.kube.get("Pod", "borrower-0", TRAIN)
     assert stored["spec"]["priorityClassName"] == "rocm-isolation-borrower"
     claim = world.kube.get("ResourceClaim", stored["status"]["resourceClaimStatuses"][0]["resourceClaimName"], TRAIN)

@@ -175,3 +175,38 @@ def test_the_taint_patch_keeps_other_taints_and_says_nothing_when_nothing_change
     other_value = node("r0", 4, {**TAINT, "value": "other"})
     replaced = taint_patch(other_value, TAINT, present=True)
     assert replaced is not None and replaced["spec"]["taints"] == [RESERVED_TAINT, TAINT]
+
+
+def test_a_round_exports_inference_demand_on_the_whole_reserved_nodes() -> None:
+    api = Api(
+        [node("r0"), node("r1"), node("r2")],
+        [
+            pod("b0", node_name="r0", gpus=4, borrower=True),
+            pod("i0", node_name="r1", gpus=3),
+            pod("llm", gpus=2, conditions=UNSCHEDULABLE),
+        ],
+    )
+    observed = keeper(api, lending_policy()).run_once()
+    metrics = Metrics()
+    metrics.lending_round(observed)
+
+    def gauge(name: str, nodes: str) -> float | None:
+        return metrics.registry.get_sample_value(f"rocm_isolation_{name}", {"pool": "reserved", "nodes": nodes})
+
+    found = {name: gauge(name, "whole") for name in ("reserved_nodes", "reserved_gpus", "reserved_gpus_inference",
+                                                     "reserved_gpus_inference_waiting", "reserved_gpus_lent",
+                                                     "reserved_gpus_idle", "reserved_nodes_gpus")}  # fmt: skip
+    assert found == {
+        "reserved_nodes": 3,
+        "reserved_gpus": 12,
+        "reserved_gpus_inference": 3,
+        "reserved_gpus_inference_waiting": 2,
+        "reserved_gpus_lent": 4,
+        "reserved_gpus_idle": 5,
+        "reserved_nodes_gpus": 12,
+    }
+    # No device-level reservation here: the split nodes' figures are zeros, not absent (max by keeps a series).
+    assert gauge("reserved_gpus", "split") == 0
+    # A replica that does not hold the Lease exports zeros for both kinds.
+    metrics.lending_round(Observed())
+    assert gauge("reserved_gpus_inference", "whole") == 0

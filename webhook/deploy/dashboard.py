@@ -228,6 +228,24 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             _timeseries(
+                "Reserved GPUs: inference demand against the reservation",
+                "Lending on: per pool and kind of node (whole: reserved whole; split: the split nodes' reserved "
+                "devices), the reservation's GPUs, inference's demand (GPUs it holds + GPUs it asked for and did not "
+                "get), and what borrowers hold and nobody holds. Demand above the reservation is inference waiting; "
+                "`rocm-isolation-webhook pool recommend` sizes the reservation from this history.",
+                "none",
+                _query("max by (pool, nodes) (rocm_isolation_reserved_gpus)", "{{pool}} {{nodes}}: reserved"),
+                _query(
+                    "max by (pool, nodes) (rocm_isolation_reserved_gpus_inference"
+                    " + rocm_isolation_reserved_gpus_inference_waiting)",
+                    "{{pool}} {{nodes}}: inference demand",
+                ),
+                _query("max by (pool, nodes) (rocm_isolation_reserved_gpus_lent)", "{{pool}} {{nodes}}: lent"),
+                _query("max by (pool, nodes) (rocm_isolation_reserved_gpus_idle)", "{{pool}} {{nodes}}: idle"),
+            )
+        )
+        .with_panel(
+            _timeseries(
                 "Audit findings by rule",
                 "Objects the background audit finds breaking each rule (`rocm-isolation-webhook audit` lists them).",
                 "none",

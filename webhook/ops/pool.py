@@ -41,7 +41,7 @@ from pathlib import Path
 
 from webhook.cluster.kubeapi import ApiError, KubeApi
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
-from webhook.ops import pool_devices, pool_nodes, pool_status
+from webhook.ops import pool_devices, pool_nodes, pool_recommend, pool_status
 from webhook.ops.pool_output import EXIT_BAD, EXIT_NOT_DONE, EXIT_OK, Output
 from webhook.ops.pool_read import read_pool
 from webhook.ops.reservation import Reservation, SelectionError
@@ -49,13 +49,14 @@ from webhook.ops.reservation import Reservation, SelectionError
 __all__ = ["EXIT_BAD", "EXIT_NOT_DONE", "EXIT_OK", "add_arguments", "main", "run"]
 
 
-ACTIONS = ("plan", "apply", "release", "status")
+ACTIONS = ("plan", "apply", "release", "status", "recommend")
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
 
 
-EPILOG = """\
+EPILOG = (
+    """\
 examples:
   rocm-isolation-webhook pool --selector amd.com/gpu.device-id=74a1 --count 2
   rocm-isolation-webhook pool apply --selector amd.com/gpu.device-id=74a1 --count 2 --evict --timeout 10m
@@ -66,6 +67,8 @@ examples:
   rocm-isolation-webhook pool apply --devices-per-node 2 --evict
   rocm-isolation-webhook pool release --devices --all
 """
+    + pool_recommend.EXAMPLES
+)
 
 
 class UsageError(Exception):
@@ -73,11 +76,12 @@ class UsageError(Exception):
 
 
 def duration(text: str) -> float:
-    """Seconds from ``300``, ``300s``, ``5m`` or ``1h`` (kubectl's ``--timeout`` spellings)."""
+    """Seconds from ``300``, ``300s``, ``5m`` or ``1h`` (kubectl's ``--timeout`` spellings), or ``14d``
+    (Prometheus's, for ``recommend --window``)."""
     match = _DURATION.match(text.strip())
     if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 300s, 5m, 1h)")
-    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 300s, 5m, 1h, 14d)")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}[match.group(2)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=ACTIONS,
         default="plan",
-        help="plan (default: print what apply would do), apply, release, status",
+        help="plan (default: print what apply would do), apply, release, status, recommend (size the reservation "
+        "from inference's measured demand)",
     )
     which = parser.add_argument_group("which nodes (plan, apply; release takes --nodes or --all)")
     which.add_argument("--nodes", metavar="NAME[,NAME...]", help="these nodes")
@@ -144,10 +149,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the pods on the nodes, whatever their namespace)",
     )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    pool_recommend.add_arguments(parser, duration)
 
 
 def check_usage(args: argparse.Namespace) -> None:
     action = args.action
+    try:
+        pool_recommend.check_usage(args)
+    except pool_recommend.RecommendUsageError as err:
+        raise UsageError(str(err)) from err
+    if action == "recommend":
+        for option in ("evict", "force", "all", "devices", "device_taint_rules"):
+            if getattr(args, option, False):
+                raise UsageError(f"--{option.replace('_', '-')} is not for pool recommend")
+        if args.dry_run != "none":
+            raise UsageError("--dry-run is only for pool apply / release")
+        return
     choosing = [name for name in ("nodes", "selector", "count", "gpus") if getattr(args, name) is not None]
     only = {
         "evict": ("apply",),
@@ -218,6 +235,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         check_usage(args)
         policy = load_policy(args.policy) if args.policy else default_policy()
+        if args.action == "recommend":  # history, not the cluster: no kubeconfig needed
+            return pool_recommend.run(args, policy, out)
         api = KubeApi.connect(kubeconfig_path(args.kubeconfig), context=args.context)
     except (UsageError, PolicyError) as err:
         out.error(str(err))

@@ -42,6 +42,7 @@ from webhook.core.lending import settings
 from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
+from webhook.ops.demand import SPLIT, Demand, reserved_demand
 from webhook.ops.lending import Reclaim, Waiting, lent_per_node, node_admits, plan_reclaims
 from webhook.ops.pool_read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
 from webhook.ops.pool_write import evictor
@@ -63,6 +64,7 @@ class DeviceRound:
     lent: int = 0  # reserved devices (GPUs) borrowers hold
     evicted: tuple[str, ...] = ()  # namespace/name of the borrowers evicted this round
     blocked: tuple[str, ...] = ()  # namespace/name of those whose PodDisruptionBudget refused
+    demand: Demand = field(default_factory=Demand)  # the split nodes' reserved devices (ops/demand.py)
 
 
 def requested_devices(claim: Mapping[str, Any]) -> int:
@@ -192,7 +194,8 @@ class DeviceLending:
         open_ = not waiting and free > policy.spec.lending.headroom_gpus
         self._write_class(policy, reservation, read, open_=open_)
         lent = sum(n for name, n in lent_per_node(model).items() if model.nodes[name].split)
-        return DeviceRound(open_, len(waiting), lent, tuple(evicted), tuple(blocked))
+        demand = reserved_demand(model, waiting)[SPLIT]
+        return DeviceRound(open_, len(waiting), lent, tuple(evicted), tuple(blocked), demand)
 
     def _class(self, name: str) -> dict[str, Any] | None:
         try:

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from webhook.ops.demand import GAUGES, POOL, SPLIT, WHOLE
+
 if TYPE_CHECKING:
+    from webhook.ops.demand import Demand
     from webhook.service.lending_loop import Observed
 
 PREFIX = "rocm_isolation"
@@ -253,6 +256,62 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # Inference's demand on the reservation, per kind of node (issue 43: ``pool recommend`` sizes the
+        # reservation from their history). Set by the lending keeper (the Lease holder; 0 on other replicas: read
+        # them with max by (pool, nodes)); nodes is whole (reserved whole) or split (the split nodes' reserved
+        # devices). pool is the reserved pool (one today: the policy's reserved label). The names: ops/demand.GAUGES.
+        demand_labels = ["pool", "nodes"]
+        self.reserved_nodes = Gauge(
+            GAUGES["nodes"],
+            "Nodes of the reserved pool, by kind (whole: reserved whole; split: a device-level reservation splits "
+            "them), seen by the lending keeper.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_nodes_gpus = Gauge(
+            GAUGES["node_gpus"],
+            "Every GPU of those nodes (a split node's reserved and shared ones): what a larger reservation can take.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpus = Gauge(
+            GAUGES["reserved"],
+            "Reserved GPUs (the reserved side of those nodes): the reservation's size.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpus_inference = Gauge(
+            GAUGES["inference"],
+            "Reserved GPUs that inference pods hold.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpus_inference_waiting = Gauge(
+            GAUGES["waiting"],
+            "GPUs that inference pods asked for and did not get (Unschedulable; on split nodes, the devices of "
+            "their claims not allocated): held + waiting is the demand the reservation must cover.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpus_lent = Gauge(
+            GAUGES["lent"],
+            "Reserved GPUs that borrowers hold.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpus_idle = Gauge(
+            GAUGES["idle"],
+            "Reserved GPUs that nobody holds.",
+            demand_labels,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.lending_taint_writes = Counter(
             f"{PREFIX}_lending_taint_writes",
             "Writes of the no-borrowers taint on reserved nodes, by result (written, conflict).",
@@ -286,12 +345,27 @@ class Metrics:
             self.lending_borrowers_taken_back.labels("blocked").inc(len(observed.devices.blocked))
         if observed.preempted:
             self.lending_borrowers_taken_back.labels("preempted").inc(len(observed.preempted))
+        for kind, demand in ((WHOLE, observed.demand), (SPLIT, observed.devices.demand)):
+            self.reserved_demand(kind, demand)
         for seconds in observed.bound:
             self.lending_inference_bind_seconds.observe(seconds)
         if observed.written:
             self.lending_taint_writes.labels("written").inc(len(observed.written))
         if observed.conflicts:
             self.lending_taint_writes.labels("conflict").inc(len(observed.conflicts))
+
+    def reserved_demand(self, kind: str, demand: Demand) -> None:
+        """One kind of node's demand figures (``ops/demand.py``), under the reserved pool."""
+        for gauge, value in (
+            (self.reserved_nodes, demand.nodes),
+            (self.reserved_nodes_gpus, demand.node_gpus),
+            (self.reserved_gpus, demand.reserved),
+            (self.reserved_gpus_inference, demand.inference),
+            (self.reserved_gpus_inference_waiting, demand.waiting),
+            (self.reserved_gpus_lent, demand.lent),
+            (self.reserved_gpus_idle, demand.idle),
+        ):
+            gauge.labels(POOL, kind).set(value)
 
     def render(self) -> bytes:
         if multiprocess_dir():
