@@ -65,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from bench import lending_model
+from bench import lending_model, sections
 from bench import lending_trace as trace
 from bench.lending_trace import DEVICE_PLUGIN, DRA, BacklogShape, DailyCurve, Progress, RunResult, Sample
 from tests.e2e.controlplane import (
@@ -908,14 +908,7 @@ def section(
 
 
 def write_section(text: str) -> None:
-    current = DOC.read_text(encoding="utf-8")
-    if SECTION_BEGIN in current and SECTION_END in current:
-        before = current[: current.index(SECTION_BEGIN)]
-        after = current[current.index(SECTION_END) + len(SECTION_END) :].lstrip("\n")
-        current = before + text + ("\n" + after if after else "")
-    else:
-        current = current.rstrip("\n") + "\n\n" + text
-    DOC.write_text(current, encoding="utf-8")
+    sections.write_section(DOC, SECTION_BEGIN, SECTION_END, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import lending
+from bench import lending, sections
 from bench.lending import DOC, ROOT, Run, Settings, log, policy_text, run_mode
 from bench.lending_trace import RunResult
 from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, loopback_only, missing_binaries
@@ -199,14 +199,7 @@ def section(hand: dict[str, Any], chosen: dict[str, Any], advice: Mapping[str, A
 
 
 def write_section(text: str) -> None:
-    current = DOC.read_text(encoding="utf-8")
-    if SECTION_BEGIN in current and SECTION_END in current:
-        before = current[: current.index(SECTION_BEGIN)]
-        after = current[current.index(SECTION_END) + len(SECTION_END) :].lstrip("\n")
-        current = before + text + ("\n" + after if after else "")
-    else:
-        current = current.rstrip("\n") + "\n\n" + text
-    DOC.write_text(current, encoding="utf-8")
+    sections.write_section(DOC, SECTION_BEGIN, SECTION_END, text)
 
 
 def main(argv: list[str] | None = None) -> int:

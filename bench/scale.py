@@ -71,6 +71,7 @@ from typing import Any
 import yaml
 
 from bench import scale_figures as sf
+from bench import sections
 from bench.lending import PCI_SLOTS, dra_slice
 from tests.e2e.controlplane import (
     ASSETS_ENV,
@@ -1089,7 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         meta["plotted"] = plot(rows, extrapolated, PLOT, before if before and before.get("commit") != commit else None)
         DOC.write_text(
-            sf.replace_section(
+            sections.replace_section(
                 DOC.read_text(encoding="utf-8"), SECTION_BEGIN, SECTION_END, section(figures, meta, before)
             ),
             encoding="utf-8",

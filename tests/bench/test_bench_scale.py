@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import scale
+from bench import scale, sections
 from bench import scale_figures as sf
 
 APISERVER_BEFORE = """\
@@ -161,28 +161,28 @@ BEGIN, END = "<!-- s: begin -->", "<!-- s: end -->"
 
 def test_the_section_replaces_only_itself() -> None:
     document = f"# Title\n\n## A\n\ntext a\n\n{BEGIN}\n## S\nold\n{END}\n\n## B\n\ntext b\n"
-    updated = sf.replace_section(document, BEGIN, END, f"{BEGIN}\n## S\nnew\n{END}\n")
+    updated = sections.replace_section(document, BEGIN, END, f"{BEGIN}\n## S\nnew\n{END}\n")
     assert updated == f"# Title\n\n## A\n\ntext a\n\n{BEGIN}\n## S\nnew\n{END}\n\n## B\n\ntext b\n"
     # again: the same document (idempotent), other sections untouched
-    assert sf.replace_section(updated, BEGIN, END, f"{BEGIN}\n## S\nnew\n{END}\n") == updated
+    assert sections.replace_section(updated, BEGIN, END, f"{BEGIN}\n## S\nnew\n{END}\n") == updated
 
 
 def test_the_section_is_appended_when_absent_and_refused_when_its_markers_are_broken() -> None:
     section = f"{BEGIN}\nx\n{END}"
-    assert sf.replace_section("# T\n\n## A\n", BEGIN, END, section) == f"# T\n\n## A\n\n{section}\n"
-    assert sf.replace_section("", BEGIN, END, section) == f"{section}\n"
+    assert sections.replace_section("# T\n\n## A\n", BEGIN, END, section) == f"# T\n\n## A\n\n{section}\n"
+    assert sections.replace_section("", BEGIN, END, section) == f"{section}\n"
     for broken in (f"# T\n{BEGIN}\nno end\n## B\n", f"# T\n{END}\n", f"{BEGIN}\n{END}\n{BEGIN}\n{END}\n"):
         with pytest.raises(ValueError):
-            sf.replace_section(broken, BEGIN, END, section)
+            sections.replace_section(broken, BEGIN, END, section)
     with pytest.raises(ValueError):
-        sf.replace_section("# T\n", BEGIN, END, "no markers")
+        sections.replace_section("# T\n", BEGIN, END, "no markers")
 
 
 def test_the_real_document_keeps_every_other_section(tmp_path: Any) -> None:
     current = scale.DOC.read_text(encoding="utf-8")
     section = f"{scale.SECTION_BEGIN}\n{scale.TITLE}\n\nx\n{scale.SECTION_END}\n"
-    once = sf.replace_section(current, scale.SECTION_BEGIN, scale.SECTION_END, section)
-    twice = sf.replace_section(once, scale.SECTION_BEGIN, scale.SECTION_END, section.replace("x", "y"))
+    once = sections.replace_section(current, scale.SECTION_BEGIN, scale.SECTION_END, section)
+    twice = sections.replace_section(once, scale.SECTION_BEGIN, scale.SECTION_END, section.replace("x", "y"))
     headings = [line for line in current.splitlines() if line.startswith("## ") and line != scale.TITLE]
     for text in (once, twice):
         assert [line for line in text.splitlines() if line.startswith("## ") and line != scale.TITLE] == headings
