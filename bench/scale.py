@@ -70,8 +70,8 @@ from typing import Any
 
 import yaml
 
+from bench import reviews, sections
 from bench import scale_figures as sf
-from bench import sections
 from bench.lending import PCI_SLOTS, dra_slice
 from tests.e2e.controlplane import (
     ASSETS_ENV,
@@ -151,6 +151,8 @@ class Settings:
     borrowers: int = 8
     threads: int = 12
     reclaim: bool = True
+    admission_rate: float = 100.0  # reviews/s into serve after each window (0: none)
+    admission_seconds: float = 20.0
 
 
 # --- what the cluster holds ------------------------------------------------------------------------------------
@@ -570,6 +572,12 @@ class Bench:
             f"serve {window['serve_cpu_s_per_min']} CPU-s/min, RSS {window['serve_rss_mib']} MiB, "
             f"round p50 {window['round_p50_s']} p99 {window['round_p99_s']} s"
         )
+        admission = self.admission() if self.settings.admission_rate > 0 else None
+        if admission is not None:
+            log(
+                f"{size}: admission at {admission['rate']:g}/s while the keeper works: p50 {admission['p50_ms']} ms, "
+                f"p99 {admission['p99_ms']} ms, errors {admission['errors']}"
+            )
         reclaim = self.reclaim() if last and self.settings.reclaim else None
         warned = self.warnings_in_log(serve.component)
         self.stop_serve()
@@ -585,7 +593,45 @@ class Bench:
             "serve_log_warnings": len(warned),
             "serve_log_warning_samples": sorted({_short(w) for w in warned})[:5],
             "audit": audit,
+            **({"admission": admission} if admission is not None else {}),
             **({"reclaim": reclaim} if reclaim is not None else {}),
+        }
+
+    # --- the webhook's own latency while the keeper works ---
+
+    def admission(self) -> dict[str, Any]:
+        """Reviews at a fixed rate (bench/loadgen.py, open loop: latency from each request's scheduled time)
+        into this serve while its keeper rounds run on the view: issue 41's "the webhook's own admission latency
+        must not move" read across the sizes (the reviews never touch the view; what they share is the GIL)."""
+        s = self.settings
+        job = {
+            "port": self.port,
+            "ca_file": str(self.cert_dir / "ca.crt"),
+            "mode": "open",
+            "connections": 8,
+            "duration": s.admission_seconds,
+            "rate": s.admission_rate,
+            "reviews": [[str(reviews.path(name)), True] for name in ("training-small", "inference-small", "non-gpu")],
+        }
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.loadgen"],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        result = json.loads(out.stdout)
+        latency = result["latency_from_schedule"]
+        return {
+            "rate": s.admission_rate,
+            "seconds": s.admission_seconds,
+            "requests": result["requests"],
+            "errors": result["errors"],
+            "p50_ms": round(latency["p50"] * 1000, 2),
+            "p99_ms": round(latency["p99"] * 1000, 2),
+            "p999_ms": round(latency["p999"] * 1000, 2),
+            "max_ms": round(latency["max"] * 1000, 2),
         }
 
     # --- the reclaim at the largest size ---
@@ -831,6 +877,29 @@ def size_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def admission_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The webhook's own latency per size while its keeper works (issue 41: it must not move)."""
+    measured = [r for r in rows if r.get("admission")]
+    if not measured:
+        return []
+    first = measured[0]["admission"]
+    lines = [
+        f"The webhook's own latency while its keeper works: after each window, {first['rate']:g} reviews/s for "
+        f"{first['seconds']:g} s (`bench/loadgen.py`, open loop over 8 TLS keep-alive connections, latency from each "
+        "request's scheduled time; a small training, a small inference and a non-GPU pod in turn), rounds going on:",
+        "",
+        "| nodes | pods | reviews | errors | p50 ms | p99 ms | p99.9 ms | max ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in measured:
+        a = r["admission"]
+        lines.append(
+            f"| {r['nodes']:,} | {r['pods']:,} | {a['requests']:,} | {a['errors']} | {_num(a['p50_ms'], 2)} "
+            f"| {_num(a['p99_ms'], 2)} | {_num(a['p999_ms'], 2)} | {_num(a.get('max_ms'), 2)} |"
+        )
+    return [*lines, ""]
+
+
 def resource_table(row: dict[str, Any]) -> list[str]:
     lines = ["| verb | resource | requests/min | MB/min | watch events/min |", "| --- | --- | ---: | ---: | ---: |"]
     for verb in ("LIST", "WATCH"):
@@ -891,6 +960,7 @@ def section(figures: dict[str, Any], meta: dict[str, Any], before: dict[str, Any
         "",
         *size_table(rows),
         "",
+        *admission_lines(rows),
         f"By verb and resource at {rows[-1]['nodes']:,} nodes / {rows[-1]['pods']:,} pods (per minute, background "
         "subtracted; WATCH requests count watches that ended in the window):",
         "",
@@ -945,7 +1015,10 @@ def summary_json(figures: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
     return {
         "label": figures["label"],
-        "sizes": [{k: r.get(k) for k in keep} for r in figures["sizes"]],
+        "sizes": [
+            {**{k: r.get(k) for k in keep}, "admission_p99_ms": (r.get("admission") or {}).get("p99_ms")}
+            for r in figures["sizes"]
+        ],
         "goals": figures["goals"],
         "reclaim_s": figures["goals"]["reclaim_s"],
     }
@@ -1006,6 +1079,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--borrowers", type=int, default=8, help="borrower pods on the two reclaim nodes")
     parser.add_argument("--threads", type=int, default=12, help="concurrent POSTs creating the cluster")
     parser.add_argument("--reclaim", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--admission-rate", type=float, default=100.0, help="reviews/s into serve after each window (0: none)"
+    )
+    parser.add_argument("--admission-seconds", type=float, default=20.0, help="how long, per size")
     parser.add_argument("--label", default="", help="what this run measures, e.g. 'before the watched view'")
     parser.add_argument("--save-before", action="store_true", help="keep the figures in bench/scale_before.json")
     parser.add_argument("--no-write", action="store_true", help="print only: neither docs/benchmarks.md nor the plot")
@@ -1025,6 +1102,8 @@ def main(argv: list[str] | None = None) -> int:
         borrowers=args.borrowers,
         threads=args.threads,
         reclaim=args.reclaim,
+        admission_rate=args.admission_rate,
+        admission_seconds=args.admission_seconds,
     )
     missing = missing_binaries(os.environ.get(ASSETS_ENV))
     if missing:
