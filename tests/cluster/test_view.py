@@ -238,3 +238,21 @@ def test_the_keepers_memo_reads_unchanged_pods_once_and_decides_again_when_their
             pool_read.classify = original  # type: ignore[assignment]
     finally:
         view.stop()
+
+
+def test_a_view_whose_discovery_failed_is_not_synced_until_it_succeeds_then_watches_dra(fake: FakeCluster) -> None:
+    fake.drop_after(0)  # the apiserver is gone when the view starts: no discovery, no list
+    view = ClusterView(fake.api_client(), lambda: default_policy(), resync_seconds=3600)
+    view.start()
+    try:
+        assert not view.discovered and not view.synced
+        assert view.reflector("/apis/resource.k8s.io/v1/resourceslices") is None
+        fake._drop_after = None  # back
+        view.refresh_discovery()  # the next round
+        assert view.discovered
+        wait_for(lambda: view.synced, what="the view synced, DRA collections included")
+        slices = view.reflector("/apis/resource.k8s.io/v1/resourceslices")
+        assert slices is not None and slices.count > 0
+    finally:
+        view.stop()
+    assert not view.discovered

@@ -130,6 +130,7 @@ class ClusterView:
         self.discovery: dict[str, frozenset[str] | None] = {}  # "group/version" -> resources (None: not served)
         self.dra_versions: dict[str, str] = {}  # DRA resource -> the version watched
         self._discovered_at = 0.0
+        self.discovered = False  # a discovery succeeded (until then the DRA collections are unknown: not synced)
         self.started = False
 
     # -- life ----------------------------------------------------------------------------------------
@@ -142,19 +143,32 @@ class ClusterView:
             self.started = True
             self._follow_policy(self._policy())
             self._discover()
-            self._add("nodes", "/api/v1/nodes", projection.node_projection)
-            self._add("namespaces", "/api/v1/namespaces", projection.without_managed_fields)
-            self._add("pods", "/api/v1/pods", self._pod, field_selector=ACTIVE_PODS)
-            for resource, version in self.dra_versions.items():
-                extract: Extract = projection.without_managed_fields
-                if resource in ("resourceclaims", "resourceclaimtemplates"):
-                    extract = projection.claim_projection
-                elif resource == "resourceslices":
-                    extract = self._slice
-                self._add(resource, f"/apis/{dra.GROUP}/{version}/{resource}", extract)
-            for reflector in self._reflectors.values():
+            for reflector in (
+                self._add("nodes", "/api/v1/nodes", projection.node_projection),
+                self._add("namespaces", "/api/v1/namespaces", projection.without_managed_fields),
+                self._add("pods", "/api/v1/pods", self._pod, field_selector=ACTIVE_PODS),
+                *self._follow_dra_versions(),
+            ):
                 reflector.start()
         log.info("lending view: watching the cluster", extra={"collections": sorted(self._reflectors)})
+
+    def _follow_dra_versions(self) -> list[Reflector]:
+        """A reflector per DRA resource at the version discovery gives (a new one, the old one stopped, after
+        an upgrade changed it); the new ones, to start."""
+        added: list[Reflector] = []
+        for resource, version in self.dra_versions.items():
+            path = f"/apis/{dra.GROUP}/{version}/{resource}"
+            if path in self._reflectors:
+                continue
+            for other in [p for p, r in self._reflectors.items() if r.resource == resource]:
+                self._reflectors.pop(other).stop()
+            extract: Extract = projection.without_managed_fields
+            if resource in ("resourceclaims", "resourceclaimtemplates"):
+                extract = projection.claim_projection
+            elif resource == "resourceslices":
+                extract = self._slice
+            added.append(self._add(resource, path, extract))
+        return added
 
     def stop(self) -> None:
         """Stop every reflector and forget what they held (the memory goes with the Lease)."""
@@ -162,13 +176,14 @@ class ClusterView:
             reflectors = list(self._reflectors.values())
             self._reflectors = {}
             self.started = False
+            self.discovered = False
         for reflector in reflectors:
             reflector.stop()
         if reflectors:
             log.info("lending view: stopped (not holding the Lease)")
 
-    def _add(self, resource: str, path: str, extract: Extract, *, field_selector: str | None = None) -> None:
-        self._reflectors[path] = Reflector(
+    def _add(self, resource: str, path: str, extract: Extract, *, field_selector: str | None = None) -> Reflector:
+        reflector = self._reflectors[path] = Reflector(
             resource,
             raw_list_call(self._api_client, path),
             extract=extract,
@@ -176,10 +191,11 @@ class ClusterView:
             field_selector=field_selector,
             **self._common,
         )
+        return reflector
 
     def _discover(self) -> None:
         """``/version`` and which resource.k8s.io versions list which resources; a failure leaves what was
-        known (the DRA reflectors of a first start then are none: retried at the next start)."""
+        known, and the view unsynced until a discovery succeeds (retried every round: ``refresh_discovery``)."""
         try:
             self.version, self.version_error = self._reads.get("/version"), None
         except ApiError as err:  # what the apiserver said is said again until the next discovery
@@ -190,6 +206,7 @@ class ClusterView:
         except ApiError as err:
             log.warning("lending view: API discovery failed", extra={"error": str(err)})
             return
+        self.discovered = True
         self.discovery = discovery
         self._discovered_at = time.monotonic()
         versions: dict[str, str] = {}
@@ -201,9 +218,16 @@ class ClusterView:
         self.dra_versions = versions
 
     def refresh_discovery(self) -> None:
-        """Discovery and ``/version`` again once per resync (a control plane upgrade changes them)."""
-        if self.started and time.monotonic() - self._discovered_at > self.resync_seconds:
-            self._discover()
+        """Discovery and ``/version`` again once per resync (a control plane upgrade changes them), and every
+        round until one succeeded; the DRA reflectors follow what it says."""
+        if not self.started:
+            return
+        if self.discovered and time.monotonic() - self._discovered_at <= self.resync_seconds:
+            return
+        self._discover()
+        with self._lock:
+            for reflector in self._follow_dra_versions():
+                reflector.start()
 
     # -- what is kept ----------------------------------------------------------------------------------
 
@@ -243,7 +267,7 @@ class ClusterView:
     @property
     def synced(self) -> bool:
         reflectors = list(self._reflectors.values())
-        return self.started and bool(reflectors) and all(r.synced.is_set() for r in reflectors)
+        return self.started and self.discovered and bool(reflectors) and all(r.synced.is_set() for r in reflectors)
 
     def status(self) -> dict[str, Any]:
         return {
