@@ -57,7 +57,13 @@ def comparable(cluster: Any) -> Any:
 def test_the_view_gives_the_capacity_model_the_apiserver_gives_with_no_request(fake: FakeCluster) -> None:
     policy = default_policy()
     direct = KubeApi(fake.api_client())
-    view = synced_view(fake, policy, page_size=7)  # several pages per collection
+    received: dict[tuple[str, str], int] = {}
+
+    def count(resource: str, how: str, size: int) -> None:
+        received[(resource, how)] = received.get((resource, how), 0) + size
+
+    view = synced_view(fake, policy, page_size=7, on_bytes=count)  # several pages per collection
+    assert received[("pods", "list")] > received[("namespaces", "list")] > 0  # what serve's metric counts
     try:
         api = view.api(direct)
         before = len(fake.requests)

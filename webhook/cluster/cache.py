@@ -115,8 +115,10 @@ class Reflector:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         on_change: Callable[[], None] | None = None,
+        on_bytes: Callable[[str, int], None] | None = None,
     ) -> None:
         self.resource = resource
+        self._on_bytes = on_bytes  # ("list" | "watch", bytes received): what this reflector costs the apiserver
         self._list_call = list_call
         self.metrics = metrics
         self.label_selector = label_selector
@@ -245,7 +247,10 @@ class Reflector:
                 status = getattr(response, "status", 200)
                 if status == 410:
                     raise Gone()
-                body = orjson.loads(response.data)
+                data = response.data
+                body = orjson.loads(data)
+                if self._on_bytes is not None:
+                    self._on_bytes("list", len(data))
             finally:
                 response.release_conn()
             for obj in body.get("items") or []:
@@ -322,6 +327,8 @@ class Reflector:
             for line in _lines(response):
                 if self._stop.is_set():
                     return
+                if self._on_bytes is not None:
+                    self._on_bytes("watch", len(line))
                 self._apply(orjson.loads(line))
         except Exception:
             # A stream cut by relist()/stop()/resync is the expected way out, not an error.

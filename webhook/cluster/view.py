@@ -25,6 +25,7 @@ Lease and stopped when it loses it (only the holder pays for the view), and a ro
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import threading
 import time
@@ -108,8 +109,10 @@ class ClusterView:
         resync_seconds: float = 600.0,
         watch_timeout_seconds: int = 300,
         page_size: int = 500,
+        on_bytes: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self._api_client = api_client
+        self._on_bytes = on_bytes  # (resource, "list" | "watch", bytes): serve's metric of what the view costs
         self._reads = KubeApi(api_client)  # discovery and /version, at start and each resync
         self._policy = policy
         self._common: dict[str, Any] = {
@@ -189,6 +192,7 @@ class ClusterView:
             extract=extract,
             namespaced=resource in _NAMESPACED,
             field_selector=field_selector,
+            on_bytes=None if self._on_bytes is None else functools.partial(self._on_bytes, resource),
             **self._common,
         )
         return reflector

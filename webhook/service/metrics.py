@@ -312,6 +312,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.lending_view_bytes = Counter(
+            f"{PREFIX}_lending_view_bytes",
+            "Bytes the Lease holder's watched view of the cluster received from the apiserver, by resource and how "
+            "(list: a page of a full list; watch: an event), as read off the wire (JSON).",
+            ["resource", "how"],
+            registry=r,
+        )
         self.lending_taint_writes = Counter(
             f"{PREFIX}_lending_taint_writes",
             "Writes of the no-borrowers taint on reserved nodes, by result (written, conflict).",

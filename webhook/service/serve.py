@@ -183,7 +183,12 @@ def build_lending(
     from webhook.service.lending_loop import LendingKeeper
 
     # The view's reflectors have their own client (their watches hold connections); the writes theirs.
-    view = ClusterView(api_client(settings), lambda: policies.policy, resync_seconds=settings.resync_seconds)
+    def received(resource: str, how: str, size: int) -> None:
+        metrics.lending_view_bytes.labels(resource, how).inc(size)
+
+    view = ClusterView(
+        api_client(settings), lambda: policies.policy, resync_seconds=settings.resync_seconds, on_bytes=received
+    )
     return LendingKeeper(
         view.api(KubeApi(api_client(settings))),
         lambda: policies.policy,
