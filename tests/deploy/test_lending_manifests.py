@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from webhook.core.policy import default_policy_text, load_policy
-from webhook.deploy import cel, mutating_policy, render, reserved_nodes
+from webhook.deploy import cel, lending_access, mutating_policy, render, reserved_nodes
 
 POLICIES = Path(__file__).parents[1] / "fixtures" / "policies"
 
@@ -112,3 +113,66 @@ def test_lending_on_splits_the_backstop_by_the_lending_label_into_disjoint_bindi
     assert [e["operator"] for e in selectors[reserved_nodes.POLICY_NAME]] == ["NotIn"] * 3
     off = render.render(policy_text=default_policy_text())
     assert not [r for r in off if r["metadata"]["name"].startswith(reserved_nodes.LENDING_POLICY_NAME)]
+
+
+def _lending_off_text() -> str:
+    """The lending fixture turned off as docs/operations.md "Turning it off" says: ``enabled: false``."""
+    document = yaml.safe_load((POLICIES / "engine-lending.yaml").read_text(encoding="utf-8"))
+    document["spec"]["lending"]["enabled"] = False
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def _access(resources: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    names = {lending_access.CLUSTER_ROLE, lending_access.NODE_WRITES_POLICY, lending_access.CLASS_WRITES_POLICY}
+    return {(r["kind"], r["metadata"]["name"]): r for r in resources if r["metadata"]["name"] in names}
+
+
+def test_lending_turned_off_keeps_the_keepers_closing_access_and_drops_the_rest() -> None:
+    """Issue 42: after the switch off the Lease holder keeps the no-borrowers taint while a borrower of before
+    is pending, then takes it off, and closes the lendable class. The lending-off manifests of a policy with a
+    lending section keep ``patch`` on nodes and on the lendable class, with the two policies holding them, so
+    that applying them with pruning removes nothing the keeper needs; evictions and creating the class go."""
+    on, off = _access(_rendered("engine-lending")), _access(render.render(policy_text=_lending_off_text()))
+    assert (
+        set(off)
+        == set(on)
+        == {
+            ("ClusterRole", lending_access.CLUSTER_ROLE),
+            ("ClusterRoleBinding", lending_access.CLUSTER_ROLE),
+            ("ValidatingAdmissionPolicy", lending_access.NODE_WRITES_POLICY),
+            ("ValidatingAdmissionPolicyBinding", lending_access.NODE_WRITES_POLICY),
+            ("ValidatingAdmissionPolicy", lending_access.CLASS_WRITES_POLICY),
+            ("ValidatingAdmissionPolicyBinding", lending_access.CLASS_WRITES_POLICY),
+        }
+    )
+    rules = off[("ClusterRole", lending_access.CLUSTER_ROLE)]["rules"]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["deviceclasses"],
+            "resourceNames": ["rocm-isolation-lendable"],
+            "verbs": ["patch"],
+        },
+    ]
+    granted = {
+        (tuple(r["resources"]), tuple(r["verbs"])) for r in on[("ClusterRole", lending_access.CLUSTER_ROLE)]["rules"]
+    }
+    assert {(("pods/eviction",), ("create",)), (("deviceclasses",), ("create",))} <= granted
+    for name in (lending_access.NODE_WRITES_POLICY, lending_access.CLASS_WRITES_POLICY):
+        assert off[("ValidatingAdmissionPolicy", name)] == on[("ValidatingAdmissionPolicy", name)]
+    # The rest of lending is gone with it off (the PriorityClasses, the lending backstop).
+    resources = render.render(policy_text=_lending_off_text())
+    assert not [r for r in resources if r["kind"] == "PriorityClass"]
+    assert not [r for r in resources if r["metadata"]["name"].startswith(reserved_nodes.LENDING_POLICY_NAME)]
+
+
+def test_without_a_lending_section_the_webhook_may_write_no_node() -> None:
+    """The default policy (lending never used): no write access to nodes or DeviceClasses at all."""
+    resources = render.render(policy_text=default_policy_text())
+    assert _access(resources) == {}
+    rules = [rule for r in resources if r["kind"] in ("ClusterRole", "Role") for rule in r.get("rules", [])]
+    writes = {"patch", "update", "create", "delete"}
+    for rule in rules:
+        if {"nodes", "deviceclasses"} & set(rule.get("resources", [])):
+            assert not writes & set(rule["verbs"]), rule

@@ -385,7 +385,8 @@ def render(
     apply_policy(resources, policy, text)
     # Lending on: the borrowers' and the inference PriorityClass (none with lending off).
     resources.extend(priority_classes.resources(policy, metadata=_metadata))
-    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint).
+    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint): also with
+    # lending off when the policy has a lending section (the keeper closes and opens after the switch).
     resources.extend(lending_access.resources(policy, NAMESPACE, APP_NAME, metadata=_metadata))
     resources = with_placement_policy_version(resources, mutating_admission_policy)
     if monitoring:
