@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from webhook.core.lending import switchable
 from webhook.core.policy import Policy
 from webhook.deploy.cel import quote
 
@@ -88,11 +89,6 @@ def class_writes_policy(policy: Policy, user: str) -> dict[str, Any]:
     }
 
 
-def has_lending_section(policy: Policy) -> bool:
-    """The policy names ``spec.lending`` (on, or turned off with ``enabled: false``): lending is or was used."""
-    return "lending" in policy.spec.model_fields_set
-
-
 def resources(
     policy: Policy, namespace: str, account: str, *, metadata: Callable[[str], dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -108,7 +104,7 @@ def resources(
     or closed to every pod not tolerating the taint. The node policy holds the verb to that one taint
     either way. No ``lending`` section (the default policy, lending never used): nothing."""
     enabled = policy.spec.lending.enabled
-    if not enabled and not has_lending_section(policy):
+    if not switchable(policy):
         return []
     user = service_account(namespace, account)
     lendable = policy.spec.reserved_devices.lendable_class_name
