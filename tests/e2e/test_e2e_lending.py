@@ -432,9 +432,10 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
     off (the webhook's policy file rewritten, the manifests re-rendered and applied): the three running
     borrowers keep running (nothing deletes them, their status updates are admitted). One of them, on a
     reserved node, deleted by hand: its replacement, asking to borrow, is placed as a training pod (NotIn
-    the reserved nodes, no PriorityClass) and stays pending beside the idle reserved node. A pod at the
-    borrowers' PriorityClass tolerating the reserved taint is denied by the backstop, the webhook out of the
-    path."""
+    the reserved nodes, no PriorityClass) and stays pending beside the idle reserved node. The webhook out of
+    the path, a pod at the borrowers' PriorityClass tolerating the reserved taint is placed as a training pod
+    by the MAP (the backstop stays the lending one while the policy keeps its lending section), one below
+    that priority is denied by the backstop."""
     kube = world.kube
     _no_inference_pod_disrupted(world)
     kube.patch("Deployment", "llm", {"spec": {"replicas": 0}}, SERVE)
@@ -444,7 +445,12 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
 
     world.policy_file.write_text(lending_policy(False), encoding="utf-8")
     manifests = render(world.policy_file, world.ca_file, world.webhook_port)
-    assert not [d for d in manifests if d["kind"] == "PriorityClass"]
+    # The lending section kept (enabled: false): the PriorityClasses stay rendered, as the backstop split
+    # (core/lending.switchable); the switch changes the placement policy.
+    assert [d["metadata"]["name"] for d in manifests if d["kind"] == "PriorityClass"] == [
+        BORROWER_CLASS,
+        "rocm-isolation-inference",
+    ]
     install(world.plane, manifests)
 
     def lending_off() -> bool:
@@ -482,8 +488,18 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
         assert kept - on_reserved - still, "the shared node's borrower was the victim"
         print(f"\nthe replacement preempted the borrower on {new['spec']['nodeName']} (borrowers rank below it)")
     with _webhook_out_of_the_path(world):
+        # The lending section kept: the backstop is the one of lending on (core/lending.switchable), so a pod
+        # at the borrowers' PriorityClass tolerating the reserved taint (what the lending-on MAP writes, until
+        # the apiserver takes the switch) is admitted; the lending-off MAP places it as a training pod, the
+        # reserved nodes excluded in every term. A pod below that priority is denied its toleration.
         lent = _tolerating("late", **{BORROW: "true"})
         lent["spec"]["priorityClassName"] = BORROWER_CLASS
-        assert _denied(kube, lent, "rocm-isolation-reserved-nodes")
+        placed = kube.create(lent, dry_run=True)
+        terms = placed["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        for term in terms["nodeSelectorTerms"]:
+            assert {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]} in term[
+                "matchExpressions"
+            ]
+        assert _denied(kube, _tolerating("late-2", **{BORROW: "true"}), "rocm-isolation-reserved-nodes")
     _no_inference_pod_disrupted(world)
     assert world.kubelet.errors == []

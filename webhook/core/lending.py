@@ -91,6 +91,15 @@ def is_borrower(pod: Mapping[str, Any], policy: Policy) -> bool:
     return isinstance(priority, int) and not isinstance(priority, bool) and priority <= lending.borrower.value
 
 
+def switchable(policy: Policy) -> bool:
+    """Lending on, or a ``lending`` section turned off (``enabled: false``; issue 42). What the apiserver
+    holds for lending and does not depend on the switch is rendered for both (``deploy/``): the backstop
+    split by the lending label, the PriorityClasses, the guarded label, the keeper's closing RBAC. A switch
+    then changes, in the apiserver, the placement MutatingAdmissionPolicy alone: one object, no moment where
+    one admission plugin has the new state and another the old (each refreshes its policies on its own)."""
+    return policy.spec.lending.enabled or "lending" in policy.spec.model_fields_set
+
+
 def namespace_may_borrow(policy: Policy, namespace: str, labels: Mapping[str, str] | None) -> bool:
     """The namespace is labelled ``<lending.namespaces.labelKey>=allowed`` or named in
     ``lending.namespaces.names``. Unknown labels (no cluster connection): by name only."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from webhook.core.lending import switchable
 from webhook.core.policy import LENDING_ALLOWED, Policy, RouteCatalogue, glob_regex, route_catalogue
 
 __all__ = ["glob_regex"]  # re-exported: the namespace rules' globs are rendered with it
@@ -447,8 +448,8 @@ def namespace_label_keys(policy: Policy) -> list[str]:
     for rule in policy.spec.namespaces:
         keys.extend(key for key in rule.match.labels if key not in keys)
     lending = policy.spec.lending
-    if lending.enabled and lending.namespaces.label_key not in keys:
-        # Lending on: the label that lets a namespace borrow reserved capacity is guarded the same way.
+    if switchable(policy) and lending.namespaces.label_key not in keys:
+        # Lending on (or switchable, core/lending.switchable: the backstop's lending binding reads it): the label that lets a namespace borrow reserved capacity is guarded the same way.
         keys.append(lending.namespaces.label_key)
     return keys
 

@@ -1,4 +1,5 @@
-"""Lending (``spec.lending``): what the webhook may write to keep it, rendered only when lending is on.
+"""Lending (``spec.lending``): what the webhook may write to keep it, rendered whenever the policy has a
+``lending`` section (the part that closes and opens also with lending off: see ``resources``).
 
 The replica holding the audit Lease closes reserved nodes to new borrowers with the no-borrowers taint
 (``service/lending_loop.py``): that needs ``patch`` on nodes, a wide verb (a node's labels decide what runs
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from webhook.core.lending import switchable
 from webhook.core.policy import Policy
 from webhook.deploy.cel import quote
 
@@ -90,27 +92,42 @@ def class_writes_policy(policy: Policy, user: str) -> dict[str, Any]:
 def resources(
     policy: Policy, namespace: str, account: str, *, metadata: Callable[[str], dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The ClusterRole and binding that let the webhook patch nodes, and the policy holding it to the
-    no-borrowers taint; none with lending off."""
-    if not policy.spec.lending.enabled:
+    """The ClusterRole and binding that let the webhook patch nodes, and the policies holding it to the
+    no-borrowers taint and the lendable DeviceClass.
+
+    Lending on: all of it (evictions and creating the lendable class included). Lending off with a
+    ``lending`` section (turned off, issue 42): only what closes and opens, ``patch`` on nodes and on the
+    lendable class, with both policies. After the switch the Lease holder still writes: it keeps the
+    no-borrowers taint on the reserved nodes while a borrower admitted before the switch is pending, then
+    takes it off, and closes the lendable class (``service/lending_loop.py``); a role dropped with the
+    switch (``kubectl apply --prune``, GitOps) would leave the nodes as they were, open to those borrowers,
+    or closed to every pod not tolerating the taint. The node policy holds the verb to that one taint
+    either way. No ``lending`` section (the default policy, lending never used): nothing."""
+    enabled = policy.spec.lending.enabled
+    if not switchable(policy):
         return []
     user = service_account(namespace, account)
+    lendable = policy.spec.reserved_devices.lendable_class_name
+    rules: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    if enabled:
+        rules += [
+            {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["create"]},
+        ]
+    rules.append(
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["deviceclasses"],
+            "resourceNames": [lendable],
+            "verbs": ["patch"],
+        }
+    )
     return [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": metadata(CLUSTER_ROLE),
-            "rules": [
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
-                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-                {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["create"]},
-                {
-                    "apiGroups": ["resource.k8s.io"],
-                    "resources": ["deviceclasses"],
-                    "resourceNames": [policy.spec.reserved_devices.lendable_class_name],
-                    "verbs": ["patch"],
-                },
-            ],
+            "rules": rules,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from webhook.core.lending import switchable
 from webhook.core.policy import Policy, PriorityClassSettings
 
 API_VERSION = "scheduling.k8s.io/v1"
@@ -40,9 +41,12 @@ def _priority_class(
 
 
 def resources(policy: Policy, *, metadata: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """The borrowers' and the inference PriorityClass; none with lending off."""
+    """The borrowers' and the inference PriorityClass; none without lending. Kept with a lending section
+    turned off (``core/lending.switchable``): a pod the placement policy still made a borrower during the
+    switch names the class (the Priority plugin denies a pod naming a class that is gone), and so may a pod
+    admitted before it. Delete them with the section once no pod names them."""
     lending = policy.spec.lending
-    if not lending.enabled:
+    if not switchable(policy):
         return []
     return [
         _priority_class(lending.borrower_priority_class, "borrower", metadata),

@@ -23,6 +23,7 @@ import yaml
 from cryptography import x509
 
 from webhook import __version__
+from webhook.core.lending import switchable
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
 from webhook.deploy import cel, lending_access, mutating_policy, priority_classes, reserved_devices, reserved_nodes
 
@@ -334,6 +335,58 @@ def apply_policy(resources: list[Resource], policy: Policy, policy_text: str) ->
             resources.append(generated)
 
 
+def in_switch_order(resources: list[Resource], policy: Policy) -> list[Resource]:
+    """The order ``kubectl apply`` writes the objects in, so that none of them denies a pod while lending is
+    switched on or off (issue 42): the objects of one apply reach the apiserver one after the other.
+
+    Lending on: the PriorityClasses and the lending backstop (``reserved-nodes-lending``, bound to the
+    namespaces that may borrow) before the backstop whose bindings then leave those namespaces out, and the
+    placement MutatingAdmissionPolicy last: it makes borrowers (their PriorityClass, the reserved toleration)
+    only once the class exists and the backstop admits them. Lending off: the placement policy first: it makes
+    no more borrowers before the backstop's bindings cover the namespaces that may borrow again (what is
+    pruned after, the PriorityClasses and the lending backstop, goes once nothing makes borrowers).
+
+    With a lending section (``core/lending.switchable``) the backstop, its bindings and the PriorityClasses are
+    the same on and off, and a switch changes the placement policy alone; the order matters when lending is
+    first turned on and when the section is removed. Without one (the default policy) the order is the
+    base's (``manifests/base``)."""
+    if not switchable(policy):
+        return resources
+    placement = [r for r in resources if r.get("kind", "").startswith("MutatingAdmissionPolicy")]
+    early: list[Resource] = []
+    if policy.spec.lending.enabled:
+        early = [
+            r
+            for r in resources
+            if r.get("kind") == "PriorityClass"
+            or (
+                r.get("kind", "").startswith("ValidatingAdmissionPolicy")
+                and _backstop_of(r) == reserved_nodes.LENDING_POLICY_NAME
+            )
+        ]
+    else:
+        early = placement
+    moved = {id(r) for r in early} | {id(r) for r in placement}
+    rest = [r for r in resources if id(r) not in moved]
+    at = next(
+        (
+            i
+            for i, r in enumerate(rest)
+            if r.get("kind") == "ValidatingAdmissionPolicy" and r["metadata"]["name"] == reserved_nodes.POLICY_NAME
+        ),
+        len(rest),
+    )
+    out = [*rest[:at], *early, *rest[at:]]
+    return out + placement if policy.spec.lending.enabled else out
+
+
+def _backstop_of(resource: Resource) -> str:
+    """The ValidatingAdmissionPolicy a policy or binding is of."""
+    if resource.get("kind") == "ValidatingAdmissionPolicyBinding":
+        return str((resource.get("spec") or {}).get("policyName", ""))
+    return str(resource["metadata"]["name"])
+
+
 def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:
     """The MutatingAdmissionPolicy and its binding in API ``version`` (v1: Kubernetes >= 1.36;
     v1beta1: 1.34 and 1.35 with the feature gate and runtime-config of docs/operations.md), or left
@@ -385,8 +438,10 @@ def render(
     apply_policy(resources, policy, text)
     # Lending on: the borrowers' and the inference PriorityClass (none with lending off).
     resources.extend(priority_classes.resources(policy, metadata=_metadata))
-    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint).
+    # ... and what the webhook may write to keep it (patch nodes, held to the no-borrowers taint): also with
+    # lending off when the policy has a lending section (the keeper closes and opens after the switch).
     resources.extend(lending_access.resources(policy, NAMESPACE, APP_NAME, metadata=_metadata))
+    resources = in_switch_order(resources, policy)
     resources = with_placement_policy_version(resources, mutating_admission_policy)
     if monitoring:
         resources.extend(copy.deepcopy(build(monitoring_dir(root))))

@@ -44,6 +44,7 @@ import copy
 from typing import Any
 
 from webhook.core import engine
+from webhook.core.lending import switchable
 from webhook.core.policy import LENDING_ALLOWED, Policy
 from webhook.deploy import cel, reserved_names
 from webhook.deploy.cel import REQUIRED, quote, str_list
@@ -266,8 +267,8 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
         "has(request.subResource) && request.subResource == 'ephemeralcontainers'",
     ]
     lending = spec.lending
-    if lending.enabled:
-        # Lending on: the taint of reserved nodes that take no new borrowers is inference's only.
+    if switchable(policy):
+        # Lending on (or switchable: core/lending.switchable): the taint of reserved nodes that take no new borrowers is inference's only.
         reserved_classes = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
         taint = lending.no_borrowers_taint
         validations.append(
@@ -298,7 +299,7 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
         may_be_denied = (
             f"!({at_priority} &&\n!({cel.tolerates_no_borrowers(policy, added=False)})) &&\n({may_be_denied})"
         )
-    elif lending.enabled and lending.namespaces.names:
+    elif switchable(policy) and lending.namespaces.names:
         # The other namespaces: those the policy names may borrow (a borrower by its priority there).
         unreserved_class += f" &&\n!({at_priority} && {cel.namespace_named_to_borrow(policy)})"
     return {
@@ -325,7 +326,7 @@ def names_policy_spec(policy: Policy) -> dict[str, Any]:
     if not spec.scope.all_pods:
         may_be_denied = f"({may_be_denied}) &&\n({cel.gpu_pod(policy)})"
     unreserved_class = f"variables.podClass in {str_list(_unreserved(policy))}"
-    if spec.lending.enabled:
+    if switchable(policy):
         unreserved_class += f" &&\n!({_at_priority(policy)} && {cel.namespace_may_borrow(policy)})"
     return {
         "failurePolicy": "Fail",
@@ -345,7 +346,7 @@ def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str] |
     one) and of the names policy; ``render`` binds each per mode (``binding_namespaces``: which
     namespaces)."""
     out: list[tuple[str, dict[str, Any], dict[str, str] | None]] = [(POLICY_NAME, policy_spec(policy), None)]
-    if policy.spec.lending.enabled:
+    if switchable(policy):
         out.append((LENDING_POLICY_NAME, policy_spec(policy, borrowing=True), None))
     out.append((NAMES_POLICY_NAME, names_policy_spec(policy), PARAM_REF))
     return out
@@ -376,7 +377,7 @@ def binding_namespaces(policy: Policy) -> dict[str, list[dict[str, Any]]]:
     reserved class left out (``reserved_class_namespaces``), then the namespaces labelled to borrow, and the
     others; none with lending off (its manifests are what they were before lending)."""
     lending = policy.spec.lending
-    if not lending.enabled:
+    if not switchable(policy):
         return {}
     key = lending.namespaces.label_key
     reserved = reserved_class_namespaces(policy)
