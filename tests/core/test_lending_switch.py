@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 from cel_harness import reserved_nodes_verdict
 
 from webhook.core import engine
@@ -136,3 +137,20 @@ def test_with_lending_off_a_pod_tolerating_the_reserved_taint_on_its_own_is_stil
     elsewhere = NamespaceFacts("ml", {"rocm-isolation.io/class": "training"})
     decision, _ = placed(LENDING_OFF, {**body, "metadata": {**body["metadata"], "namespace": "ml"}}, elsewhere)
     assert not decision.allowed and decision.rule == engine.DENY_TOLERATION
+
+
+def test_without_a_lending_section_nothing_is_exempted() -> None:
+    """Lending never on (no ``spec.lending``: the default policy): no switch to bridge, every decision as before
+    lending existed. A pod at the borrowers' PriorityClass tolerating the reserved taint in a namespace labelled
+    to borrow is denied, and the rendered backstop has no lending policy."""
+    document = yaml.safe_load(LENDING_ON)
+    del document["spec"]["lending"]
+    never = yaml.safe_dump(document)
+    assert "lending" not in policy(never).spec.model_fields_set
+    body = pod("research", {})
+    body["spec"]["tolerations"] = [{"key": TAINT_KEY, "operator": "Exists"}]
+    body["spec"]["priorityClassName"] = "rocm-isolation-borrower"
+    decision, _ = placed(never, body, NAMESPACES[0])
+    assert not decision.allowed and decision.rule == engine.DENY_TOLERATION
+    rendered = manifests(never)
+    assert not [d for d in rendered if "lending" in d["metadata"]["name"] or "borrower" in d["metadata"]["name"]]

@@ -44,6 +44,7 @@ class LendingSettings:
     lend_from: str
     # The toleration of the no-borrowers taint (inference pods get it; nobody else may carry it).
     no_borrowers_toleration: dict[str, Any]
+    switchable: bool  # lending on, or a lending section turned off (``switchable``)
 
 
 @lru_cache(maxsize=64)
@@ -61,6 +62,7 @@ def settings(policy: Policy) -> LendingSettings:
         default_borrow=lending.default_borrow,
         lend_from=lending.lend_from,
         no_borrowers_toleration={"key": taint.key, "operator": "Equal", "value": taint.value, "effect": taint.effect},
+        switchable=lending.enabled or "lending" in policy.spec.model_fields_set,
     )
 
 
@@ -96,8 +98,9 @@ def switchable(policy: Policy) -> bool:
     holds for lending and does not depend on the switch is rendered for both (``deploy/``): the backstop
     split by the lending label, the PriorityClasses, the guarded label, the keeper's closing RBAC. A switch
     then changes, in the apiserver, the placement MutatingAdmissionPolicy alone: one object, no moment where
-    one admission plugin has the new state and another the old (each refreshes its policies on its own)."""
-    return policy.spec.lending.enabled or "lending" in policy.spec.model_fields_set
+    one admission plugin has the new state and another the old (each refreshes its policies on its own).
+    Without a section lending was never on: nothing is rendered and nothing decided for a switch."""
+    return settings(policy).switchable
 
 
 def namespace_may_borrow(policy: Policy, namespace: str, labels: Mapping[str, str] | None) -> bool:
@@ -126,13 +129,14 @@ def _may_borrow(lending: LendingSettings, namespace: str, labels: Mapping[str, s
 def placed_as_borrower_before(
     policy: Policy, namespace: str, namespace_labels: Mapping[str, str] | None, spec: Mapping[str, Any]
 ) -> bool:
-    """Lending off in this policy, and a pod of a namespace that the policy's lending settings let borrow
+    """Lending off in this policy but its section kept (``switchable``: without one lending was never on, and
+    every decision is what it was before lending existed), and a pod of a namespace that the policy's lending settings let borrow
     already carries the borrowers' PriorityClass on CREATE: the apiserver's placement policy, still rendered
     with lending on, made it a borrower (it also added the reserved toleration). The webhook then denies no
     toleration of the reserved taint (the state with lending on admits it) and places the pod as training:
     its ``NotIn`` requirement keeps it off the reserved nodes, so it borrows nothing."""
     lending = settings(policy)
-    if lending.enabled or spec.get("priorityClassName") != lending.borrower.name:
+    if lending.enabled or not lending.switchable or spec.get("priorityClassName") != lending.borrower.name:
         return False
     return _may_borrow(lending, namespace, namespace_labels)
 
