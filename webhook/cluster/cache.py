@@ -27,7 +27,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -278,6 +278,25 @@ class Reflector:
         items = self.items
         return sum(len(names) for names in items.values()) if self.namespaced else len(items)
 
+    def values(self, namespace: str | None = None) -> list[Any]:
+        """What is kept now, of every namespace or (``namespace``) of one: a copy of the references, taken
+        under the lock (the thread replaces an object that changes, never modifies it)."""
+        with self.lock:
+            if not self.namespaced:
+                return list(self.items.values())
+            if namespace is not None:
+                return list(self.items.get(namespace, {}).values())
+            return [obj for names in self.items.values() for obj in names.values()]
+
+    @classmethod
+    def frozen(cls, resource: str, objects: Iterable[Mapping[str, Any]], *, namespaced: bool) -> Reflector:
+        """A reflector holding ``objects`` as listed, synced, never started (a dumped view read back)."""
+        reflector = cls(resource, _never_called, extract=_as_is, namespaced=namespaced)
+        for obj in objects:
+            reflector._put(reflector.items, obj)
+        reflector.synced.set()
+        return reflector
+
     def _put(self, items: dict[str, Any], obj: Mapping[str, Any]) -> None:
         namespace, name = _key(obj)
         if not name:
@@ -360,6 +379,14 @@ class Reflector:
         if version:
             self.resource_version = str(version)
         self._changed()
+
+
+def _as_is(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj
+
+
+def _never_called(**_: Any) -> Any:
+    raise RuntimeError("a frozen reflector lists nothing")
 
 
 class FirstServedVersion:

@@ -28,7 +28,7 @@ projection as from the whole pod.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -176,16 +176,6 @@ def claim_projection(claim: Mapping[str, Any]) -> dict[str, Any]:
 def without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The object as stored but for ``managedFields`` (DeviceClasses, DeviceTaintRules: few and small)."""
     return {**obj, "metadata": _metadata(obj)}
-
-
-def slice_projection(drivers: frozenset[str]) -> Callable[[Mapping[str, Any]], dict[str, Any] | None]:
-    """The slices of ``drivers``, whole but for ``managedFields``; None (not kept) for other drivers."""
-
-    def project(resource_slice: Mapping[str, Any]) -> dict[str, Any] | None:
-        driver = (resource_slice.get("spec") or {}).get("driver")
-        return without_managed_fields(resource_slice) if driver in drivers else None
-
-    return project
 
 
 def _extended_resource(container: Any) -> bool:

@@ -24,7 +24,6 @@ Lease and stopped when it loses it (only the holder pays for the view), and a ro
 
 from __future__ import annotations
 
-import builtins
 import functools
 import logging
 import threading
@@ -37,8 +36,8 @@ from urllib.parse import unquote
 import orjson
 
 from webhook.cluster import projection
-from webhook.cluster.cache import Extract, Metrics, Reflector
-from webhook.cluster.kubeapi import JSON, ApiError, KubeApi, ListOptions, NotFound, resources_served
+from webhook.cluster.cache import Extract, Reflector
+from webhook.cluster.kubeapi import ApiError, KubeApi, ListOptions, NotFound, resources_served
 from webhook.cluster.selectors import field_matcher, label_matcher
 from webhook.core import claims as dra
 from webhook.core.policy import Policy
@@ -106,7 +105,6 @@ class ClusterView:
         api_client: Any,
         policy: Callable[[], Policy],
         *,
-        metrics: Metrics | None = None,
         resync_seconds: float = 600.0,
         watch_timeout_seconds: int = 300,
         page_size: int = 500,
@@ -116,8 +114,9 @@ class ClusterView:
         self._on_bytes = on_bytes  # (resource, "list" | "watch", bytes): serve's metric of what the view costs
         self._reads = KubeApi(api_client)  # discovery and /version, at start and each resync
         self._policy = policy
+        # No metrics of the admission cache's (cluster_synced{resource}): the same resource names, another
+        # collection; serve exports the view's own (rocm_isolation_lending_view_*).
         self._common: dict[str, Any] = {
-            "metrics": metrics,
             "resync_seconds": resync_seconds,
             "watch_timeout_seconds": watch_timeout_seconds,
             "page_size": page_size,
@@ -125,8 +124,7 @@ class ClusterView:
         self.resync_seconds = resync_seconds
         self._lock = threading.Lock()
         self._reflectors: dict[str, Reflector] = {}  # collection path -> its reflector
-        self._kept_for: Policy | None = None  # the policy whose relevance and drivers pods and slices follow
-        self._relevance: projection.PodRelevance | None = None
+        self._relevance: projection.PodRelevance | None = None  # which pods, and for which policy
         self._drivers: frozenset[str] = frozenset()
         self._shared = projection.Shared()  # what the replicas of a workload repeat, kept once
         self.version: dict[str, Any] | None = None  # GET /version
@@ -237,7 +235,6 @@ class ClusterView:
     # -- what is kept ----------------------------------------------------------------------------------
 
     def _follow_policy(self, policy: Policy) -> None:
-        self._kept_for = policy
         self._relevance = projection.PodRelevance(policy)
         self._drivers = frozenset(policy.spec.scope.gpu_drivers) | {policy.spec.reserved_devices.driver}
 
@@ -257,7 +254,7 @@ class ClusterView:
     def follow(self, policy: Policy) -> None:
         """A reloaded policy may keep other pods (its GPU routes, its borrowers' label) and other drivers'
         slices: those two collections are listed again, and the view is not synced until they are."""
-        if policy is self._kept_for or not self.started:
+        if not self.started or (self._relevance is not None and policy is self._relevance.policy):
             return
         with self._lock:
             self._follow_policy(policy)
@@ -306,13 +303,11 @@ class ClusterView:
             return False
         collections: dict[str, Any] = {}
         for where, reflector in list(self._reflectors.items()):
-            with reflector.lock:
-                items = dict(reflector.items)
-            if reflector.namespaced:
-                found = [obj for names in items.values() for obj in names.values()]
-            else:
-                found = builtins.list(items.values())
-            collections[where] = {"resource": reflector.resource, "namespaced": reflector.namespaced, "items": found}
+            collections[where] = {
+                "resource": reflector.resource,
+                "namespaced": reflector.namespaced,
+                "items": reflector.values(),
+            }
         document = {
             "version": self.version,
             "discovery": {gv: None if names is None else sorted(names) for gv, names in self.discovery.items()},
@@ -320,23 +315,6 @@ class ClusterView:
         }
         path.write_bytes(orjson.dumps(document))
         return True
-
-
-class Held:
-    """One collection of a ``FrozenView``: what ``ViewApi`` reads of a reflector."""
-
-    def __init__(self, resource: str, namespaced: bool, objects: list[dict[str, Any]]) -> None:
-        self.resource = resource
-        self.namespaced = namespaced
-        self.lock = threading.Lock()
-        self.items: dict[str, Any] = {}
-        for obj in objects:
-            metadata = obj.get("metadata") or {}
-            name = str(metadata.get("name") or "")
-            if namespaced:
-                self.items.setdefault(str(metadata.get("namespace") or ""), {})[name] = obj
-            else:
-                self.items[name] = obj
 
 
 class FrozenView:
@@ -354,7 +332,9 @@ class FrozenView:
             str(gv): None if names is None else frozenset(names) for gv, names in discovery.items()
         }
         self._held = {
-            str(where): Held(str(held["resource"]), bool(held["namespaced"]), held.get("items") or [])
+            str(where): Reflector.frozen(
+                str(held["resource"]), held.get("items") or [], namespaced=bool(held["namespaced"])
+            )
             for where, held in (document.get("collections") or {}).items()
         }
 
@@ -362,7 +342,7 @@ class FrozenView:
     def load(cls, path: Path) -> FrozenView:
         return cls(orjson.loads(path.read_bytes()))
 
-    def reflector(self, path: str) -> Held | None:
+    def reflector(self, path: str) -> Reflector | None:
         return self._held.get(path)
 
     def api(self, writes: KubeApi) -> ViewApi:
@@ -400,7 +380,7 @@ class ViewApi(KubeApi):
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    def _held(self, path: str) -> tuple[Reflector | Held, str | None, str | None] | None:
+    def _held(self, path: str) -> tuple[Reflector, str | None, str | None] | None:
         try:
             collection, namespace, _, name = _parse(path)
         except ValueError:
@@ -414,7 +394,7 @@ class ViewApi(KubeApi):
 
     def get(self, path: str, *, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         self._require(path)
-        if path == "/version" and not query and self.view.started:
+        if path == "/version" and not query:
             if self.view.version is not None:
                 return dict(self.view.version)
             if self.view.version_error is not None:
@@ -460,14 +440,7 @@ class ViewApi(KubeApi):
                 raise ValueError(f"the view holds active pods only: a pod list must select {ACTIVE_PODS}")
         labels_match = label_matcher(options.get("label_selector"))
         fields_match = field_matcher(fields)
-        with reflector.lock:  # a copy of the references: the reflector's thread replaces, never mutates
-            if reflector.namespaced and namespace is not None:
-                found = builtins.list(reflector.items.get(namespace, {}).values())
-            elif reflector.namespaced:
-                found = [obj for group in reflector.items.values() for obj in group.values()]
-            else:
-                found = builtins.list(reflector.items.values())
-        for index, obj in enumerate(found):
+        for index, obj in enumerate(reflector.values(namespace)):
             if labels_match(obj) and fields_match(obj):
                 yield obj
             if index % YIELD_EVERY == YIELD_EVERY - 1:
@@ -497,16 +470,10 @@ class ViewApi(KubeApi):
 
     # -- writes: to the apiserver, only from a synced view ---------------------------------------------
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = JSON,
-    ) -> Any:
+    def _send(
+        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         if method != "GET" and not self.view.synced:
             raise NotSynced(f"{method} {path}: the view of the cluster is not synced, nothing is written")
         self.sent[method] = self.sent.get(method, 0) + 1
-        return super().request(method, path, query=query, body=body, content_type=content_type)
+        return super()._send(method, path, query, body, content_type)
