@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 from webhook.core.claims import PCI_BUS_ID_ATTRIBUTE, pci_sort_key
@@ -76,6 +77,12 @@ class Device:
         if self.counter_sets:
             return "counters:" + ",".join(self.counter_sets)
         return f"{self.pool}/{self.name}"
+
+    @cached_property
+    def as_gpu(self) -> Gpu:
+        """Its GPU in the cluster (``gpu_of``), worked out once per device: the lending keeper's view hands
+        every round the same devices (a slice is parsed once: ``_PARSED``)."""
+        return Gpu(self.driver, self.pool, self.gpu)
 
 
 def device_fields(device: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -239,18 +246,7 @@ class PublishedDevices:
 
 
 def gpu_of(device: Device) -> Gpu:
-    # The view's rounds see the same Device objects (a slice is parsed once: ``_PARSED``): the same GPU each.
-    known = _GPUS.get(id(device))
-    if known is not None and known[0] is device:
-        return known[1]
-    found = Gpu(device.driver, device.pool, device.gpu)
-    if len(_GPUS) >= 8 * _PARSED_MAX:
-        _GPUS.clear()
-    _GPUS[id(device)] = (device, found)
-    return found
-
-
-_GPUS: dict[int, tuple[Device, Gpu]] = {}
+    return device.as_gpu
 
 
 def published_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, tuple[Device, ...]]:
