@@ -435,9 +435,10 @@ class ViewApi(KubeApi):
         reflector, namespace, _ = held
         fields = options.get("field_selector")
         if reflector.resource == "pods":
-            terms = frozenset(t.strip() for t in (fields or "").split(",") if t.strip())
-            if not terms >= _ACTIVE_TERMS:
+            terms = [t.strip() for t in (fields or "").split(",") if t.strip()]
+            if not set(terms) >= _ACTIVE_TERMS:
                 raise ValueError(f"the view holds active pods only: a pod list must select {ACTIVE_PODS}")
+            fields = ",".join(t for t in terms if t not in _ACTIVE_TERMS)  # the watch's own selector holds them
         labels_match = label_matcher(options.get("label_selector"))
         fields_match = field_matcher(fields)
         for index, obj in enumerate(reflector.values(namespace)):

@@ -124,26 +124,28 @@ class PodMemo:
 
     Keyed by the pod object's identity (kept, so the id is not reused) and what the answer depends on: the
     policy for ``pod_info`` and borrowing; for the class, also the facts of its namespace (labels, claims),
-    the reserved node names and the cluster's GPU DeviceClasses. ``prune`` forgets the pods not read."""
+    the reserved node names and the cluster's GPU DeviceClasses. Those facts are compared once per namespace
+    and read (an unchanged namespace keeps the same key object), a pod's key by identity. ``prune`` forgets
+    the pods not read."""
 
     def __init__(self) -> None:
-        self._info: dict[int, tuple[Mapping[str, Any], Policy, PodInfo, bool]] = {}
-        self._class: dict[int, tuple[Mapping[str, Any], Any, str]] = {}
-        self._facts: dict[str, Any] = {}  # namespace -> its facts key, for one read
+        # id(pod) -> [pod, policy, its PodInfo, borrower, facts key, class]; the class slots None until asked
+        self._pods: dict[int, list[Any]] = {}
+        self._facts: dict[str, tuple[Any, ...]] = {}  # namespace -> its facts key, this read
+        self._previous: dict[str, tuple[Any, ...]] = {}  # and the read before
         self._seen: set[int] = set()
 
     def start(self) -> None:
+        self._previous.update(self._facts)
         self._facts = {}
         self._seen = set()
 
     def info(self, raw: Mapping[str, Any], policy: Policy) -> tuple[PodInfo, bool]:
         self._seen.add(id(raw))
-        known = self._info.get(id(raw))
-        if known is not None and known[0] is raw and known[1] is policy:
-            return known[2], known[3]
-        found = pod_info(raw, policy), is_borrower(raw, policy)
-        self._info[id(raw)] = (raw, policy, *found)
-        return found
+        known = self._pods.get(id(raw))
+        if known is None or known[0] is not raw or known[1] is not policy:
+            known = self._pods[id(raw)] = [raw, policy, pod_info(raw, policy), is_borrower(raw, policy), None, ""]
+        return known[2], known[3]
 
     def classify(self, raw: Mapping[str, Any], snapshot: Snapshot, policy: Policy) -> str:
         namespace = str((raw.get("metadata") or {}).get("namespace", ""))
@@ -151,7 +153,7 @@ class PodMemo:
         if key is None:
             labels = snapshot.namespaces.get(namespace)
             claims = snapshot.claim_facts(namespace)
-            key = self._facts[namespace] = (
+            key = (
                 policy,
                 None if labels is None else frozenset(labels.items()),
                 frozenset(claims.claims.items()),
@@ -159,17 +161,20 @@ class PodMemo:
                 snapshot.node_facts().reserved_node_names,
                 snapshot.devices,
             )
-        known = self._class.get(id(raw))
-        if known is not None and known[0] is raw and known[1] == key:
-            return known[2]
-        found = classify(raw, snapshot, policy)
-        self._class[id(raw)] = (raw, key, found)
-        return found
+            before = self._previous.get(namespace)
+            self._facts[namespace] = key = before if before == key else key
+        known = self._pods.get(id(raw))
+        if known is None or known[0] is not raw:
+            self.info(raw, policy)
+            known = self._pods[id(raw)]
+        if known[4] is not key:
+            known[4], known[5] = key, classify(raw, snapshot, policy)
+        return str(known[5])
 
     def prune(self) -> None:
-        for memo in (self._info, self._class):
-            for gone in [k for k in memo if k not in self._seen]:
-                del memo[gone]
+        for gone in [k for k in self._pods if k not in self._seen]:
+            del self._pods[gone]
+        self._previous = {ns: key for ns, key in self._previous.items() if ns in self._facts}
 
 
 def pool_pod(
