@@ -108,6 +108,8 @@ def measure(nodes: int, pods: int) -> dict[str, Any]:
             },
         }
     )
+    gc.collect()
+    gc.freeze()  # what the keeper does once its view has synced (service/lending_loop.py)
     api = view.api(KubeApi(object()))
     memo = PodMemo()
     rounds = []
