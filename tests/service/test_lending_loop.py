@@ -72,14 +72,19 @@ class Api:
 
     def list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
              on_restart: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
-        items = list(self.nodes.values()) if path.endswith("/nodes") else self.pods
-        for item in items:
+        if path.startswith("/apis/"):  # no Dynamic Resource Allocation served
+            raise NotFound("the server could not find the requested resource", status=404, path=path)
+        collections = {"nodes": list(self.nodes.values()), "namespaces": NAMESPACES, "pods": self.pods}
+        for item in collections[path.rsplit("/", 1)[-1]]:
             if selects(label_selector or "", item["metadata"].get("labels") or {}):
                 yield item
 
     def get(self, path: str) -> dict[str, Any]:
         # No DeviceClass here (no device-level reservation): the device part of the round reads nothing more.
         raise NotFound("not found", status=404, method="GET", path=path)
+
+    def serving_versions(self, group: str, versions: Any, resource: str) -> tuple[str, ...]:
+        return ()
 
     def patch(self, path: str, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         name = path.rsplit("/", 1)[-1]
@@ -94,7 +99,21 @@ class Api:
         return current
 
 
+# The namespaces of the pods below: inference serves, training may borrow.
+NAMESPACES = [
+    {"metadata": {"name": "serve", "labels": {"rocm-isolation.io/class": "inference"}}},
+    {
+        "metadata": {
+            "name": "ml",
+            "labels": {"rocm-isolation.io/class": "training", "rocm-isolation.io/lending": "allowed"},
+        }
+    },
+]
+
+
 def selects(selector: str, labels: Mapping[str, str]) -> bool:
+    if not selector:
+        return True
     if " in (" in selector:
         key, values = selector.split(" in (")
         return labels.get(key) in values.rstrip(")").split(",")

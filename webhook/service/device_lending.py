@@ -43,7 +43,7 @@ from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
 from webhook.ops.demand import SPLIT, Demand, reserved_demand
-from webhook.ops.lending import Reclaim, Waiting, lent_per_node, node_admits, plan_reclaims
+from webhook.ops.lending import Reclaim, Waiting, node_admits, plan_reclaims
 from webhook.ops.pool_read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
 from webhook.ops.pool_write import evictor
 from webhook.ops.reservation import Reservation
@@ -164,22 +164,32 @@ class DeviceLending:
     _evicted: dict[tuple[str, str], float] = field(default_factory=dict)  # victim -> counted until
     _memo: PodMemo = field(default_factory=PodMemo)  # each unchanged pod of the view read and classed once
 
-    def run(self, policy: Policy, unschedulable_inference: Sequence[Mapping[str, Any]]) -> DeviceRound:
+    def read(self, policy: Policy) -> tuple[PoolRead, CapacityModel]:
+        """The cluster as ``pool`` reads it, and its one capacity model (whole and split nodes): what the whole
+        round decides on. From the keeper's view, memory (each unchanged pod decided once: ``PodMemo``)."""
+        read = PoolRead(
+            read_cluster(self.api, policy, self._memo), read_dra(self.api, policy, claims=True, required=False)
+        )
+        return read, capacity_model(policy, read, Reservation.from_policy(policy))
+
+    def run(
+        self,
+        policy: Policy,
+        unschedulable_inference: Sequence[Mapping[str, Any]],
+        seen: tuple[PoolRead, CapacityModel] | None = None,
+    ) -> DeviceRound:
+        """The device part of a round, on what the round read (``seen``; read here when not given)."""
         devices = policy.spec.reserved_devices
         classes = {name: self._class(name) for name in (devices.reserved_class_name, devices.lendable_class_name)}
         lendable = classes[devices.lendable_class_name]
         if not self._lends(policy, classes[devices.reserved_class_name]) and (lendable is None or _closed(lendable)):
-            return DeviceRound()  # the usual case without device lending: two GETs, nothing written
-        # The cluster as ``pool`` reads it: only while devices may be lent or the class must be closed.
-        read = PoolRead(
-            read_cluster(self.api, policy, self._memo), read_dra(self.api, policy, claims=True, required=False)
-        )
+            return DeviceRound()  # the usual case without device lending: nothing written
+        read, model = seen or self.read(policy)
         reservation = reservation_now(policy, read.dra)
         active = settings(policy).enabled and reservation is not None and reservation.active
         if reservation is None or not active or reservation.by_taints:
             self._write_class(policy, reservation, read, open_=False)
             return DeviceRound()
-        model = capacity_model(policy, read, Reservation.from_policy(policy))
         waiting = waiting_for_devices(
             unschedulable_inference,
             read.devices.claims,
@@ -193,9 +203,8 @@ class DeviceLending:
         free = sum(node.side(RESERVED).free for node in model.pool_nodes(RESERVED) if node.split)
         open_ = not waiting and free > policy.spec.lending.headroom_gpus
         self._write_class(policy, reservation, read, open_=open_)
-        lent = sum(n for name, n in lent_per_node(model).items() if model.nodes[name].split)
         demand = reserved_demand(model, waiting)[SPLIT]
-        return DeviceRound(open_, len(waiting), lent, tuple(evicted), tuple(blocked), demand)
+        return DeviceRound(open_, len(waiting), demand.lent, tuple(evicted), tuple(blocked), demand)
 
     def _class(self, name: str) -> dict[str, Any] | None:
         try:

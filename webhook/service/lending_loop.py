@@ -38,14 +38,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.cluster.inventory import gpu_request, node_info, parse_time
+from webhook.cluster.inventory import gpu_request, parse_time
 from webhook.cluster.kubeapi import ApiError, Conflict, KubeApi, api_path
 from webhook.cluster.view import ClusterView, NotSynced
 from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
-from webhook.ops.capacity import CapacityModel, Holder
+from webhook.ops.capacity import RESERVED, CapacityModel
 from webhook.ops.demand import WHOLE, Demand, reserved_demand
-from webhook.ops.lending import Waiting, closed_after_lending, closed_nodes, lent_per_node
+from webhook.ops.lending import Waiting, closed_after_lending, closed_nodes
+from webhook.ops.pool_read import PoolRead
 from webhook.service.device_lending import DeviceLending, DeviceRound
 from webhook.service.periodic import Periodic
 
@@ -206,70 +207,52 @@ class LendingKeeper:
         policy = self.policy()
         lending = settings(policy)
         key, value = policy.spec.reserved_nodes.label
-        nodes = self._list(api_path("v1", "nodes"), f"{key}={value}")
+        nodes = self._list(api_path("v1", "nodes"), f"{key}={value}")  # what the taint patches are made from
         taint = {k: str(v) for k, v in lending.no_borrowers_toleration.items() if k != "operator"}
         inference = sorted(n for n, c in policy.spec.classes.items() if c.placement == "reserved")
+        # The borrowers and the inference pods, by label: who waits, who was preempted, who bound since.
+        pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
+        if inference and (lending.enabled or pods):
+            pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)
         if not lending.enabled:
             # Pending borrowers of before the switch keep the reserved nodes closed (ops/lending).
-            pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
-            if inference and pods:
-                pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)
             keep = closed_after_lending(pods, lending.borrower.name, inference)
             closed = {str((n.get("metadata") or {}).get("name", "")) for n in nodes} if keep else set()
             written, conflicts = self._taint(nodes, taint, closed=closed)
             devices = self._device_round(policy, [])
             return Observed(written=tuple(written), conflicts=tuple(conflicts), devices=devices)
-        pods = self._list(api_path("v1", "pods"), f"{lending.pod_label}=true", ACTIVE_PODS)
-        if inference:
-            pods += self._list(api_path("v1", "pods"), f"{PLACED_LABEL} in ({','.join(inference)})", ACTIVE_PODS)
-        model = CapacityModel.build(
-            ((info.name, info.gpus, True) for info in (node_info(n, policy) for n in nodes)),
-            {},
-            None,
-            (),
-            policy.spec.reserved_devices.driver,
-        )
+        assert self._devices is not None
+        seen_cluster = self._devices.read(policy)  # the one capacity model of whole and split nodes
+        model = seen_cluster[1]
+        whole = [node for node in model.pool_nodes(RESERVED) if not node.split]
+        borrowers_hold = any(holder.borrower for node in whole for holder, _ in node.side(RESERVED).holders)
         waiting: list[Waiting] = []
         waiting_devices: list[dict[str, Any]] = []  # unschedulable inference pods with claims
         seen: set[str] = set()
         preempted_now: list[str] = []
-        borrowers_hold = False
         for pod in pods:
             metadata = pod.get("metadata") or {}
             uid = str(metadata.get("uid", ""))
             if uid in seen:
                 continue
             seen.add(uid)
-            borrower = is_borrower(pod, policy)
-            labels = metadata.get("labels") or {}
-            is_inference = labels.get(PLACED_LABEL) in inference
-            if borrower and preempted(pod) and uid not in self._preempted:
+            if is_borrower(pod, policy) and preempted(pod) and uid not in self._preempted:
                 self._preempted.add(uid)
                 preempted_now.append(uid)
+            if (metadata.get("labels") or {}).get(PLACED_LABEL) not in inference or not unschedulable(pod):
+                continue
+            if (pod.get("spec") or {}).get("resourceClaims"):
+                waiting_devices.append(pod)
             gpus = sum(gpu_request(pod, policy).values())
-            node = str((pod.get("spec") or {}).get("nodeName") or "")
-            created = parse_time(metadata.get("creationTimestamp"))
-            holder = Holder(
-                str(metadata.get("namespace", "")),
-                str(metadata.get("name", "")),
-                labels.get(PLACED_LABEL, ""),
-                inference=is_inference,
-                uid=uid,
-                borrower=borrower,
-                created=created,
-            )
-            if node and node in model.nodes:
-                model.add_pod(holder, node, gpus)
-                borrowers_hold = borrowers_hold or borrower
-            elif is_inference and unschedulable(pod):
-                if (pod.get("spec") or {}).get("resourceClaims"):
-                    waiting_devices.append(pod)
-                if gpus:
-                    waiting.append(Waiting(holder.namespace, holder.name, uid, gpus, created))
-        lent = sum(lent_per_node(model).values())
-        devices = self._device_round(policy, waiting_devices)
+            if gpus:
+                created = parse_time(metadata.get("creationTimestamp"))
+                waiting.append(
+                    Waiting(str(metadata.get("namespace", "")), str(metadata.get("name", "")), uid, gpus, created)
+                )
+        demand = reserved_demand(model, waiting)[WHOLE]
+        devices = self._device_round(policy, waiting_devices, seen_cluster)
         # Inference pods waiting while borrowers hold reserved GPUs: their creation-to-binding seconds.
-        tracked = waiting if borrowers_hold or lent else []
+        tracked = waiting if borrowers_hold or demand.lent else []
         if devices.lent or devices.evicted or devices.blocked:
             tracked = tracked + [self._waiting(pod) for pod in waiting_devices]
         bound = self._bind_times(pods, policy, tracked)
@@ -277,7 +260,7 @@ class LendingKeeper:
         written, conflicts = self._taint(nodes, taint, closed=closed)
         self._preempted &= seen  # forget the borrowers that are gone
         return Observed(
-            lent,
+            demand.lent,
             tuple(sorted(closed)),
             len(waiting),
             tuple(written),
@@ -285,15 +268,17 @@ class LendingKeeper:
             tuple(preempted_now),
             bound,
             devices,
-            demand=reserved_demand(model, waiting)[WHOLE],
+            demand=demand,
         )
 
-    def _device_round(self, policy: Policy, waiting: list[dict[str, Any]]) -> DeviceRound:
+    def _device_round(
+        self, policy: Policy, waiting: list[dict[str, Any]], seen: tuple[PoolRead, CapacityModel] | None = None
+    ) -> DeviceRound:
         """The reserved devices of split nodes: lent, closed, taken back (``service/device_lending.py``). A
         failure there is logged and leaves the node part of the round alone."""
         assert self._devices is not None
         try:
-            return self._devices.run(policy, waiting)
+            return self._devices.run(policy, waiting, seen)
         except ApiError as err:
             log.warning("lending: cannot read or write the devices' lending", extra={"error": str(err)})
             return DeviceRound()
