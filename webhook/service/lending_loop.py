@@ -3,10 +3,11 @@
 The replica holding the background audit's Lease (one at a time) runs a round every ``interval`` seconds
 while the policy's lending is on:
 
-1. reads the reserved nodes (the reserved label) and the pods that matter to lending, by label: the
-   borrowers (``rocm-isolation.io/borrow=true``, judged with ``core/lending.is_borrower``) and the
-   inference pods (the placed label ``rocm-isolation.io/placed=<an inference class>``), into the capacity
-   model (``ops/capacity.py``);
+1. reads the cluster as ``pool`` does into its one capacity model (``ops/capacity.py``: whole and split
+   nodes, every pod holding GPUs; from the watched view in ``serve``: ``cluster/view.py``), and, by label,
+   the borrowers (``rocm-isolation.io/borrow=true``, judged with ``core/lending.is_borrower``) and the
+   inference pods (the placed label ``rocm-isolation.io/placed=<an inference class>``): who waits, who was
+   preempted, who bound since;
 2. closes reserved nodes to new borrowers with the no-borrowers taint, and opens the others
    (``ops/lending.closed_nodes``: every one while an inference pod waits for reserved GPUs, else the idle
    ones that keep ``headroomGPUs`` free). A merge patch of ``spec.taints`` with the ``resourceVersion``
