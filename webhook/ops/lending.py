@@ -240,7 +240,8 @@ def closed_after_lending(pods: Iterable[Mapping[str, Any]], borrower_class: str,
     bound, not terminating; judged by the class alone, since ``core/lending.is_borrower`` says no borrower
     with lending off), every reserved node stays closed. Inference pods tolerate that taint only while
     lending is on, so an inference pod waiting (a pod placed as one of ``inference``, not bound, not
-    terminating) opens them: it outranks every borrower in the scheduler's queue. ``pods``: the pods labelled
+    terminating) opens them (a pending borrower may bind first; inference then preempts it: a borrower's
+    priority is below every inference pod's). ``pods``: the pods labelled
     to borrow and those placed as inference; running borrowers are left alone either way."""
     names = set(inference)
     pending_borrower = False
