@@ -100,18 +100,23 @@ bench-instructions: $(COMPILED)
 bench-apiserver: $(COMPILED)
 	$(PY) -m bench.apiserver_admission
 
-# what lending recovers, trace-driven on the real control plane (issue 37): strict reservation, then lending, on
-# one daily trace (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md and docs/bench-lending.png,
-# the figures as JSON on the last line. The control plane as the e2e suite finds it: KUBEBUILDER_ASSETS, else
-# .cache/envtest/bin (unpacked from ../shared/envtest when the archive is there). ARGS: more options of bench.lending.
+# The benchmarks on the real control plane find it as the e2e suite does: KUBEBUILDER_ASSETS, else .cache/envtest/bin
+# (unpacked from ../shared/envtest when the archive is there); their plots need the `bench` extra. ARGS: more options.
 ENVTEST_ARCHIVE ?= ../shared/envtest/kubernetes-v1.36.2-linux-amd64.tar.xz
-bench-lending: $(COMPILED)
+define on_envtest
 	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
 	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
 	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
 	fi; \
-	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.lending $(ARGS)
+	KUBEBUILDER_ASSETS="$$assets" $(PY) -m $(1) $(ARGS)
+endef
+
+# what lending recovers, trace-driven on the real control plane (issue 37): strict reservation, then lending, on
+# one daily trace (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md and docs/bench-lending.png,
+# the figures as JSON on the last line.
+bench-lending: $(COMPILED)
+	$(call on_envtest,bench.lending)
 
 # what the lending keeper of `serve` costs the apiserver and itself as the cluster grows (issue 41), on the real
 # control plane: 50 nodes / 1,000 pods up to 1,000 nodes / 30,000 pods, a steady window per size, one reclaim at the
@@ -119,22 +124,13 @@ bench-lending: $(COMPILED)
 # and docs/bench-scale.png, the figures as JSON on the last line. ARGS: more options of bench.scale (--sizes,
 # --window-seconds, --label, --save-before, --no-write).
 bench-scale: $(COMPILED)
-	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
-	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
-	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
-	fi; \
-	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.scale $(ARGS)
+	$(call on_envtest,bench.scale)
 
 # the same trace at the size `pool recommend` gives, beside the hand-chosen one (issue 43): lending at 2 devices per
 # split node recording the webhook's demand gauges, `pool recommend --from-file` on them, lending again at what it
 # said (about 15 minutes on 2 cores); writes its section of docs/benchmarks.md, the figures as JSON on the last line.
 bench-lending-recommend: $(COMPILED)
-	@assets="$${KUBEBUILDER_ASSETS:-$(CURDIR)/.cache/envtest/bin}"; \
-	if [ ! -x "$$assets/kube-apiserver" ] && [ -z "$$KUBEBUILDER_ASSETS" ] && [ -f "$(ENVTEST_ARCHIVE)" ]; then \
-	    mkdir -p .cache/envtest && xz -dc "$(ENVTEST_ARCHIVE)" | tar -x -C .cache/envtest; \
-	fi; \
-	KUBEBUILDER_ASSETS="$$assets" $(PY) -m bench.lending_recommend $(ARGS)
+	$(call on_envtest,bench.lending_recommend)
 
 # 5,000 examples per test can take longer than the suite's 300 s hang timeout on a busy machine.
 fuzz: $(COMPILED)
