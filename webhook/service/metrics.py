@@ -256,62 +256,34 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+
         # Inference's demand on the reservation, per kind of node (issue 43: ``pool recommend`` sizes the
         # reservation from their history). Set by the lending keeper (the Lease holder; 0 on other replicas: read
         # them with max by (pool, nodes)); nodes is whole (reserved whole) or split (the split nodes' reserved
         # devices). pool is the reserved pool (one today: the policy's reserved label). The names: ops/demand.GAUGES.
-        demand_labels = ["pool", "nodes"]
-        self.reserved_nodes = Gauge(
-            GAUGES["nodes"],
+        def demand(figure: str, text: str) -> Gauge:
+            return Gauge(GAUGES[figure], text, ["pool", "nodes"], registry=r, multiprocess_mode="livemax")
+
+        self.reserved_nodes = demand(
+            "nodes",
             "Nodes of the reserved pool, by kind (whole: reserved whole; split: a device-level reservation splits "
             "them), seen by the lending keeper.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
         )
-        self.reserved_nodes_gpus = Gauge(
-            GAUGES["node_gpus"],
+        self.reserved_nodes_gpus = demand(
+            "node_gpus",
             "Every GPU of those nodes (a split node's reserved and shared ones): what a larger reservation can take.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
         )
-        self.reserved_gpus = Gauge(
-            GAUGES["reserved"],
-            "Reserved GPUs (the reserved side of those nodes): the reservation's size.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
+        self.reserved_gpus = demand(
+            "reserved", "Reserved GPUs (the reserved side of those nodes): the reservation's size."
         )
-        self.reserved_gpus_inference = Gauge(
-            GAUGES["inference"],
-            "Reserved GPUs that inference pods hold.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.reserved_gpus_inference_waiting = Gauge(
-            GAUGES["waiting"],
+        self.reserved_gpus_inference = demand("inference", "Reserved GPUs that inference pods hold.")
+        self.reserved_gpus_inference_waiting = demand(
+            "waiting",
             "GPUs that inference pods asked for and did not get (Unschedulable; on split nodes, the devices of "
             "their claims not allocated): held + waiting is the demand the reservation must cover.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
         )
-        self.reserved_gpus_lent = Gauge(
-            GAUGES["lent"],
-            "Reserved GPUs that borrowers hold.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.reserved_gpus_idle = Gauge(
-            GAUGES["idle"],
-            "Reserved GPUs that nobody holds.",
-            demand_labels,
-            registry=r,
-            multiprocess_mode="livemax",
-        )
+        self.reserved_gpus_lent = demand("lent", "Reserved GPUs that borrowers hold.")
+        self.reserved_gpus_idle = demand("idle", "Reserved GPUs that nobody holds.")
         self.lending_view_bytes = Counter(
             f"{PREFIX}_lending_view_bytes",
             "Bytes the Lease holder's watched view of the cluster received from the apiserver, by resource and how "
