@@ -39,19 +39,21 @@ from bench import lending, sections
 from bench.lending import DOC, ROOT, Run, Settings, log, policy_text, run_mode
 from bench.lending_trace import RunResult
 from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, loopback_only, missing_binaries
+from webhook.ops.demand import GAUGES
 
 SECTION_BEGIN = "<!-- bench-lending-recommend: written by make bench-lending-recommend (bench/lending_recommend.py) -->"
 SECTION_END = "<!-- bench-lending-recommend: end -->"
-GAUGE_PREFIX = "rocm_isolation_reserved_"
 TRACE_START = 1_764_892_800  # 2025-12-05 00:00 UTC: the trace's hour 0 (hours of the day are the trace's)
 
 
 def gauge_lines(metrics_text: str) -> list[tuple[str, str]]:
-    """The demand gauges' samples of one ``/metrics`` answer: (name with labels, value)."""
+    """The demand gauges' samples of one ``/metrics`` answer: (name with labels, value). By their names
+    (``ops/demand.GAUGES``), not a prefix: ``rocm_isolation_reserved_names_syncs_total`` is no demand gauge."""
+    names = set(GAUGES.values())
     found = []
     for line in metrics_text.splitlines():
-        if line.startswith(GAUGE_PREFIX):
-            head, _, value = line.rpartition(" ")
+        head, _, value = line.rpartition(" ")
+        if head.partition("{")[0] in names:
             found.append((head, value))
     return found
 
