@@ -131,9 +131,13 @@ class Recommendation:
     notes: tuple[str, ...] = field(default=())
 
 
-def _demand(history: History, key: Key) -> list[float | None]:
+def _demand(history: History, key: Key, present: Sequence[bool]) -> list[float | None]:
+    """held + waiting at each point ``present`` (``_present``), None elsewhere."""
     inference, waiting = history.series(key, "inference"), history.series(key, "waiting")
-    return [None if a is None or b is None else a + b for a, b in zip(inference, waiting, strict=True)]
+    return [
+        a + b if ok and a is not None and b is not None else None
+        for a, b, ok in zip(inference, waiting, present, strict=True)
+    ]
 
 
 def _present(history: History, key: Key) -> list[bool]:
@@ -148,9 +152,10 @@ def _label(key: Key) -> str:
     return f"pool {key[0]}, {key[1]} nodes"
 
 
-def check(history: History, window: float, max_gap: float) -> list[Key]:
-    """The (pool, nodes) kinds the history supports (nodes at some point), or HistoryError: too short a window,
-    no data, a gap longer than ``max_gap`` anywhere in the window (its start and end included)."""
+def check(history: History, window: float, max_gap: float) -> dict[Key, list[bool]]:
+    """The (pool, nodes) kinds the history supports (nodes at some point), each with its points present
+    (``_present``), or HistoryError: too short a window, no data, a gap longer than ``max_gap`` anywhere in the
+    window (its start and end included)."""
     if window < DAY:
         raise HistoryError(
             f"--window {duration_text(window)} is too short: give at least 1d, so that every hour of the day is seen "
@@ -159,7 +164,7 @@ def check(history: History, window: float, max_gap: float) -> list[Key]:
     grid = history.grid
     order = {kind: index for index, kind in enumerate(KINDS)}
     keys = sorted(
-        (key for key in history.values if any(v for v in history.series(key, "nodes") if v is not None)),
+        (key for key in history.values if any(history.series(key, "nodes"))),
         key=lambda key: (key[0], order.get(key[1], len(order)), key[1]),
     )
     if not keys:
@@ -169,20 +174,22 @@ def check(history: History, window: float, max_gap: float) -> list[Key]:
             f'"Sizing the reservation"); nothing to recommend from'
         )
     times = grid.times()
+    found: dict[Key, list[bool]] = {}
     for key in keys:
-        present = _present(history, key)
+        present = found[key] = _present(history, key)
         missing = [figure for figure in NEEDED if all(v is None for v in history.series(key, figure))]
         if missing:
             raise HistoryError(f"{_label(key)}: no sample of {', '.join(GAUGES[m] for m in missing)} in the window")
         seen = [i for i, ok in enumerate(present) if ok]
         # The window's edges count as samples: history that starts late or stops early is a gap too.
         first_at = times[seen[0]]
-        if first_at - grid.start > max_gap and grid.end - first_at < DAY:
-            raise HistoryError(
-                f"{_label(key)}: the history starts at {when(first_at)}: only {duration_text(grid.end - first_at)} "
-                "of it, and a recommendation needs at least 1d (every hour of the day); wait for more"
-            )
         if first_at - grid.start > max_gap:
+            if grid.end - first_at < DAY:
+                raise HistoryError(
+                    f"{_label(key)}: the history starts at {when(first_at)}: only "
+                    f"{duration_text(grid.end - first_at)} of it, and a recommendation needs at least 1d (every hour "
+                    "of the day); wait for more"
+                )
             raise HistoryError(
                 f"{_label(key)}: the history starts at {when(first_at)}, {duration_text(first_at - grid.start)} "
                 f"into the {duration_text(window)} window: too short a history for the window (give --window "
@@ -202,7 +209,7 @@ def check(history: History, window: float, max_gap: float) -> list[Key]:
                     f"--max-gap {duration_text(max_gap)}): a recommendation would guess what happened then. Choose "
                     "a window without it (--window), or raise --max-gap knowingly"
                 )
-    return keys
+    return found
 
 
 def by_hour(times: Sequence[float], demand: Sequence[float | None]) -> dict[int, list[float]]:
@@ -231,17 +238,16 @@ def expected(demand: Sequence[float | None], step: float, reserved: int, headroo
     idle = lent_hours = waiting_hours = waiting_gpu_hours = taken = 0.0
     reclaims = 0
     points = 0
-    previous: float | None = None
-    lent_before = 0.0
+    lent_before: float | None = None  # at the point before; None: none (the start, or a hole)
     for value in demand:
         if value is None:
-            previous = None  # no guess across a hole: the replay starts again after it
+            lent_before = None  # no guess across a hole: the replay starts again after it
             continue
         points += 1
         held = min(value, reserved)
-        if previous is not None:
-            free_before = reserved - min(previous, reserved) - lent_before
-            took = min(max(held - min(previous, reserved) - free_before, 0.0), lent_before)
+        if lent_before is not None:
+            # What inference now holds past the GPUs neither it nor borrowers held comes from borrowers.
+            took = min(max(held + lent_before - reserved, 0.0), lent_before)
             if took > 0:
                 taken += took
                 reclaims += 1
@@ -250,7 +256,7 @@ def expected(demand: Sequence[float | None], step: float, reserved: int, headroo
         lent_hours += lent * step / HOUR
         waiting_gpu_hours += max(value - reserved, 0.0) * step / HOUR
         waiting_hours += (step / HOUR) if value > reserved else 0.0
-        previous, lent_before = value, lent
+        lent_before = lent
     days = max(points * step / DAY, 1e-9)
     return Expected(
         reserved,
@@ -298,22 +304,17 @@ def _commands(kind: str, today: Size, recommended: Size) -> tuple[str, ...]:
 def recommend(history: History, window: float, quantile_: float, headroom_today: int, max_gap: float) -> Recommendation:
     """Per pool and kind of node, the size and headroom covering ``quantile_`` of the demand; HistoryError when
     the history cannot support one (``check``)."""
-    keys = check(history, window, max_gap)
     grid = history.grid
     times = grid.times()
-    found: list[tuple[Key, list[float | None], dict[int, list[float]], int, int, int]] = []
-    for key in keys:
-        present = _present(history, key)
-        demand = [v if ok else None for v, ok in zip(_demand(history, key), present, strict=True)]
+    demands = {key: _demand(history, key, present) for key, present in check(history, window, max_gap).items()}
+    bursts = {key: math.ceil(quantile(ups, quantile_)) if (ups := rises(d)) else 0 for key, d in demands.items()}
+    headroom = max(bursts.values())  # one policy field for every kind
+    reports: list[KindReport] = []
+    for key, demand in demands.items():
         values = by_hour(times, demand)
         # The busiest hour: the largest quantile (the earliest hour among equals).
         peak_hour = max(values, key=lambda hour: (quantile(values[hour], quantile_), -hour))
         need = math.ceil(quantile(values[peak_hour], quantile_))
-        burst = math.ceil(quantile(ups, quantile_)) if (ups := rises(demand)) else 0
-        found.append((key, demand, values, peak_hour, need, burst))
-    headroom = max(burst for *_, burst in found)
-    reports: list[KindReport] = []
-    for key, demand, values, peak_hour, need, burst in found:
         nodes = int(_last(history.series(key, "nodes")))
         gpus_per_node = round(_last(history.series(key, "node_gpus")) / nodes) if nodes else 0
         reserved_today = int(_last(history.series(key, "reserved")))
@@ -346,7 +347,7 @@ def recommend(history: History, window: float, quantile_: float, headroom_today:
                 hourly(values),
                 peak_hour,
                 need,
-                burst,
+                bursts[key],
                 today,
                 recommended,
                 expected(
