@@ -141,10 +141,11 @@ def from_samples(samples: Iterable[Sample], grid: Grid, lookback: float = LOOKBA
                 (sample.timestamp, sample.value)
             )
     history = History(grid)
+    times = grid.times()
     for (name, labels), points in per_series.items():
         points.sort()
         stamps = [t for t, _ in points]
-        for index, at in enumerate(grid.times()):
+        for index, at in enumerate(times):
             before = bisect_right(stamps, at) - 1
             if before < 0 or at - stamps[before] > lookback or math.isnan(points[before][1]):
                 continue
