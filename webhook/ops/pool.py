@@ -158,12 +158,7 @@ def check_usage(args: argparse.Namespace) -> None:
         pool_recommend.check_usage(args)
     except pool_recommend.RecommendUsageError as err:
         raise UsageError(str(err)) from err
-    if action == "recommend":
-        for option in ("evict", "force", "all", "devices", "device_taint_rules"):
-            if getattr(args, option, False):
-                raise UsageError(f"--{option.replace('_', '-')} is not for pool recommend")
-        if args.dry_run != "none":
-            raise UsageError("--dry-run is only for pool apply / release")
+    if action == "recommend":  # its options, and the others it refuses: pool_recommend.check_usage
         return
     choosing = [name for name in ("nodes", "selector", "count", "gpus") if getattr(args, name) is not None]
     only = {

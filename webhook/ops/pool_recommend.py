@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from webhook.core.policy import Policy
+from webhook.ops.demand import SPLIT, WHOLE
 from webhook.ops.demand_history import Grid, HistoryFormatError, from_samples, parse_openmetrics, to_openmetrics
 from webhook.ops.pool_output import EXIT_BAD, EXIT_OK, Output
 from webhook.ops.prometheus import PrometheusError, Server, read_history, step_for
@@ -44,7 +46,9 @@ class RecommendUsageError(Exception):
     """Options that do not go together, or a file that is not there: exit 2."""
 
 
-def add_arguments(parser: argparse.ArgumentParser, duration: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser, duration: Callable[[str], float]) -> None:
+    """recommend's options; ``duration``: ``pool.duration``, the project's duration parsing (pool imports this
+    module, so it hands it over)."""
     group = parser.add_argument_group("recommend (history of the demand gauges: docs/operations.md)")
     group.add_argument("--prometheus", metavar="URL", help="recommend: read the history from this Prometheus")
     group.add_argument(
@@ -101,7 +105,8 @@ DEFAULT_QUANTILE = 0.99
 
 
 def check_usage(args: argparse.Namespace) -> None:
-    """recommend's own options only with recommend, and its source given once."""
+    """recommend's own options only with recommend; with recommend, its source given once and none of the other
+    verbs' options."""
     given = [name for name in OPTIONS if getattr(args, name, None) is not None]
     if getattr(args, "insecure_skip_tls_verify", False):
         given.append("insecure_skip_tls_verify")
@@ -130,6 +135,11 @@ def check_usage(args: argparse.Namespace) -> None:
         raise RecommendUsageError(f"--quantile {args.quantile}: give a value between 0.5 and 1")
     if args.max_gap is not None and args.max_gap <= 0:
         raise RecommendUsageError("--max-gap: give a positive duration")
+    for name in ("evict", "force", "all", "devices", "device_taint_rules"):
+        if getattr(args, name, False):
+            raise RecommendUsageError(f"--{name.replace('_', '-')} is not for pool recommend")
+    if args.dry_run != "none":
+        raise RecommendUsageError("--dry-run is only for pool apply / release")
 
 
 def _server(args: argparse.Namespace) -> Server:
@@ -211,7 +221,7 @@ def _n(value: float) -> str:
 
 
 def _size(report: KindReport, reserved: int, units: int) -> str:
-    if report.kind == "split":
+    if report.kind == SPLIT:
         return f"{reserved} ({units} per node)"
     return f"{reserved} ({units} node{'' if units == 1 else 's'})"
 
@@ -253,7 +263,7 @@ def as_text(found: Recommendation, window: float) -> list[str]:
 
 
 def _heading(report: KindReport) -> str:
-    what = "nodes reserved whole" if report.kind == "whole" else "split nodes' reserved devices"
+    what = "nodes reserved whole" if report.kind == WHOLE else "split nodes' reserved devices"
     return (
         f"pool {report.pool}, {what}: {report.nodes} node{'' if report.nodes == 1 else 's'} of "
         f"{report.gpus_per_node} GPUs"
@@ -261,33 +271,29 @@ def _heading(report: KindReport) -> str:
 
 
 def _compare(report: KindReport) -> list[list[str]]:
-    def row(name: str, today: str, recommended: str) -> list[str]:
-        return [name, today, recommended]
-
     today, rec = report.expected_today, report.expected
     rows = [
-        row("", "TODAY", "RECOMMENDED"),
-        row(
+        ["", "TODAY", "RECOMMENDED"],
+        [
             "reserved GPUs",
             _size(report, report.today.reserved, report.today.units),
             _size(report, report.recommended.reserved, report.recommended.units),
-        ),
-        row("headroom GPUs (kept unlent)", _n(today.headroom), _n(rec.headroom)),
+        ],
+        ["headroom GPUs (kept unlent)", _n(today.headroom), _n(rec.headroom)],
     ]
-    for name, pick in _FIGURES:
-        rows.append(row(name, _n(round(pick(today), 1)), _n(round(pick(rec), 1))))
+    rows += [[name, _n(round(pick(today), 1)), _n(round(pick(rec), 1))] for name, pick in _FIGURES]
     if report.observed_lent_gpu_hours is not None and report.observed_idle_gpu_hours is not None:
         rows.append(
-            row(
+            [
                 "measured lent / idle GPU-h per day",
                 f"{_n(round(report.observed_lent_gpu_hours, 1))} / {_n(round(report.observed_idle_gpu_hours, 1))}",
                 "",
-            )
+            ]
         )
     return rows
 
 
-_FIGURES: list[tuple[str, Any]] = [
+_FIGURES: list[tuple[str, Callable[[Expected], float]]] = [
     ("expected idle GPU-h per day", lambda e: e.idle_gpu_hours),
     ("expected lent GPU-h per day", lambda e: e.lent_gpu_hours),
     ("expected GPUs taken back per day", lambda e: e.taken_back_gpus),
@@ -351,4 +357,4 @@ def as_json(found: Recommendation, window: float) -> dict[str, Any]:
 
 
 def _unit(report: KindReport) -> str:
-    return "devicesPerNode" if report.kind == "split" else "reservedNodes"
+    return "devicesPerNode" if report.kind == SPLIT else "reservedNodes"
