@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from webhook.ops.capacity import RESERVED, SHARED, CapacityModel
+from webhook.ops.capacity import RESERVED, CapacityModel
 from webhook.ops.lending import Waiting
 
 WHOLE: Final = "whole"
@@ -68,9 +68,7 @@ def reserved_demand(model: CapacityModel, waiting: Iterable[Waiting]) -> dict[st
         found = counts[SPLIT if node.split else WHOLE]
         side = node.side(RESERVED)
         found["nodes"] += 1
-        found["node_gpus"] += side.capacity + (
-            node.sides[SHARED].capacity if node.split and SHARED in node.sides else 0
-        )
+        found["node_gpus"] += sum(s.capacity for s in node.sides.values())  # a split node's both sides
         found["reserved"] += side.capacity
         found["inference"] += sum(gpus for holder, gpus in side.holders if holder.inference)
         found["lent"] += sum(gpus for holder, gpus in side.holders if holder.borrower and not holder.inference)
