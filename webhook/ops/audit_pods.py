@@ -184,7 +184,7 @@ class PodAudit:
         GPUs lent are not coming back (the borrowers' grace period, a PodDisruptionBudget, a request no node
         fits even without them)."""
         lending = settings(self.policy)
-        lent = sum(gpus for holder, gpus in self.capacity.holders(RESERVED) if holder.borrower)
+        lent = sum(gpus for holder, gpus in self.capacity.holders(RESERVED) if holder.borrows)
         if not lending.enabled or not lent:
             return []
         grace = self.policy.spec.lending.reclaim_grace_seconds

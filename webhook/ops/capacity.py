@@ -150,6 +150,12 @@ class Holder:
     def ref(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
+    @property
+    def borrows(self) -> bool:
+        """What it holds of a reserved side is lent, and it may be taken back: a borrower, never an inference
+        pod (the one test lending, its gauges, the audit and the reclaims count by)."""
+        return self.borrower and not self.inference
+
 
 @dataclass
 class Side:

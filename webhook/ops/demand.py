@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from webhook.ops.capacity import RESERVED, CapacityModel
-from webhook.ops.lending import Waiting
+from webhook.ops.lending import Waiting, lent
 
 WHOLE: Final = "whole"
 SPLIT: Final = "split"
@@ -71,7 +71,7 @@ def reserved_demand(model: CapacityModel, waiting: Iterable[Waiting]) -> dict[st
         found["node_gpus"] += sum(s.capacity for s in node.sides.values())  # a split node's both sides
         found["reserved"] += side.capacity
         found["inference"] += sum(gpus for holder, gpus in side.holders if holder.inference)
-        found["lent"] += sum(gpus for holder, gpus in side.holders if holder.borrower and not holder.inference)
+        found["lent"] += lent(node)
         # A side over-allocated (readings that disagree) has nothing idle, not less than nothing.
         found["idle"] += max(side.free, 0)
     wanted = dict.fromkeys(KINDS, 0)

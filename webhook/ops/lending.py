@@ -99,7 +99,7 @@ def node_admits(pod: Mapping[str, Any], name: str, labels: Mapping[str, str]) ->
 def lent(node: NodeCapacity) -> int:
     """Reserved GPUs of the node that borrowers hold."""
     side = node.sides.get(RESERVED)
-    return sum(gpus for holder, gpus in side.holders if holder.borrower) if side is not None else 0
+    return sum(gpus for holder, gpus in side.holders if holder.borrows) if side is not None else 0
 
 
 def lent_per_node(model: CapacityModel) -> dict[str, int]:
@@ -143,11 +143,7 @@ def victims_on(
     if model.fits(node.name, RESERVED, pod.gpus):
         return ()
     candidates = sorted(
-        (
-            (holder, gpus)
-            for holder, gpus in side.holders
-            if holder.borrower and not holder.inference and holder.ref not in skip
-        ),
+        ((holder, gpus) for holder, gpus in side.holders if holder.borrows and holder.ref not in skip),
         key=lambda entry: (-entry[1], -_created(entry[0]), entry[0].ref),
     )
     chosen: list[Holder] = []
@@ -189,7 +185,7 @@ def plan_reclaims(
                     (
                         (holder, gpus)
                         for holder, gpus in node.side(RESERVED).holders
-                        if holder.borrower and not holder.inference and holder.ref not in skip
+                        if holder.borrows and holder.ref not in skip
                     ),
                     key=lambda entry: (-entry[1], -_created(entry[0]), entry[0].ref),
                 )

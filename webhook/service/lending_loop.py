@@ -226,7 +226,7 @@ class LendingKeeper:
         seen_cluster = self._devices.read(policy)  # the one capacity model of whole and split nodes
         model = seen_cluster[1]
         whole = [node for node in model.pool_nodes(RESERVED) if not node.split]
-        borrowers_hold = any(holder.borrower for node in whole for holder, _ in node.side(RESERVED).holders)
+        borrowers_hold = any(holder.borrows for node in whole for holder, _ in node.side(RESERVED).holders)
         waiting: list[Waiting] = []
         waiting_devices: list[dict[str, Any]] = []  # unschedulable inference pods with claims
         seen: set[str] = set()
