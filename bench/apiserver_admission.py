@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, LOOPBACK, ControlPlane, free_port, missing_binaries
+from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, LOOPBACK, ControlPlane, missing_binaries
 from tests.e2e.harness import (
     MI300X_LABELS,
     OPT_OUT,
@@ -68,12 +68,9 @@ from tests.e2e.harness import (
     SHARED_NODES,
     WEBHOOK_CONFIGURATION,
     cli,
+    deploy,
     gpu_pod,
-    install,
     make_node,
-    render_manifests,
-    service_account_kubeconfig,
-    start_webhook,
     wait_reserved_nodes_known,
 )
 from tests.e2e.kube import ApiError, Kube, Obj, wait_until
@@ -478,24 +475,7 @@ def start(workdir: Path, *, lending: bool = False) -> Bench:
     kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
     for name in RESERVED_NODES + SHARED_NODES:
         make_node(kube, name, MI300X_LABELS)
-    cert_dir = workdir / "webhook" / "certs"
-    cli("certs", "--out-dir", str(cert_dir), check=True)
-    port = free_port()
-    policy_file = _lending_policy(workdir) if lending else None
-    if policy_file is not None:
-        manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
-    else:
-        manifests = render_manifests(cert_dir / "ca.crt", port)
-    install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
-    start_webhook(
-        plane,
-        workdir / "webhook",
-        service_account_kubeconfig(plane),
-        cert_dir=cert_dir,
-        port=port,
-        policy_file=policy_file,
-    )
-    install(plane, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
+    manifests = deploy(plane, workdir, policy_file=_lending_policy(workdir) if lending else None).manifests
     result = cli("pool", "apply", "--nodes", ",".join(RESERVED_NODES), kubeconfig=plane.admin_kubeconfig)
     if result.returncode != 0:
         raise RuntimeError(result.stdout + result.stderr)

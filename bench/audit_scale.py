@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from bench import sections
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -264,29 +266,25 @@ def section(result: dict[str, Any], server: dict[str, Any], nodes: int, pods: in
     )
 
 
-def _section_end(current: str, begin: int) -> int:
-    """Where the section that starts at ``begin`` ends: after its end marker; a section written before the
-    marker existed ends at the next level-2 heading after its own (or at the end of the file)."""
-    end = current.find(END_MARKER, begin)
-    if end >= 0:
-        return end + len(END_MARKER)
+def _legacy_end(current: str) -> str:
+    """``current`` with the end marker put after a section written before the marker existed (up to issue 42):
+    such a section ends at the next level-2 heading after its own (or at the end of the file)."""
+    begin = current.find(MARKER)
+    if begin < 0 or END_MARKER in current[begin:]:
+        return current
     heading = current.find("\n## ", begin)  # its own heading
     following = current.find("\n## ", heading + 1) if heading >= 0 else -1
-    return following + 1 if following >= 0 else len(current)
+    end = following + 1 if following >= 0 else len(current)
+    rest = current[end:]
+    return current[:end].rstrip("\n") + "\n" + END_MARKER + "\n" + ("\n" + rest if rest else "")
 
 
 def write_section(text: str, doc: Path = DOC) -> None:
-    """Replace the section in ``doc`` (between its markers), or append it; every other section stays as it is.
-    Up to issue 42 everything after the marker was cut, deleting the sections other benches had written."""
-    current = doc.read_text(encoding="utf-8")
-    if MARKER in current:
-        begin = current.index(MARKER)
-        before = current[:begin]
-        after = current[_section_end(current, begin) :].lstrip("\n")
-        current = before + text.rstrip("\n") + "\n" + ("\n" + after if after else "")
-    else:
-        current = current.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    doc.write_text(current, encoding="utf-8")
+    """Replace the section in ``doc`` (between its markers), or append it; every other section stays as it is
+    (bench/sections.py, the one writer of the benches' sections). Up to issue 42 everything after the marker was
+    cut, deleting the sections other benches had written."""
+    current = _legacy_end(doc.read_text(encoding="utf-8"))
+    doc.write_text(sections.replace_section(current, MARKER, END_MARKER, text), encoding="utf-8")
 
 
 def main() -> int:

@@ -19,7 +19,6 @@ from .controlplane import (
     HOW_TO_GET_BINARIES,
     LOOPBACK,
     ControlPlane,
-    free_port,
     loopback_only,
     missing_binaries,
 )
@@ -34,12 +33,9 @@ from .harness import (
     SHARED_NODES,
     Cluster,
     cli,
-    install,
+    deploy,
     make_node,
-    render_manifests,
     resource_slice,
-    service_account_kubeconfig,
-    start_webhook,
     wait_reserved_nodes_known,
 )
 from .kube import Kube
@@ -117,21 +113,13 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     for name in POOL_NODES:
         kube.apply(resource_slice(name, "Instinct_MI210", "740f"))
 
-    webhook_kubeconfig = service_account_kubeconfig(plane)
-    cert_dir = workdir / "webhook" / "certs"
-    cli("certs", "--out-dir", str(cert_dir), check=True)
-    # The configuration names the port before the server starts; the server needs the RBAC first.
-    port = free_port()
-    manifests = render_manifests(cert_dir / "ca.crt", port)
-    install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
-    webhook = start_webhook(plane, workdir / "webhook", webhook_kubeconfig, cert_dir=cert_dir, port=port)
-    install(plane, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
+    deployed = deploy(plane, workdir)
 
     # The reserved pool, with the project's own command (an operator's kubeconfig: the admin's).
     result = cli("pool", "apply", "--nodes", ",".join(RESERVED_NODES), kubeconfig=plane.admin_kubeconfig)
     assert result.returncode == 0, result.stdout + result.stderr
     wait_reserved_nodes_known(kube, RESERVED_NODES[0])
-    yield Cluster(plane, kube, webhook, webhook_kubeconfig, workdir, manifests)
+    yield Cluster(plane, kube, deployed.webhook, deployed.kubeconfig, workdir, deployed.manifests)
     plane.check_alive()
 
 

@@ -208,12 +208,7 @@ class Cluster:
 
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
         """A namespace for one test (force-cleaned at the end of the session or by ``cleanup``)."""
-        self.kube.apply(new_namespace(name, labels))
-        # The controller-manager creates the namespace's default ServiceAccount; pod creation needs it.
-        wait_until(
-            lambda: self.kube.get_or_none("ServiceAccount", "default", name),
-            what=f"the default ServiceAccount of {name}",
-        )
+        make_namespace(self.kube, name, labels)
         self._namespaces.append(name)
         return name
 
@@ -407,6 +402,15 @@ DEVICE_CLASS: Obj = device_class(DRIVER)
 NIC_DEVICE_CLASS: Obj = device_class("nic.example.com", "device.driver == 'nic.example.com'")
 
 
+def make_namespace(kube: Kube, name: str, labels: dict[str, str] | None = None) -> None:
+    """A namespace, once it has its default ServiceAccount (the controller-manager creates it; pod creation
+    needs it)."""
+    kube.apply(new_namespace(name, labels))
+    wait_until(
+        lambda: kube.get_or_none("ServiceAccount", "default", name), what=f"the default ServiceAccount of {name}"
+    )
+
+
 def render_manifests(ca_file: Path, webhook_port: int, policy_file: Path | None = None) -> list[Obj]:
     """The project's ``manifests`` output (``--policy`` when given), made to run against this control plane."""
     policy = ["--policy", str(policy_file)] if policy_file is not None else []
@@ -453,6 +457,33 @@ def install(plane: ControlPlane, manifests: Sequence[Obj]) -> None:
     )
     if result.returncode != 0:
         raise RuntimeError(f"kubectl apply of the manifests failed:\n{result.stdout}\n{result.stderr}")
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What ``deploy`` installed and started."""
+
+    webhook: Webhook  # its port, certificates and CA (``ca_file``: the manifests' caBundle)
+    kubeconfig: Path  # the webhook's: its ServiceAccount
+    manifests: list[Obj]  # as rendered and applied (the Deployment left out: the webhook runs on the host)
+
+
+def deploy(plane: ControlPlane, workdir: Path, *extra: str, policy_file: Path | None = None) -> Deployed:
+    """The manifests (``manifests --policy policy_file``; the default policy when None) and the webhook serving
+    the same policy with the ServiceAccount's kubeconfig (``extra``: more ``serve`` options), in
+    ``workdir/webhook``. The webhook configuration names the port before the server starts, and the server needs
+    the RBAC first: everything else is applied, the webhook started, then the MutatingWebhookConfiguration."""
+    kubeconfig = service_account_kubeconfig(plane)
+    cert_dir = workdir / "webhook" / "certs"
+    cli("certs", "--out-dir", str(cert_dir), check=True)
+    port = free_port()
+    manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
+    install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
+    webhook = start_webhook(
+        plane, workdir / "webhook", kubeconfig, *extra, policy_file=policy_file, cert_dir=cert_dir, port=port
+    )
+    install(plane, [doc for doc in manifests if doc["kind"] == "MutatingWebhookConfiguration"])
+    return Deployed(webhook, kubeconfig, manifests)
 
 
 def service_account_kubeconfig(plane: ControlPlane) -> Path:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_claim_template, new_namespace
+from cluster_objects import chart_class, exactly, new_claim, new_claim_pod, new_claim_template
 
 from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
@@ -44,14 +44,14 @@ from webhook.ops.demand import Demand
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper, Observed
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import (
     MI210_LABELS,
     Webhook,
     cli,
-    install,
+    deploy,
+    make_namespace,
     make_node,
-    render_manifests,
     service_account_kubeconfig,
     start_webhook,
 )
@@ -152,24 +152,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         kube.create(chart_class(created=None))
         policy_file = workdir / "policy.yaml"
         policy_file.write_text(lending_policy(True), encoding="utf-8")
-        cert_dir = workdir / "webhook" / "certs"
-        cli("certs", "--out-dir", str(cert_dir), check=True)
-        port = free_port()
-        manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
-        webhook = start_webhook(
-            plane, workdir / "webhook", service_account_kubeconfig(plane), "--lending-seconds", "0",
-            policy_file=policy_file, cert_dir=cert_dir, port=port,
-        )  # fmt: skip
-        install(plane, [d for d in manifests if d["kind"] == "MutatingWebhookConfiguration"])
+        deployed = deploy(plane, workdir, "--lending-seconds", "0", policy_file=policy_file)
         out = cli("pool", "apply", "--devices-per-node", "2", kubeconfig=plane.admin_kubeconfig)
         assert out.returncode == 0, out.stdout + out.stderr
-        for name, labels in (
-            (TRAIN, {"rocm-isolation.io/lending": "allowed"}),
-            (SERVE, {"rocm-isolation.io/class": "inference"}),
-        ):
-            kube.create(new_namespace(name, labels))
-            wait_until(lambda name=name: kube.get_or_none("ServiceAccount", "default", name), what=f"{name}/default")
+        make_namespace(kube, TRAIN, {"rocm-isolation.io/lending": "allowed"})
+        make_namespace(kube, SERVE, {"rocm-isolation.io/class": "inference"})
         for ns in (TRAIN, SERVE):
             kube.create(new_claim_template("gpu", ns, exactly("gpu.amd.com")))
         pci = {
@@ -181,8 +168,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         kubelet = KubeletStandIn(kube, (TRAIN, SERVE))
         thread = threading.Thread(target=kubelet.run, daemon=True)
         thread.start()
-        api = KubeApi.connect(str(service_account_kubeconfig(plane)))
-        world = World(plane, kube, webhook, kubelet, api, policy_file, workdir, cert_dir, port, pci)
+        api = KubeApi.connect(str(deployed.kubeconfig))
+        webhook = deployed.webhook
+        world = World(plane, kube, webhook, kubelet, api, policy_file, workdir, webhook.cert_dir, webhook.port, pci)
         world.start_keeper()
         try:
             yield world

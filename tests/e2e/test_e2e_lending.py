@@ -39,17 +39,17 @@ import yaml
 
 from webhook.core.policy import default_policy_text
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import (
     MI300X_LABELS,
     Webhook,
     cli,
+    deploy,
     gpu_pod,
     install,
+    make_namespace,
     make_node,
     render_manifests,
-    service_account_kubeconfig,
-    start_webhook,
 )
 from .kube import ApiError, Kube, Obj, wait_until
 from .kubelet import KubeletStandIn
@@ -93,11 +93,6 @@ def render(policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
     return render_manifests(ca_file, port, policy_file)
 
 
-def _namespace(kube: Kube, name: str, labels: dict[str, str]) -> None:
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-    wait_until(lambda: kube.get_or_none("ServiceAccount", "default", name), what=f"{name}/default")
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     loopback_only()
@@ -110,26 +105,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             make_node(kube, name, MI300X_LABELS, gpus=GPUS)
         policy_file = workdir / "policy.yaml"
         policy_file.write_text(lending_policy(True), encoding="utf-8")
-        cert_dir = workdir / "webhook" / "certs"
-        cli("certs", "--out-dir", str(cert_dir), check=True)
-        port = free_port()
-        manifests = render(policy_file, cert_dir / "ca.crt", port)
-        assert [d["metadata"]["name"] for d in manifests if d["kind"] == "PriorityClass"] == [
+        # The lending keeper of serve (webhook/service/lending_loop.py) off: these tests place the no-borrowers
+        # taint by hand, which the keeper would take back; it is proven in test_e2e_lending_keeper.py.
+        deployed = deploy(plane, workdir, "--lending-seconds", "0", policy_file=policy_file)
+        assert [d["metadata"]["name"] for d in deployed.manifests if d["kind"] == "PriorityClass"] == [
             BORROWER_CLASS,
             "rocm-isolation-inference",
         ]
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
-        # The lending keeper of serve (webhook/service/lending_loop.py) off: these tests place the no-borrowers
-        # taint by hand, which the keeper would take back; it is proven in test_e2e_lending_keeper.py.
-        webhook = start_webhook(
-            plane, workdir / "webhook", service_account_kubeconfig(plane), "--lending-seconds", "0",
-            policy_file=policy_file, cert_dir=cert_dir, port=port,
-        )  # fmt: skip
-        install(plane, [d for d in manifests if d["kind"] == "MutatingWebhookConfiguration"])
         result = cli("pool", "apply", "--nodes", ",".join(RESERVED), kubeconfig=plane.admin_kubeconfig)
         assert result.returncode == 0, result.stdout + result.stderr
-        _namespace(kube, TRAIN, {CLASS_LABEL: "training", LENDING_LABEL: "allowed"})
-        _namespace(kube, SERVE, {CLASS_LABEL: "inference"})
+        make_namespace(kube, TRAIN, {CLASS_LABEL: "training", LENDING_LABEL: "allowed"})
+        make_namespace(kube, SERVE, {CLASS_LABEL: "inference"})
         # The webhook knows the reserved nodes: a training pod naming one is denied by the webhook itself.
         probe = gpu_pod("probe", TRAIN, node_name=RESERVED[0])
         wait_until(
@@ -138,8 +124,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         kubelet = KubeletStandIn(kube, (TRAIN, SERVE))
         thread = threading.Thread(target=kubelet.run, daemon=True)
         thread.start()
+        webhook = deployed.webhook
         try:
-            yield World(plane, kube, webhook, policy_file, cert_dir / "ca.crt", port, kubelet)
+            yield World(plane, kube, webhook, policy_file, webhook.ca_file, webhook.port, kubelet)
         finally:
             kubelet.stop.set()
             thread.join(timeout=10)

@@ -55,17 +55,18 @@ from webhook.deploy import lending_access
 from webhook.service.lending_loop import LendingKeeper
 from webhook.service.reload import PolicyStore
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, free_port, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
 from .harness import (
     MI300X_LABELS,
     Webhook,
     cli,
+    deploy,
     gpu_pod,
     install,
+    make_namespace,
     make_node,
     render_manifests,
     service_account_kubeconfig,
-    start_webhook,
 )
 from .kube import ApiError, Kube, Obj, wait_until
 from .kubelet import KubeletStandIn
@@ -181,11 +182,6 @@ class World:
                 self.on_reserved.setdefault(pod["metadata"]["uid"], (pod["metadata"]["name"], node))
 
 
-def _namespace(kube: Kube, name: str, labels: dict[str, str]) -> None:
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-    wait_until(lambda: kube.get_or_none("ServiceAccount", "default", name), what=f"{name}/default")
-
-
 def _keeper(world: World, stop: threading.Event) -> threading.Thread:
     """The keeper as ``serve``'s Lease holder runs it: its own view with the webhook's ServiceAccount, the
     policy reloaded from the webhook's file (a PolicyStore, as serve's), a round every 0.5 s."""
@@ -226,26 +222,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             make_node(kube, name, MI300X_LABELS, gpus=GPUS)
         policy_file = workdir / "policy.yaml"
         policy_file.write_text(lending_policy(False), encoding="utf-8")
-        cert_dir = workdir / "webhook" / "certs"
-        cli("certs", "--out-dir", str(cert_dir), check=True)
-        port = free_port()
-        manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
         # serve's own keeper off: the test runs it (below) to see its errors.
-        webhook = start_webhook(
-            plane, workdir / "webhook", service_account_kubeconfig(plane), "--lending-seconds", "0",
-            policy_file=policy_file, cert_dir=cert_dir, port=port,
-        )  # fmt: skip
-        install(plane, [d for d in manifests if d["kind"] == "MutatingWebhookConfiguration"])
+        deployed = deploy(plane, workdir, "--lending-seconds", "0", policy_file=policy_file)
         result = cli("pool", "apply", "--nodes", ",".join(RESERVED), kubeconfig=plane.admin_kubeconfig)
         assert result.returncode == 0, result.stdout + result.stderr
-        _namespace(kube, TRAIN, {CLASS_LABEL: "training", LENDING_LABEL: "allowed"})
-        _namespace(kube, SERVE, {CLASS_LABEL: "inference"})
+        make_namespace(kube, TRAIN, {CLASS_LABEL: "training", LENDING_LABEL: "allowed"})
+        make_namespace(kube, SERVE, {CLASS_LABEL: "inference"})
         probe = gpu_pod("probe", TRAIN, node_name=RESERVED[0])
         wait_until(lambda: _denied(kube, probe), what="the webhook knowing the reserved nodes")
         kubelet = KubeletStandIn(kube, (TRAIN, SERVE))
         stream = Stream(kube)
-        world = World(plane, kube, webhook, policy_file, cert_dir / "ca.crt", port, kubelet, stream, manifests)
+        webhook = deployed.webhook
+        world = World(
+            plane, kube, webhook, policy_file, webhook.ca_file, webhook.port, kubelet, stream, deployed.manifests
+        )
         stop = threading.Event()
         threads = [
             threading.Thread(target=kubelet.run, daemon=True),

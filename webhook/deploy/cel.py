@@ -449,7 +449,8 @@ def namespace_label_keys(policy: Policy) -> list[str]:
         keys.extend(key for key in rule.match.labels if key not in keys)
     lending = policy.spec.lending
     if switchable(policy) and lending.namespaces.label_key not in keys:
-        # Lending on (or switchable, core/lending.switchable: the backstop's lending binding reads it): the label that lets a namespace borrow reserved capacity is guarded the same way.
+        # Lending on (or switchable, core/lending.switchable: the backstop's lending binding reads it): the
+        # label that lets a namespace borrow reserved capacity is guarded the same way.
         keys.append(lending.namespaces.label_key)
     return keys
 

@@ -353,7 +353,6 @@ def in_switch_order(resources: list[Resource], policy: Policy) -> list[Resource]
     if not switchable(policy):
         return resources
     placement = [r for r in resources if r.get("kind", "").startswith("MutatingAdmissionPolicy")]
-    early: list[Resource] = []
     if policy.spec.lending.enabled:
         early = [
             r
@@ -364,9 +363,10 @@ def in_switch_order(resources: list[Resource], policy: Policy) -> list[Resource]
                 and _backstop_of(r) == reserved_nodes.LENDING_POLICY_NAME
             )
         ]
+        last = placement
     else:
-        early = placement
-    moved = {id(r) for r in early} | {id(r) for r in placement}
+        early, last = placement, []
+    moved = {id(r) for r in [*early, *placement]}
     rest = [r for r in resources if id(r) not in moved]
     at = next(
         (
@@ -376,8 +376,7 @@ def in_switch_order(resources: list[Resource], policy: Policy) -> list[Resource]
         ),
         len(rest),
     )
-    out = [*rest[:at], *early, *rest[at:]]
-    return out + placement if policy.spec.lending.enabled else out
+    return [*rest[:at], *early, *rest[at:], *last]
 
 
 def _backstop_of(resource: Resource) -> str:

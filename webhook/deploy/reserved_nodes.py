@@ -250,6 +250,28 @@ def _at_priority(policy: Policy) -> str:
     return f"(has(object.spec.priority) && object.spec.priority <= {value})"
 
 
+def _spec(
+    policy: Policy,
+    may_be_denied: str,
+    unreserved_class: str,
+    validations: list[dict[str, str]],
+    *,
+    param_kind: str | None = None,
+) -> dict[str, Any]:
+    """A backstop policy's spec: pods and debug containers, one match condition, the pod's class."""
+    return {
+        "failurePolicy": "Fail",
+        **({"paramKind": {"apiVersion": "v1", "kind": param_kind}} if param_kind else {}),
+        "matchConstraints": {"resourceRules": copy.deepcopy(_RULES)},
+        "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
+        "variables": [
+            {"name": "podClass", "expression": cel.pod_class(policy)},
+            {"name": "unreservedClass", "expression": unreserved_class},
+        ],
+        "validations": validations,
+    }
+
+
 def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
     """The label policy's spec (no parameter); ``borrowing`` (lending on): the one bound to the namespaces
     labelled to borrow, where a pod at the borrowers' priority is a borrower by that alone."""
@@ -268,7 +290,8 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
     ]
     lending = spec.lending
     if switchable(policy):
-        # Lending on (or switchable: core/lending.switchable): the taint of reserved nodes that take no new borrowers is inference's only.
+        # Lending on (or switchable: core/lending.switchable): the taint of reserved nodes that take no new
+        # borrowers is inference's only.
         reserved_classes = [name for name, cls in spec.classes.items() if cls.placement == "reserved"]
         taint = lending.no_borrowers_taint
         validations.append(
@@ -302,16 +325,7 @@ def policy_spec(policy: Policy, *, borrowing: bool = False) -> dict[str, Any]:
     elif switchable(policy) and lending.namespaces.names:
         # The other namespaces: those the policy names may borrow (a borrower by its priority there).
         unreserved_class += f" &&\n!({at_priority} && {cel.namespace_named_to_borrow(policy)})"
-    return {
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": copy.deepcopy(_RULES)},
-        "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
-        "variables": [
-            {"name": "podClass", "expression": cel.pod_class(policy)},
-            {"name": "unreservedClass", "expression": unreserved_class},
-        ],
-        "validations": validations,
-    }
+    return _spec(policy, may_be_denied, unreserved_class, validations)
 
 
 def names_policy_spec(policy: Policy) -> dict[str, Any]:
@@ -328,17 +342,9 @@ def names_policy_spec(policy: Policy) -> dict[str, Any]:
     unreserved_class = f"variables.podClass in {str_list(_unreserved(policy))}"
     if switchable(policy):
         unreserved_class += f" &&\n!({_at_priority(policy)} && {cel.namespace_may_borrow(policy)})"
-    return {
-        "failurePolicy": "Fail",
-        "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-        "matchConstraints": {"resourceRules": copy.deepcopy(_RULES)},
-        "matchConditions": [{"name": "may-be-denied", "expression": may_be_denied}],
-        "variables": [
-            {"name": "podClass", "expression": cel.pod_class(policy)},
-            {"name": "unreservedClass", "expression": unreserved_class},
-        ],
-        "validations": _validations(policy, _name_checks(policy)),
-    }
+    return _spec(
+        policy, may_be_denied, unreserved_class, _validations(policy, _name_checks(policy)), param_kind="ConfigMap"
+    )
 
 
 def policies(policy: Policy) -> list[tuple[str, dict[str, Any], dict[str, str] | None]]:

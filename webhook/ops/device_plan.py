@@ -44,7 +44,7 @@ from webhook.ops.device_ownership import (
     ownership_lines,
 )
 from webhook.ops.device_split import label_action, split_label, tainted_devices
-from webhook.ops.memory_mode import Pin
+from webhook.ops.memory_mode import Pin, every_mode
 from webhook.ops.raw import mapping, text
 from webhook.ops.reservation import PoolNode, PoolPod, SelectionError, columns, plural
 
@@ -374,7 +374,7 @@ def memory_lines(pin: Pin | None, driver: str) -> list[str]:
         return []
     nodes = (
         f" ({plural(len(pin.mixed), 'node')} publish{'es' if len(pin.mixed) == 1 else ''} several: "
-        f"{', '.join(sorted({m for f in pin.mixed.values() for m in f}))})"
+        f"{', '.join(every_mode(pin.mixed))})"
     )
     return [
         f"Memory mode: {pin.mode}, pinned on every node of {driver}{nodes if pin.mixed else ''}, from {pin.why}: "

@@ -67,8 +67,13 @@ def mixed_nodes(published: Mapping[str, Sequence[Device]]) -> dict[str, tuple[st
     return {node: found_modes for node, found_modes in sorted(found.items()) if len(found_modes) > 1}
 
 
+def every_mode(mixed: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Every memory mode the nodes of ``mixed_nodes`` publish (sorted)."""
+    return tuple(sorted({m for found in mixed.values() for m in found}))
+
+
 def _text(mixed: Mapping[str, tuple[str, ...]]) -> str:
-    every = sorted({m for found in mixed.values() for m in found})
+    every = every_mode(mixed)
     names = sorted(mixed)
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return f"{shown} publish{'es' if len(names) == 1 else ''} devices in memory modes {', '.join(every)}"
@@ -100,8 +105,7 @@ def choose(
     if not mixed:
         return Pin("", "", "", mixed)
     recorded = pinned_memory_partition(policy, before)
-    every = {m for found in mixed.values() for m in found}
-    if recorded and recorded in every:
+    if recorded and recorded in every_mode(mixed):
         return Pin(recorded, RECORDED_SOURCE, "the mode the reservation already pins", mixed)
     held = modes(inference)
     if len(held) > 1:
