@@ -149,6 +149,9 @@ def test_pods_holding_another_mode_are_named() -> None:
     assert [(n, p, [d.name for d in ds]) for n, p, ds in memory_mode.other_mode_holders("nps1", holds)] == [
         ("ap", "ml/train", ["gpu-3-cpx-nps4"])
     ]
+    # Nothing pinned (no node publishes several modes, the policy names none): no pod holds "another" mode
+    # (pool plan printed a note for every device carrying a memoryPartition, with an empty mode in it).
+    assert memory_mode.other_mode_holders("", holds) == []
 
 
 # --- what the classes record --------------------------------------------------------------------------

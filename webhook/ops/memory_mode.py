@@ -138,7 +138,10 @@ def choose(
 
 def other_mode_holders(pin: str, holds: Iterable[tuple[str, Sequence[Device]]]) -> list[tuple[str, str, list[Device]]]:
     """(node, pod, devices) of the pods holding layouts of another memory mode than ``pin``: until they end,
-    their node stays in that mode and the pinned mode's layouts there are tainted."""
+    their node stays in that mode and the pinned mode's layouts there are tainted. No pin (no node publishes
+    more than one mode, and the policy names none): no mode is another's."""
+    if not pin:
+        return []
     found = []
     for pod, devices in holds:
         other = [d for d in devices if d.memory_partition and d.memory_partition != pin]
