@@ -23,7 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "dry-run the policy on manifests offline (exit 1 when any object is denied)",
     ),
     "certs": ("webhook.service.certs", "generate a CA and a serving certificate for the webhook Service"),
-    "manifests": ("webhook.deploy.render", "render the deployable Kubernetes manifests"),
+    "manifests": (
+        "webhook.ops.manifests",
+        "render the deployable Kubernetes manifests (for the cluster's Kubernetes minor, or --kubernetes-version)",
+    ),
     "audit": (
         "webhook.ops.audit",
         "check running pods, nodes and namespaces against the policy; reserved pool capacity (exit 1 on findings)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import shutil
 import subprocess
 import sys
@@ -57,8 +58,13 @@ def validate(resource: dict[str, Any]) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # No kubeconfig: the manifests of 1.36, not those of whatever cluster the machine's kubeconfig names.
     return subprocess.run(
-        [sys.executable, "-m", "webhook", "manifests", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "webhook", "manifests", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "KUBECONFIG": "/nonexistent/kubeconfig"},
     )
 
 
@@ -333,7 +339,11 @@ def test_manifests_ship_in_the_wheel_and_render_from_it(tmp_path: Path) -> None:
     assert installed.stdout == run_cli().stdout
 
 
-def test_render_main_is_wired_as_the_manifests_subcommand() -> None:
+def test_the_manifests_subcommand_renders_for_the_cluster_it_targets() -> None:
+    """``ops/manifests.main``: reads the cluster (or --kubernetes-version), then ``render.main``."""
+    from webhook.ops import manifests
+
     parser = cli.build_parser(["manifests"])
-    args = parser.parse_args(["manifests", "--overlay", "cert-manager"])
-    assert isinstance(args, argparse.Namespace) and args.handler is render.main
+    args = parser.parse_args(["manifests", "--overlay", "cert-manager", "--kubernetes-version", "1.35"])
+    assert isinstance(args, argparse.Namespace) and args.handler is manifests.main
+    assert args.kubernetes_version == "1.35" and args.kubeconfig is None

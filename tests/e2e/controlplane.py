@@ -47,6 +47,14 @@ HOW_TO_GET_BINARIES = (
     "kube-scheduler and kube-controller-manager from https://dl.k8s.io/v1.36.2/bin/linux/amd64/"
 )
 LOOPBACK = "127.0.0.1"
+# The Kubernetes minor the suite's control planes emulate (issue 47): E2E_KUBE_MINOR=1.35 (or pytest's
+# --kube-minor), the binaries' own 1.36 when unset; E2E_MAP_OPT_IN=1: with the MutatingAdmissionPolicy opt-in of
+# 1.34/1.35 (docs/operations.md).
+KUBE_MINOR_ENV = "E2E_KUBE_MINOR"
+MAP_OPT_IN_ENV = "E2E_MAP_OPT_IN"
+NATIVE_MINOR = "1.36"
+MINORS = ("1.33", "1.34", "1.35", "1.36")
+MAP_OPT_IN_MINORS = ("1.34", "1.35")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 
@@ -56,6 +64,38 @@ def missing_binaries(assets: str | None) -> list[str]:
     if not assets:
         return list(REQUIRED_BINARIES)
     return [name for name in REQUIRED_BINARIES if not os.access(Path(assets) / name, os.X_OK)]
+
+
+def kube_minor() -> str:
+    """The minor this run's control planes are (``KUBE_MINOR_ENV``; 1.36 by default)."""
+    minor = os.environ.get(KUBE_MINOR_ENV) or NATIVE_MINOR
+    if minor not in MINORS:
+        raise ValueError(f"{KUBE_MINOR_ENV}={minor}: one of {', '.join(MINORS)}")
+    return minor
+
+
+def map_opt_in() -> bool:
+    """Whether this run's control planes have the MutatingAdmissionPolicy opt-in (1.34 and 1.35 only)."""
+    return os.environ.get(MAP_OPT_IN_ENV, "") not in ("", "0") and kube_minor() in MAP_OPT_IN_MINORS
+
+
+def minor_options(minor: str | None = None, *, opt_in: bool | None = None) -> dict[str, Any]:
+    """``ControlPlane`` keyword arguments for a cluster of ``minor`` (default: ``kube_minor()``), as it ships or with
+    the documented MutatingAdmissionPolicy opt-in (``--feature-gates=MutatingAdmissionPolicy=true
+    --runtime-config=admissionregistration.k8s.io/v1beta1=true``). The v1.36.2 apiserver emulating 1.34/1.35 with the
+    gate on waits for its v1 informer, which that minor does not serve, and exits ("not yet ready to handle
+    request"): ``--emulation-forward-compatible`` lets it serve the v1 resources too (a real 1.35 serves v1beta1
+    only; the suite renders v1beta1 for it)."""
+    minor = minor or kube_minor()
+    opt_in = map_opt_in() if opt_in is None else opt_in
+    options: dict[str, Any] = {"emulated_version": None if minor == NATIVE_MINOR else minor}
+    if opt_in:
+        options["apiserver_args"] = (
+            "--feature-gates=MutatingAdmissionPolicy=true",
+            "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
+            "--emulation-forward-compatible=true",
+        )
+    return options
 
 
 def loopback_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -307,6 +347,9 @@ class ControlPlane:
     # Feature gates turned on in kube-apiserver, kube-scheduler and kube-controller-manager alike
     # (e.g. DRADeviceTaintRules, which all three read in 1.36).
     feature_gates: tuple[str, ...] = ()
+    # The Kubernetes minor the three components emulate (``--emulated-version=kube=1.35``, KEP-4330: that
+    # minor's APIs and feature-gate defaults on the v1.36 code); None: the binaries' own (1.36).
+    emulated_version: str | None = None
 
     @property
     def server(self) -> str:
@@ -391,10 +434,18 @@ class ControlPlane:
                 f"--proxy-client-key-file={front_proxy.key}",
                 *self.apiserver_args,
                 *self._gates(),
+                *self._emulation(),
             ],
         )
         self._wait(apiserver, self._apiserver_ready, "kube-apiserver /readyz", timeout=90)
-        common = ["--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false", "-v=1", *self._gates()]
+        common = [
+            "--bind-address=127.0.0.1",
+            "--secure-port=0",
+            "--leader-elect=false",
+            "-v=1",
+            *self._gates(),
+            *self._emulation(),
+        ]
         self.processes.start(
             "kube-scheduler",
             [
@@ -424,6 +475,10 @@ class ControlPlane:
         return (
             [f"--feature-gates={','.join(f'{gate}=true' for gate in self.feature_gates)}"] if self.feature_gates else []
         )
+
+    def _emulation(self) -> list[str]:
+        """The same emulated minor for all three components, as a real cluster of that minor has."""
+        return [f"--emulated-version=kube={self.emulated_version}"] if self.emulated_version else []
 
     def kubeconfig(self, user: str, client: KeyPair) -> Path:
         safe = user.replace(":", "-")
@@ -510,7 +565,9 @@ def main() -> int:  # pragma: no cover - a manual aid: `python tests/e2e/control
     if missing:
         print(f"missing {', '.join(missing)}: {HOW_TO_GET_BINARIES}", file=sys.stderr)
         return 2
-    plane = ControlPlane(Path(str(assets)), Path(os.environ.get("E2E_WORKDIR", "/tmp/e2e-controlplane")))
+    plane = ControlPlane(
+        Path(str(assets)), Path(os.environ.get("E2E_WORKDIR", "/tmp/e2e-controlplane")), **minor_options()
+    )
     plane.start()
     print(f"export KUBECONFIG={plane.admin_kubeconfig}", flush=True)
     try:

@@ -53,7 +53,9 @@ from .controlplane import (
     ControlPlane,
     KeyPair,
     free_port,
+    kube_minor,
     loopback_environment,
+    map_opt_in,
 )
 from .kube import ApiError, Kube, Obj, wait_until
 
@@ -411,10 +413,35 @@ def make_namespace(kube: Kube, name: str, labels: dict[str, str] | None = None) 
     )
 
 
-def render_manifests(ca_file: Path, webhook_port: int, policy_file: Path | None = None) -> list[Obj]:
-    """The project's ``manifests`` output (``--policy`` when given), made to run against this control plane."""
+def serves_dra() -> bool:
+    """The run's minor serves resource.k8s.io/v1 (1.34 on)."""
+    return int(kube_minor().split(".")[1]) >= 34
+
+
+def for_this_minor() -> list[str]:
+    """``manifests`` options for the run's minor: as the operator of a stock cluster of it runs them (none: read from
+    the cluster); with the MutatingAdmissionPolicy opt-in, its v1beta1 policy (the emulating apiserver also serves v1,
+    ``controlplane.minor_options``, which a real 1.34/1.35 does not)."""
+    return ["--mutating-admission-policy", "v1beta1"] if map_opt_in() else []
+
+
+def render_manifests(
+    ca_file: Path, webhook_port: int, policy_file: Path | None = None, *, kubeconfig: Path | None = None
+) -> list[Obj]:
+    """The project's ``manifests`` output (``--policy`` when given), made to run against this control plane;
+    ``kubeconfig``: rendered for what that cluster serves (the minor it emulates), else for 1.36."""
     policy = ["--policy", str(policy_file)] if policy_file is not None else []
-    result = cli("manifests", "--overlay", "self-signed", "--ca-bundle", str(ca_file), *policy, check=True)
+    result = cli(
+        "manifests",
+        "--overlay",
+        "self-signed",
+        "--ca-bundle",
+        str(ca_file),
+        *policy,
+        *(for_this_minor() if kubeconfig is not None else []),
+        kubeconfig=kubeconfig,
+        check=True,
+    )
     out: list[Obj] = []
     for doc in yaml.safe_load_all(result.stdout):
         if not doc:
@@ -477,7 +504,7 @@ def deploy(plane: ControlPlane, workdir: Path, *extra: str, policy_file: Path | 
     cert_dir = workdir / "webhook" / "certs"
     cli("certs", "--out-dir", str(cert_dir), check=True)
     port = free_port()
-    manifests = render_manifests(cert_dir / "ca.crt", port, policy_file)
+    manifests = render_manifests(cert_dir / "ca.crt", port, policy_file, kubeconfig=plane.admin_kubeconfig)
     install(plane, [doc for doc in manifests if doc["kind"] != "MutatingWebhookConfiguration"])
     webhook = start_webhook(
         plane, workdir / "webhook", kubeconfig, *extra, policy_file=policy_file, cert_dir=cert_dir, port=port

@@ -263,6 +263,13 @@ class KubeApi:
         """One object (or any JSON document the API serves at ``path``)."""
         return self._object("GET", path, query=query)
 
+    def text(self, path: str) -> str:
+        """A plain-text document the API serves (``/metrics``). Raises ``ApiError`` (typed) for anything but 2xx."""
+        status, data, headers = self._send("GET", path, None, None, JSON)
+        if 200 <= status <= 299:
+            return data.decode("utf-8", errors="replace")
+        raise error_from_response(status, data, headers, method="GET", path=path)
+
     def serving_versions(self, group: str, versions: Sequence[str], resource: str) -> tuple[str, ...]:
         """Which of ``versions`` of ``group`` list ``resource`` in their API discovery, in the order given
         (``resources_served``)."""

@@ -25,7 +25,15 @@ from cryptography import x509
 from webhook import __version__
 from webhook.core.lending import switchable
 from webhook.core.policy import Policy, PolicyError, default_policy, default_policy_text, load_policy, parse_policy
-from webhook.deploy import cel, lending_access, mutating_policy, priority_classes, reserved_devices, reserved_nodes
+from webhook.deploy import (
+    cel,
+    lending_access,
+    minors,
+    mutating_policy,
+    priority_classes,
+    reserved_devices,
+    reserved_nodes,
+)
 
 NAMESPACE = "rocm-isolation-system"
 APP_NAME = "rocm-isolation-webhook"
@@ -405,6 +413,20 @@ def with_placement_policy_version(resources: list[Resource], version: str) -> li
     return out
 
 
+def for_served(resources: list[Resource], served: minors.Served) -> list[Resource]:
+    """Without what ``served``'s cluster cannot store or evaluate: on a minor without DRA (1.33), the device-level
+    backstop policies and their bindings (their ``paramKind`` is a ``resource.k8s.io`` DeviceClass: a policy whose
+    parameter kind is not served cannot be configured and, failing closed, denies every pod it is bound to)."""
+    if served.dra:
+        return resources
+    device_policies = {*reserved_devices.POLICY_NAMES, reserved_devices.LENT_CLAIMS_POLICY}
+    return [
+        r
+        for r in resources
+        if not (r.get("kind", "").startswith("ValidatingAdmissionPolicy") and _backstop_of(r) in device_policies)
+    ]
+
+
 def render(
     *,
     overlay: str = DEFAULT_OVERLAY,
@@ -415,8 +437,18 @@ def render(
     root: Path | None = None,
     monitoring: bool = False,
     runbook_base_url: str | None = None,
-    mutating_admission_policy: str = mutating_policy.DEFAULT_VERSION,
+    mutating_admission_policy: str | None = mutating_policy.DEFAULT_VERSION,
+    served: minors.Served | None = None,
 ) -> list[Resource]:
+    """The manifests; ``served``: for that cluster's minor (``minors``), the placement policy's version then the one it
+    serves unless ``mutating_admission_policy`` names one it takes (None: the one it serves)."""
+    if served is not None:
+        try:
+            mutating_admission_policy = minors.placement_policy_version(served, mutating_admission_policy)
+        except minors.MinorError as err:
+            raise RenderError(str(err)) from None
+    elif mutating_admission_policy is None:
+        mutating_admission_policy = mutating_policy.DEFAULT_VERSION
     if overlay not in OVERLAYS:
         raise RenderError(f"unknown overlay {overlay!r} (one of {', '.join(OVERLAYS)})")
     if overlay == "self-signed" and ca_bundle is None:
@@ -442,6 +474,8 @@ def render(
     resources.extend(lending_access.resources(policy, NAMESPACE, APP_NAME, metadata=_metadata))
     resources = in_switch_order(resources, policy)
     resources = with_placement_policy_version(resources, mutating_admission_policy)
+    if served is not None:
+        resources = for_served(resources, served)
     if monitoring:
         resources.extend(copy.deepcopy(build(monitoring_dir(root))))
         if runbook_base_url is not None:
@@ -521,11 +555,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mutating-admission-policy",
         choices=mutating_policy.VERSIONS,
-        default=mutating_policy.DEFAULT_VERSION,
+        default=None,
         help="the placement MutatingAdmissionPolicy (placement in the apiserver while the webhook is down): "
         "v1 for Kubernetes >= 1.36, v1beta1 for 1.34-1.35 (the apiserver needs "
-        "--feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true), "
-        "none for older clusters. Default: %(default)s",
+        f"{minors.MAP_OPT_IN_FLAGS}), none for older clusters. Default: the one the cluster's minor serves "
+        "(--kubernetes-version, or read from the cluster), v1 without either",
+    )
+    parser.add_argument(
+        "--kubernetes-version",
+        metavar="MINOR",
+        help=f"render for a stock cluster of this Kubernetes minor ({', '.join(minors.SUPPORTED)}; 1.37 and later: "
+        "as 1.36) instead of reading the cluster, e.g. for GitOps: leaves out what the minor cannot store or evaluate "
+        "and says on stderr, one line each, what it lacks and what holds instead",
     )
     parser.add_argument(
         "--manifests-dir",
@@ -535,8 +576,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, served: minors.Served | None = None) -> int:
+    """``served``: what the target cluster serves, read from it (``ops/manifests.py``); else from
+    ``--kubernetes-version``, else the 1.36 manifests."""
     try:
+        if served is None and getattr(args, "kubernetes_version", None):
+            served = minors.for_minor(
+                minors.parse_minor(args.kubernetes_version), placement_policy=args.mutating_admission_policy
+            )
         policy_text = None
         source = "<built-in default policy>"
         if args.policy is not None:
@@ -556,16 +603,25 @@ def main(args: argparse.Namespace) -> int:
             monitoring=args.monitoring,
             runbook_base_url=args.runbook_base_url,
             mutating_admission_policy=args.mutating_admission_policy,
+            served=served,
         )
-    except (RenderError, PolicyError) as err:
+        placement = (
+            minors.placement_policy_version(served, args.mutating_admission_policy)
+            if served is not None
+            else args.mutating_admission_policy or mutating_policy.DEFAULT_VERSION
+        )
+    except (RenderError, PolicyError, minors.MinorError) as err:
         print(f"rocm-isolation-webhook manifests: {err}", file=sys.stderr)
         return 2
     for warning in policy_warnings(policy):
         print(f"warning: {warning}", file=sys.stderr)
+    for line in minors.missing(served, placement) if served is not None else ():
+        print(f"note: {line}", file=sys.stderr)
     header = (
         f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}"
         f"{' --monitoring' if args.monitoring else ''}"
-        f" --mutating-admission-policy {args.mutating_admission_policy}\n"
+        f"{f' --kubernetes-version {served.minor}' if served is not None else ''}"
+        f" --mutating-admission-policy {placement}\n"
         f"# policy: {source} (sha256 {policy.digest[:16]})\n"
     )
     sys.stdout.write(dump(resources, header=header))
