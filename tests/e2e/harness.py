@@ -418,6 +418,11 @@ def serves_dra() -> bool:
     return int(kube_minor().split(".")[1]) >= 34
 
 
+def placement_served() -> bool:
+    """A MutatingAdmissionPolicy places pods in the apiserver: 1.36, or 1.34/1.35 with the opt-in."""
+    return kube_minor() == "1.36" or map_opt_in()
+
+
 def for_this_minor() -> list[str]:
     """``manifests`` options for the run's minor: as the operator of a stock cluster of it runs them (none: read from
     the cluster); with the MutatingAdmissionPolicy opt-in, its v1beta1 policy (the emulating apiserver also serves v1,

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .controlplane import MINORS
 from .harness import GPUS_PER_NODE, Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until
+
+pytestmark = pytest.mark.minors(*MINORS)  # what every stock minor serves (issue 47)
 
 CRDS = Path(__file__).parent / "fixtures" / "wgpolicyk8s.io-crds.yaml"
 

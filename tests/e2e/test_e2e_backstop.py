@@ -12,8 +12,11 @@ from cluster_objects import new_namespace
 
 from webhook.core.engine import PLACED_LABEL
 
-from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, WEBHOOK_NAMESPACE, Cluster, gpu_pod
+from .controlplane import MINORS
+from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, WEBHOOK_NAMESPACE, Cluster, gpu_pod, placement_served
 from .kube import ApiError, Obj, wait_until
+
+pytestmark = pytest.mark.minors(*MINORS)  # what every stock minor serves (issue 47)
 
 NAMESPACE_POLICY = "rocm-isolation-namespace-class"
 EDITORS_CONFIGMAP = "rocm-isolation-class-label-editors"
@@ -120,6 +123,7 @@ def test_the_backstop_holds_with_the_webhook_configuration_deleted(
     )
 
 
+@pytest.mark.skipif(not placement_served(), reason="no MutatingAdmissionPolicy on a stock minor before 1.36")
 def test_a_pod_created_with_the_placed_label_is_placed_by_the_webhook_and_skipped_by_the_policy(
     cluster: Cluster, namespace: Callable[..., str]
 ) -> None:

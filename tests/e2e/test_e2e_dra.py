@@ -28,6 +28,8 @@ from .harness import (
 )
 from .kube import ApiError, Obj, wait_until
 
+pytestmark = pytest.mark.minors("1.34", "1.35")  # DRA is served from 1.34 (issue 47)
+
 
 def one_gpu(device_class: str = DRIVER) -> Obj:
     """A request for one device of ``device_class`` (no count: the apiserver defaults it)."""

@@ -8,7 +8,9 @@ those versions; v1.36 still serves the beta version when it is turned on):
   affinity, tolerations and class annotation the engine gives it: what test_mutating_policy.py proves
   for the v1 policy.
 
-Its own control plane (the session's does not serve the beta version), started once for the module.
+Its own control plane (the session's does not serve the beta version), started once for the module: a 1.36 one,
+or, on a run of 1.34 or 1.35 (``--kube-minor``), one emulating that minor with the documented opt-in
+(``controlplane.minor_options``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from cluster_objects import new_namespace
 from webhook.core.policy import default_policy
 from webhook.deploy import mutating_policy, render
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .controlplane import (
+    ASSETS_ENV,
+    LOOPBACK,
+    MAP_OPT_IN_MINORS,
+    ControlPlane,
+    kube_minor,
+    loopback_only,
+    minor_options,
+)
 from .harness import gpu_pod
 from .kube import ApiError, Kube, Obj, wait_until
 from .placement import CLASS_LABEL, PODS, as_pod, before_admission, engine_result, placed, policy_without_claims
@@ -32,15 +42,18 @@ from .placement import CLASS_LABEL, PODS, as_pod, before_admission, engine_resul
 BETA = "admissionregistration.k8s.io/v1beta1"
 KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
 
+pytestmark = pytest.mark.minors(*MAP_OPT_IN_MINORS)  # the opt-in of 1.34 and 1.35 (issue 47)
+
 
 @pytest.fixture(scope="module")
 def beta_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     loopback_only()
-    plane = ControlPlane(
-        Path(os.environ[ASSETS_ENV]),
-        tmp_path_factory.mktemp("controlplane-v1beta1"),
-        apiserver_args=(f"--runtime-config={BETA}=true",),
+    options = (
+        minor_options(opt_in=True)
+        if kube_minor() in MAP_OPT_IN_MINORS
+        else {"apiserver_args": (f"--runtime-config={BETA}=true",)}
     )
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-v1beta1"), **options)
     try:
         plane.start()
         yield Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())

@@ -24,7 +24,16 @@ from cluster_objects import new_pod
 from webhook.deploy import render, reserved_devices
 
 from .controlplane import MINORS, kube_minor, loopback_environment, map_opt_in
-from .harness import RESERVED_POLICY, WEBHOOK_DENIAL, Cluster, cli, for_this_minor, gpu_pod, serves_dra
+from .harness import (
+    RESERVED_POLICY,
+    WEBHOOK_DENIAL,
+    Cluster,
+    cli,
+    for_this_minor,
+    gpu_pod,
+    placement_served,
+    serves_dra,
+)
 from .kube import ApiError, Obj, wait_until
 
 pytestmark = pytest.mark.minors(*MINORS)
@@ -35,11 +44,6 @@ RESERVED_KEY = "rocm-isolation.io/pool"
 
 def _minor_number() -> int:
     return int(kube_minor().split(".")[1])
-
-
-def _placement_served() -> bool:
-    """A MutatingAdmissionPolicy places pods in the apiserver: 1.36, or 1.34/1.35 with the opt-in."""
-    return _minor_number() >= 36 or map_opt_in()
 
 
 def _readme_install(
@@ -93,10 +97,10 @@ def test_the_readme_install_applies_with_no_error_and_says_what_the_minor_lacks(
     assert all(line.startswith(f"note: {minor}: no ") for line in lines), notes
     assert any("DRA extended resources" in line for line in lines) == (minor in ("1.34", "1.35")), notes
     assert any("no DRA (resource.k8s.io not served)" in line for line in lines) == (minor == "1.33"), notes
-    assert any("no MutatingAdmissionPolicy" in line for line in lines) == (not _placement_served()), notes
+    assert any("no MutatingAdmissionPolicy" in line for line in lines) == (not placement_served()), notes
     # What was installed (the session's manifests, rendered the same way) holds no kind the minor lacks.
     kinds = {d["kind"] for d in cluster.manifests}
-    assert bool(kinds & set(MAP_KINDS)) == _placement_served(), kinds
+    assert bool(kinds & set(MAP_KINDS)) == placement_served(), kinds
     device_policies = {d["metadata"]["name"] for d in cluster.manifests} & set(reserved_devices.POLICY_NAMES)
     assert bool(device_policies) == serves_dra(), device_policies
 
@@ -105,7 +109,7 @@ def test_the_136_manifests_do_not_apply_on_an_older_minor_without_the_opt_in(clu
     """What issue 47 reports: the manifests of 1.36 (``--kubernetes-version 1.36``: what ``manifests`` rendered
     before it read the cluster) exit 1 on a stock 1.34/1.35, naming the MutatingAdmissionPolicy kind."""
     applied, _ = _readme_install(cluster, "--kubernetes-version", "1.36")
-    if _placement_served() and _minor_number() >= 36:
+    if placement_served() and _minor_number() >= 36:
         assert applied.returncode == 0, applied.stderr
         return
     if map_opt_in():
@@ -167,7 +171,7 @@ def test_the_backstop_keeps_training_off_reserved_nodes_and_admits_every_other_p
             admitted = cluster.kube.create(pod, dry_run=True)
             gpu = "amd.com/gpu" in str(pod["spec"])
             # Placed in the apiserver only where a MutatingAdmissionPolicy is served.
-            assert ("affinity" in admitted["spec"]) == (gpu and _placement_served()), (pod["metadata"], admitted)
+            assert ("affinity" in admitted["spec"]) == (gpu and placement_served()), (pod["metadata"], admitted)
         assert cluster.webhook_reviews() == reviews
 
 

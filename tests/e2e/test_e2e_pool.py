@@ -11,8 +11,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from .controlplane import MINORS
 from .harness import Cluster, gpu_pod
 from .kube import ApiError, Obj, wait_until
+
+pytestmark = pytest.mark.minors(*MINORS)  # what every stock minor serves (issue 47)
 
 POOL_LABEL = "rocm-isolation.io/pool"
 TAINT = {"key": "rocm-isolation.io/reserved", "value": "inference", "effect": "NoSchedule"}

@@ -19,9 +19,11 @@ import pytest
 
 from webhook.core.engine import decide
 
-from .controlplane import LOOPBACK
+from .controlplane import LOOPBACK, MINORS
 from .harness import Cluster, gpu_pod, live_facts, normalised, unmerged
 from .kube import Obj, wait_until
+
+pytestmark = pytest.mark.minors(*MINORS)  # what every stock minor serves (issue 47)
 
 TOUCHED = "e2e.example.com/touched"
 CONFIGURATION = "zz-e2e-labeller"

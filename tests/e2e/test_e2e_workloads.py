@@ -9,8 +9,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from .controlplane import MINORS
 from .harness import POOL_NODES, Cluster
 from .kube import Obj, wait_until
+
+pytestmark = pytest.mark.minors(*MINORS)  # what every stock minor serves (issue 47)
 
 INFERENCE = {"rocm-isolation.io/class": "inference"}
 TRAINING = {"rocm-isolation.io/class": "training"}
