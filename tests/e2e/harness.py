@@ -595,19 +595,22 @@ def unmerged(pod: Obj) -> Obj:
 
 
 def live_facts(cluster: Cluster, namespace: str, policy: Policy | None = None) -> dict[str, Any]:
-    """The facts the webhook's cache holds, read from the apiserver."""
+    """The facts the webhook's cache holds, read from the apiserver (no claims or classes where the minor serves no
+    resource.k8s.io: 1.33)."""
     labels = cluster.kube.get("Namespace", namespace)["metadata"].get("labels") or {}
+    dra = serves_dra()
     claims = {
-        c["metadata"]["name"]: device_classes(c, "ResourceClaim") for c in cluster.kube.list("ResourceClaim", namespace)
+        c["metadata"]["name"]: device_classes(c, "ResourceClaim")
+        for c in (cluster.kube.list("ResourceClaim", namespace) if dra else [])
     }
     templates = {
         t["metadata"]["name"]: device_classes(t, "ResourceClaimTemplate")
-        for t in cluster.kube.list("ResourceClaimTemplate", namespace)
+        for t in (cluster.kube.list("ResourceClaimTemplate", namespace) if dra else [])
     }
     reserved = {n["metadata"]["name"] for n in cluster.kube.list("Node", selector="rocm-isolation.io/pool=inference")}
     assert reserved == set(RESERVED_NODES)
     policy = policy or default_policy()
-    classes = {d["metadata"]["name"]: device_class_info(d) for d in cluster.kube.list("DeviceClass")}
+    classes = {d["metadata"]["name"]: device_class_info(d) for d in (cluster.kube.list("DeviceClass") if dra else [])}
     return {
         "devices": device_facts(classes, policy.spec.scope.gpu_drivers),
         "namespace": NamespaceFacts(namespace, labels),
