@@ -78,6 +78,10 @@ EXPIRED_MESSAGE = (
 )
 
 
+# What API discovery lists of admissionregistration.k8s.io/v1 beyond RESOURCES on 1.36 (issue 47).
+MUTATING_ADMISSION_POLICIES = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+
+
 @dataclass(frozen=True)
 class Resource:
     group: str  # "" for the core group
@@ -335,8 +339,10 @@ class FakeCluster:
 
     def serve_discovery(self, extra: Mapping[str, Iterable[str]] | None = None) -> None:
         """Answer API discovery (``GET /apis/GROUP/VERSION``) for the versions served, listing the resources
-        of ``RESOURCES`` and ``extra`` ("resource.k8s.io/v1beta2" -> ["devicetaintrules"])."""
-        self._discovery = {gv: tuple(names) for gv, names in (extra or {}).items()}
+        of ``RESOURCES`` and ``extra`` ("resource.k8s.io/v1beta2" -> ["devicetaintrules"]); a 1.36 cluster: the
+        MutatingAdmissionPolicy is served (``deploy/minors.from_cluster`` reads the minor from it)."""
+        self._discovery = {"admissionregistration.k8s.io/v1": MUTATING_ADMISSION_POLICIES}
+        self._discovery.update({gv: tuple(names) for gv, names in (extra or {}).items()})
 
     def forbid(self, plural: str, verb: str = "list") -> None:
         """Answer 403 to ``verb`` (get, list, create, update) on ``plural``, as RBAC does."""

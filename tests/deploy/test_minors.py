@@ -201,3 +201,9 @@ def test_an_unreadable_kubeconfig_given_exits_2_naming_the_offline_option(tmp_pa
     assert default.returncode == 0
     assert "rendered for Kubernetes 1.36" in default.stderr
     assert default.stdout == manifests().stdout
+
+
+def test_discovery_that_does_not_answer_tells_nothing() -> None:
+    """No admissionregistration.k8s.io/v1 (every supported minor serves it): not read, not taken for 1.33."""
+    assert minors.from_cluster({}, None) is None
+    assert minors.from_cluster({"resource.k8s.io/v1": DRA_V1}, GATES["1.36"]) is None

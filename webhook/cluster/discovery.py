@@ -38,8 +38,18 @@ def parse_feature_gates(metrics: str) -> dict[str, tuple[bool, str]]:
 def feature_gates(api: KubeApi) -> dict[str, tuple[bool, str]] | None:
     """The kube-apiserver's feature gates, None when its ``/metrics`` cannot be read (RBAC: ``get`` on the
     non-resource URL ``/metrics``) or lists none."""
+    text = getattr(api, "text", None)  # the raw client; a view or stand-in that reads objects only has none
+    if text is None:
+        return None
     try:
-        gates = parse_feature_gates(api.text("/metrics"))
+        gates = parse_feature_gates(text("/metrics"))
     except ApiError:
         return None
     return gates or None
+
+
+def served(
+    api: KubeApi, group_versions: Iterable[str], *, gates: bool = True
+) -> tuple[dict[str, frozenset[str] | None], dict[str, tuple[bool, str]] | None]:
+    """``discovery`` and (``gates``) ``feature_gates``: what ``deploy.minors.from_cluster`` reads."""
+    return discovery(api, group_versions), feature_gates(api) if gates else None

@@ -107,10 +107,14 @@ def for_minor(minor: str, *, placement_policy: str | None = None) -> Served:
 
 def from_cluster(
     discovery: Mapping[str, frozenset[str] | None], gates: Mapping[str, tuple[bool, str]] | None
-) -> Served:
+) -> Served | None:
     """What a cluster serves from its API discovery (``DISCOVERED``: group/version -> resources, None when not
     served) and its apiserver's feature gates (``kubernetes_feature_enabled``: name -> (on, stage); None when they
-    could not be read: the stock defaults of the minor discovery points to)."""
+    could not be read: the stock defaults of the minor discovery points to). None when discovery does not answer
+    for admissionregistration.k8s.io/v1, which every supported minor serves (ValidatingAdmissionPolicy GA in 1.30):
+    nothing is known."""
+    if discovery.get(f"{MAP_GROUP}/v1") is None:
+        return None
     placement = tuple(v for v in ("v1", "v1beta1") if MAP_RESOURCE in (discovery.get(f"{MAP_GROUP}/{v}") or ()))
     dra = DRA_RESOURCE in (discovery.get(DRA_GROUP_VERSION) or ())
     minor = _minor(placement, dra, gates)

@@ -31,12 +31,13 @@ from typing import Any, Final, TextIO, get_args
 
 import yaml
 
+from webhook.cluster import discovery
 from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
 from webhook.cluster.view import FrozenView
 from webhook.core.claims import MODE_CLASSES, MODE_TAINTS
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
-from webhook.deploy import device_classes, reserved_names
+from webhook.deploy import device_classes, minors, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
 from webhook.ops.audit.devices import DeviceAudit, TaintRuleReading, read_taint_rules
 from webhook.ops.audit.findings import POLICY_NAME as POLICY_NAME
@@ -46,6 +47,7 @@ from webhook.ops.audit.findings import Finding as Finding
 from webhook.ops.audit.findings import Rule as Rule
 from webhook.ops.audit.pods import UNCLASSIFIED, Pending, PodAudit
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, GpuView, Holder
+from webhook.ops.devices import minor as device_minor
 from webhook.ops.devices.plan import reservation_text
 
 EXIT_CLEAN: Final = 0
@@ -381,8 +383,22 @@ def capacity_model(snapshot: Snapshot, devices: DeviceAudit) -> CapacityModel:
     )
 
 
+def served_by(api: KubeApi) -> minors.Served | None:
+    """What the cluster's minor serves (API discovery; the apiserver's feature gates where RBAC lets us read its
+    /metrics, else that minor's stock defaults), None when discovery is unreadable, or when ``api`` is the lending
+    keeper's view (``cluster/view.py``: it answers from memory, and the background audit adds no request)."""
+    if type(api) is not KubeApi:
+        return None
+    try:
+        return minors.from_cluster(*discovery.served(api, minors.DISCOVERED))
+    except ApiError:
+        return None
+
+
 def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
-    """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read."""
+    """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read. The device reservation is judged
+    as the cluster's minor can hold it (``devices/minor.py``: no extendedResourceName where the apiserver drops it)."""
+    policy, _ = device_minor.policy_for(policy, served_by(api))
     snapshot = Snapshot.read(api, policy)
     report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
     for node in snapshot.nodes.values():

@@ -39,8 +39,11 @@ import re
 import sys
 from pathlib import Path
 
+from webhook.cluster import discovery
 from webhook.cluster.kubeapi import ApiError, KubeApi
 from webhook.core.policy import Policy, PolicyError, default_policy, load_policy
+from webhook.deploy import minors
+from webhook.ops.devices import minor as device_minor
 from webhook.ops.pool import devices as pool_devices
 from webhook.ops.pool import nodes as pool_nodes
 from webhook.ops.pool import recommend as pool_recommend
@@ -254,7 +257,23 @@ def main(args: argparse.Namespace) -> int:
         api.close()
 
 
+def read_served(api: KubeApi) -> minors.Served | None:
+    """What the cluster's minor serves (API discovery, the apiserver's feature gates), None when unreadable."""
+    try:
+        return minors.from_cluster(*discovery.served(api, minors.DISCOVERED))
+    except ApiError:
+        return None
+
+
 def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> int:
+    served = read_served(api)
+    devices = getattr(args, "devices_per_node", None) is not None or getattr(args, "devices", False)
+    refusal = device_minor.no_dra_refusal(served) if devices else None
+    if refusal is not None:
+        raise SelectionError(refusal)
+    policy, notes = device_minor.policy_for(policy, served)
+    for note in notes if args.action != "status" else ():
+        out.warning(note)
     reservation = Reservation.from_policy(policy)
     read = read_pool(api, policy, args)
     if args.action == "status":
