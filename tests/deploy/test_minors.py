@@ -103,8 +103,10 @@ def test_a_version_outside_the_supported_minors_is_refused(text: str) -> None:
 def test_a_placement_policy_version_the_minor_cannot_take_is_refused_with_the_opt_in() -> None:
     with pytest.raises(minors.MinorError, match=re.escape("1.35 serves no admissionregistration.k8s.io/v1")):
         minors.for_minor("1.35", placement_policy="v1")
-    with pytest.raises(minors.MinorError, match=re.escape("1.34 and 1.35")):
+    with pytest.raises(minors.MinorError, match=re.escape("is for Kubernetes 1.35")):
         minors.for_minor("1.33", placement_policy="v1beta1")
+    with pytest.raises(minors.MinorError, match=re.escape("no flatten()")):
+        minors.for_minor("1.34", placement_policy="v1beta1")
     read = minors.from_cluster(DISCOVERY["1.35"], GATES["1.35"])
     with pytest.raises(minors.MinorError, match="MutatingAdmissionPolicy=true"):
         minors.placement_policy_version(read, "v1beta1")
@@ -130,12 +132,16 @@ def test_1_36_and_the_default_render_the_same_objects() -> None:
     assert render.render(served=minors.for_minor("1.36"), mutating_admission_policy=None) == render.render()
 
 
-def test_the_opt_in_renders_the_beta_policy_on_1_34_and_1_35() -> None:
-    for minor in ("1.34", "1.35"):
-        rendered = render.render(
-            served=minors.for_minor(minor, placement_policy="v1beta1"), mutating_admission_policy="v1beta1"
-        )
-        assert {r["apiVersion"] for r in rendered if r["kind"] in MAP_KINDS} == {"admissionregistration.k8s.io/v1beta1"}
+def test_the_opt_in_renders_the_beta_policy_on_1_35_and_none_on_1_34() -> None:
+    rendered = render.render(
+        served=minors.for_minor("1.35", placement_policy="v1beta1"), mutating_admission_policy="v1beta1"
+    )
+    assert {r["apiVersion"] for r in rendered if r["kind"] in MAP_KINDS} == {"admissionregistration.k8s.io/v1beta1"}
+    # 1.34 serves the beta API with the opt-in but refuses the policy (no CEL flatten()): read, it gets none.
+    opted_in = {**DISCOVERY["1.34"], "admissionregistration.k8s.io/v1beta1": MAP}
+    served = minors.from_cluster(opted_in, {**GATES["1.34"], "MutatingAdmissionPolicy": (True, "BETA")})
+    assert served is not None and (served.minor, served.placement_policy) == ("1.34", ())
+    assert "no flatten()" in minors.missing(served, "none")[0]
 
 
 def test_what_each_minor_lacks_is_said_once_each() -> None:
@@ -149,13 +155,14 @@ def test_what_each_minor_lacks_is_said_once_each() -> None:
         "no DRA (resource.k8s.io not served)",
     ]
     for minor in ("1.34", "1.35"):
-        assert [line.split(":")[1].strip() for line in lines[minor]] == [
+        assert [line.split(":")[1].strip().split(" (nor")[0] for line in lines[minor]] == [
             "no MutatingAdmissionPolicy (beta, off)",
             "no DRA extended resources (DRAExtendedResource off)",
             "no partitionable devices (DRAPartitionableDevices off)",
         ]
         assert "the taint and the backstop still keep training off reserved nodes" in lines[minor][0]
-        assert minors.MAP_OPT_IN_FLAGS in lines[minor][0]
+    assert minors.MAP_OPT_IN_FLAGS in lines["1.35"][0]
+    assert minors.NO_FLATTEN in lines["1.34"][0]
 
 
 # --- the command ------------------------------------------------------------------------------------

@@ -438,8 +438,9 @@ def serves_dra() -> bool:
 
 
 def placement_served() -> bool:
-    """A MutatingAdmissionPolicy places pods in the apiserver: 1.36, or 1.34/1.35 with the opt-in."""
-    return kube_minor() == "1.36" or map_opt_in()
+    """A MutatingAdmissionPolicy places pods in the apiserver: 1.36, or 1.35 with the opt-in (1.34 refuses the
+    policy: ``deploy/minors.NO_FLATTEN``)."""
+    return kube_minor() == "1.36" or (map_opt_in() and kube_minor() == "1.35")
 
 
 def for_this_minor() -> list[str]:

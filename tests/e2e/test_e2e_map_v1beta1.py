@@ -1,5 +1,5 @@
 """The placement MutatingAdmissionPolicy as ``manifests --mutating-admission-policy v1beta1`` renders it
-(for Kubernetes 1.34 and 1.35), on a real kube-apiserver serving admissionregistration.k8s.io/v1beta1
+(for Kubernetes 1.35 with the opt-in), on a real kube-apiserver serving admissionregistration.k8s.io/v1beta1
 (``--runtime-config=admissionregistration.k8s.io/v1beta1=true``, the flag docs/operations.md gives for
 those versions; v1.36 still serves the beta version when it is turned on):
 
@@ -35,14 +35,14 @@ from .controlplane import (
     loopback_only,
     minor_options,
 )
-from .harness import gpu_pod
+from .harness import cli, gpu_pod
 from .kube import ApiError, Kube, Obj, wait_until
 from .placement import CLASS_LABEL, PODS, as_pod, before_admission, engine_result, placed, policy_without_claims
 
 BETA = "admissionregistration.k8s.io/v1beta1"
 KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
 
-pytestmark = pytest.mark.minors(*MAP_OPT_IN_MINORS)  # the opt-in of 1.34 and 1.35 (issue 47)
+pytestmark = pytest.mark.minors("1.35")  # the opt-in of 1.35 (issue 47); 1.34's refusal below
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +121,19 @@ def test_the_v1beta1_policy_alone_places_like_the_engine(
         expected = engine_result(before, {CLASS_LABEL: class_name}, policy)
         got = beta_apiserver.create(pod, dry_run=True)  # no backstop here: nothing may refuse it
         assert placed(got) == placed(expected), (class_name, jsonpatch.make_patch(placed(expected), placed(got)).patch)
+
+
+@pytest.mark.minors("1.34")
+@pytest.mark.skipif(kube_minor() != "1.34", reason="1.34 only")
+def test_on_1_34_the_apiserver_refuses_the_policy_and_manifests_does_not_render_it(
+    beta_apiserver: Kube, documents: list[Obj]
+) -> None:
+    """1.34 serves the beta API with the opt-in, but its CEL environment has no flatten(): the apiserver refuses the
+    policy (``deploy/minors.NO_FLATTEN``), so ``manifests`` refuses v1beta1 for 1.34 and renders no placement
+    policy when reading such a cluster."""
+    with pytest.raises(ApiError) as refused:
+        beta_apiserver.create(documents[0])
+    assert "undeclared reference to 'flatten'" in refused.value.message, refused.value.message
+    rendered = cli("manifests", "--kubernetes-version", "1.34", "--mutating-admission-policy", "v1beta1")
+    assert rendered.returncode == 2, rendered.stdout + rendered.stderr
+    assert "flatten()" in rendered.stderr, rendered.stderr

@@ -11,7 +11,7 @@ emulating each minor; ``../shared/reference/versions.md``, docs/operations.md's 
 | DRAPartitionableDevices (AMD AutoPartition's shared counters) | alpha, off | alpha, off | alpha, off | beta, on |
 
 ``Served`` is that row of one cluster: from ``--kubernetes-version`` (the stock defaults of that minor, plus the
-documented MutatingAdmissionPolicy opt-in on 1.34/1.35), or read from the cluster (``cluster/discovery.py``: API
+documented MutatingAdmissionPolicy opt-in on 1.35), or read from the cluster (``cluster/discovery.py``: API
 discovery and the apiserver's ``kubernetes_feature_enabled``; ``/version`` says v1.36 under emulation, those two
 tell the truth). ``render`` leaves out what the minor cannot store or evaluate, and ``missing`` says, one line per
 missing piece, what the minor lacks and what holds instead. DeviceTaintRules are read from discovery where they are
@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 SUPPORTED = ("1.33", "1.34", "1.35", "1.36")
 DEFAULT = "1.36"
-# The MutatingAdmissionPolicy opt-in of 1.34 and 1.35 (docs/operations.md): beta API and gate turned on.
+# The MutatingAdmissionPolicy opt-in of 1.35 (docs/operations.md): beta API and gate turned on. 1.34 serves the beta
+# API too, but its CEL environment has no lists.flatten(), which the placement policy uses: the apiserver refuses it
+# (measured on v1.36.2 emulating 1.34), so 1.34 gets no placement policy.
+MAP_OPT_IN_MINORS = ("1.35",)
+NO_FLATTEN = (
+    "1.34's CEL environment has no flatten() (the lists library), which the placement policy's JSONPatch uses: the "
+    "apiserver refuses the policy"
+)
 MAP_OPT_IN_FLAGS = (
     "--feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true"
 )
@@ -79,21 +86,21 @@ def parse_minor(text: str) -> str:
 
 
 def for_minor(minor: str, *, placement_policy: str | None = None) -> Served:
-    """A stock cluster of ``minor`` (``parse_minor``); ``placement_policy='v1beta1'`` on 1.34/1.35: the documented
+    """A stock cluster of ``minor`` (``parse_minor``); ``placement_policy='v1beta1'`` on 1.35: the documented
     MutatingAdmissionPolicy opt-in is on."""
     number = int(minor.split(".")[1])
     served: tuple[str, ...] = ("v1",) if number >= 36 else ()
     if placement_policy == "v1beta1":
-        if number not in (34, 35):
+        if minor not in MAP_OPT_IN_MINORS:
+            why = {34: NO_FLATTEN, 33: "it has MutatingAdmissionPolicy as alpha only"}.get(number, "it serves v1")
             raise MinorError(
-                f"--mutating-admission-policy v1beta1 is for Kubernetes 1.34 and 1.35 (with {MAP_OPT_IN_FLAGS}); "
-                f"{minor} {'serves v1' if number >= 36 else 'has MutatingAdmissionPolicy as alpha only'}"
+                f"--mutating-admission-policy v1beta1 is for Kubernetes 1.35 (with {MAP_OPT_IN_FLAGS}); on {minor} {why}"
             )
         served = ("v1beta1",)
     elif placement_policy == "v1" and number < 36:
         raise MinorError(
             f"--mutating-admission-policy v1: Kubernetes {minor} serves no admissionregistration.k8s.io/v1 "
-            f"MutatingAdmissionPolicy (v1 from 1.36; 1.34 and 1.35: v1beta1 with {MAP_OPT_IN_FLAGS})"
+            f"MutatingAdmissionPolicy (v1 from 1.36; 1.35: v1beta1 with {MAP_OPT_IN_FLAGS})"
         )
     return Served(
         minor=minor,
@@ -118,6 +125,8 @@ def from_cluster(
     placement = tuple(v for v in ("v1", "v1beta1") if MAP_RESOURCE in (discovery.get(f"{MAP_GROUP}/{v}") or ()))
     dra = DRA_RESOURCE in (discovery.get(DRA_GROUP_VERSION) or ())
     minor = _minor(placement, dra, gates)
+    if minor == "1.34":
+        placement = ()  # served with the opt-in, but 1.34 refuses the policy (NO_FLATTEN)
     stock = for_minor(minor)
     if gates is None:
         extended, partitionable = stock.extended_resources, stock.partitionable_devices
@@ -170,9 +179,9 @@ def missing(served: Served, placement_policy: str) -> list[str]:
     if placement_policy == "none" and not served.placement_policy:
         why = "beta, off" if minor in ("1.34", "1.35") else ("alpha, off" if minor == "1.33" else "not served")
         opt_in = (
-            f"; 1.34/1.35 can opt in: {MAP_OPT_IN_FLAGS}, then --mutating-admission-policy v1beta1"
-            if (minor in ("1.34", "1.35"))
-            else ""
+            f"; 1.35 can opt in: {MAP_OPT_IN_FLAGS}, then --mutating-admission-policy v1beta1"
+            if minor in MAP_OPT_IN_MINORS
+            else (f" (nor with the opt-in: {NO_FLATTEN})" if minor == "1.34" else "")
         )
         lines.append(
             f"{minor}: no MutatingAdmissionPolicy ({why}): with the webhook down, GPU pods are admitted unplaced; "

@@ -557,8 +557,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=mutating_policy.VERSIONS,
         default=None,
         help="the placement MutatingAdmissionPolicy (placement in the apiserver while the webhook is down): "
-        "v1 for Kubernetes >= 1.36, v1beta1 for 1.34-1.35 (the apiserver needs "
-        f"{minors.MAP_OPT_IN_FLAGS}), none for older clusters. Default: the one the cluster's minor serves "
+        "v1 for Kubernetes >= 1.36, v1beta1 for 1.35 (the apiserver needs "
+        f"{minors.MAP_OPT_IN_FLAGS}; 1.34 refuses the policy: no CEL flatten()), none for older clusters. Default: the one the cluster's minor serves "
         "(--kubernetes-version, or read from the cluster), v1 without either",
     )
     parser.add_argument(
