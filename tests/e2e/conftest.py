@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--map-opt-in",
         action="store_true",
-        help=f"1.34/1.35: with the MutatingAdmissionPolicy opt-in (also ${MAP_OPT_IN_ENV}=1)",
+        help=f"with the MutatingAdmissionPolicy opt-in of 1.35 (1.34 serves its API too; also ${MAP_OPT_IN_ENV}=1)",
     )
 
 

@@ -94,7 +94,8 @@ def for_minor(minor: str, *, placement_policy: str | None = None) -> Served:
         if minor not in MAP_OPT_IN_MINORS:
             why = {34: NO_FLATTEN, 33: "it has MutatingAdmissionPolicy as alpha only"}.get(number, "it serves v1")
             raise MinorError(
-                f"--mutating-admission-policy v1beta1 is for Kubernetes 1.35 (with {MAP_OPT_IN_FLAGS}); on {minor} {why}"
+                f"--mutating-admission-policy v1beta1 is for Kubernetes 1.35 (with {MAP_OPT_IN_FLAGS}); "
+                f"on {minor} {why}"
             )
         served = ("v1beta1",)
     elif placement_policy == "v1" and number < 36:

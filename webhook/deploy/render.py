@@ -396,7 +396,7 @@ def _backstop_of(resource: Resource) -> str:
 
 def with_placement_policy_version(resources: list[Resource], version: str) -> list[Resource]:
     """The MutatingAdmissionPolicy and its binding in API ``version`` (v1: Kubernetes >= 1.36;
-    v1beta1: 1.34 and 1.35 with the feature gate and runtime-config of docs/operations.md), or left
+    v1beta1: 1.35 with the feature gate and runtime-config of docs/operations.md), or left
     out (``none``: older clusters, placement by the webhook only)."""
     if version not in mutating_policy.VERSIONS:
         raise RenderError(
@@ -558,8 +558,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the placement MutatingAdmissionPolicy (placement in the apiserver while the webhook is down): "
         "v1 for Kubernetes >= 1.36, v1beta1 for 1.35 (the apiserver needs "
-        f"{minors.MAP_OPT_IN_FLAGS}; 1.34 refuses the policy: no CEL flatten()), none for older clusters. Default: the one the cluster's minor serves "
-        "(--kubernetes-version, or read from the cluster), v1 without either",
+        f"{minors.MAP_OPT_IN_FLAGS}; 1.34 refuses the policy: no CEL flatten()), none for older clusters. "
+        "Default: the one the cluster's minor serves (--kubernetes-version, or read from the cluster), v1 without "
+        "either",
     )
     parser.add_argument(
         "--kubernetes-version",
