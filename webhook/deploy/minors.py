@@ -1,7 +1,7 @@
 """What each Kubernetes minor serves that the product's manifests and ``pool`` writes depend on (issue 47).
 
 A stock cluster of 1.33, 1.34 or 1.35 lacks parts that 1.36 has on by default (measured on the v1.36.2 binaries
-emulating each minor; ``../shared/reference/versions.md``, docs/operations.md's support matrix):
+emulating each minor, KEP-4330 ``--emulated-version``; docs/operations.md's support matrix):
 
 | | 1.33 | 1.34 | 1.35 | 1.36 |
 |---|---|---|---|---|
