@@ -1,0 +1,76 @@
+"""Where the exporter's series come from: a file (offline, CI) or Prometheus's HTTP API (``audit --gpu-metrics``,
+``serve``'s background audit). What cannot be read is ``GpuSourceError``: one line, and the audit goes on.
+
+- A file (``FILE``, ``FILE.gz``): the text exposition of the exporter's ``/metrics`` (``curl
+  http://NODE:5000/metrics``), or of several scrapes with timestamps (the history a sustained use needs). Lines
+  without a timestamp are taken as read now (the file's modification time).
+- Prometheus: one ``query_range`` of every field read (``series.SELECTOR``, both prefixes) over the window and the
+  staleness allowance, ending now, with ``pool recommend``'s credentials (``ops/prometheus_http.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from webhook.ops.gpus.exposition import ExpositionError, Sample, parse
+from webhook.ops.gpus.judge import Thresholds
+from webhook.ops.gpus.series import SELECTOR, Readings, collect
+from webhook.ops.prometheus_http import PrometheusError, Server, query_range
+
+
+class GpuSourceError(Exception):
+    """The exporter's series could not be read: why, in one line."""
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def read_file(path: Path) -> Readings:
+    try:
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.name.endswith(".gz") else raw).decode("utf-8")
+        now = path.stat().st_mtime
+        readings = collect(parse(text, now))
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
+        raise GpuSourceError(f"GPU metrics file {path}: {err}") from err
+    except ExpositionError as err:
+        raise GpuSourceError(f"GPU metrics file {path}: not the exporter's text format: {err}") from err
+    if not readings.gpus:
+        raise GpuSourceError(f"GPU metrics file {path}: no series of AMD's device metrics exporter (gpu_*, amd_gpu_*)")
+    return readings
+
+
+def step_for(limits: Thresholds) -> float:
+    """A point every 15 s, coarser for long windows (60 points over the window), always within the gap allowed."""
+    return max(15.0, min(math.ceil(limits.window_seconds / 60.0), limits.max_gap_seconds / 2))
+
+
+def read_prometheus(server: Server, now: float, limits: Thresholds) -> Readings:
+    step = step_for(limits)
+    start = now - limits.window_seconds - limits.stale_seconds - step
+    try:
+        result = query_range(server, SELECTOR, start, now, step)
+        readings = collect(_samples(result), end=now)
+    except PrometheusError as err:
+        raise GpuSourceError(f"GPU metrics: {err}") from err
+    except (TypeError, ValueError, KeyError) as err:
+        raise GpuSourceError(f"GPU metrics: {server.url}: an answer not in the shape of a matrix: {err}") from err
+    if not readings.gpus:
+        raise GpuSourceError(
+            f"GPU metrics: {server.url} has no series of AMD's device metrics exporter (gpu_*, amd_gpu_*) in the "
+            "last window: is the exporter scraped?"
+        )
+    return readings
+
+
+def _samples(result: list[Mapping[str, Any]]) -> Iterator[Sample]:
+    for series in result:
+        labels = {str(k): str(v) for k, v in dict(series["metric"]).items()}
+        name = labels.pop("__name__", "")
+        for at, value in series["values"]:
+            yield Sample(name, labels, float(value), float(at))
