@@ -9,7 +9,7 @@ from webhook.cluster.slices import Device
 from webhook.deploy.device_classes import DeviceReservation
 from webhook.ops.capacity import RESERVED, SHARED, CapacityModel, Holder
 from webhook.ops.gpus.exposition import Sample, parse
-from webhook.ops.gpus.judge import Thresholds, judge
+from webhook.ops.gpus.judge import Observation, Thresholds, judge
 from webhook.ops.gpus.mapping import UNKNOWN, place
 from webhook.ops.gpus.series import collect
 
@@ -33,15 +33,17 @@ def split_model(node: str, gpus: int, reserved: int) -> tuple[CapacityModel, tup
     return CapacityModel.build([(node, gpus, False)], {node: devices}, reservation, [node], DRIVER), devices
 
 
-def history(node: str, serial: str, values: list[float], pod: str = "", namespace: str = "", **extra: str) -> list[Sample]:
+def history(
+    node: str, serial: str, values: list[float], pod: str = "", namespace: str = "", **extra: str
+) -> list[Sample]:
     """``gpu_gfx_activity`` of one GPU every 30 s, ending at t=1000+30*(len-1)."""
     labels = {"hostname": node, "gpu_id": serial[-1], "serial_number": serial, "pod": pod, "namespace": namespace}
     labels.update(extra)
     return [Sample("gpu_gfx_activity", labels, v, 1000.0 + 30 * i) for i, v in enumerate(values)]
 
 
-def rules(found: list[object]) -> list[str]:
-    return [o.rule for o in found]  # type: ignore[attr-defined]
+def rules(found: list[Observation]) -> list[str]:
+    return [o.rule for o in found]
 
 
 def test_the_incident_a_reserved_gpu_busy_with_no_pod_is_found_with_since_and_pids() -> None:
@@ -120,7 +122,9 @@ def test_a_pod_the_cluster_does_not_know_on_the_gpu_leaves_it_unallocated() -> N
     samples = history("n", "S0", [90] * 11, pod="gone-7", namespace="ml")
     result = judge(collect(samples), whole(("n", 1, True)), LIMITS, KEPT_OFF)
     assert rules(result.observations) == ["reserved-gpu-used-unallocated"]
-    assert "the exporter names ml/gone-7, which holds no GPU of this node in the cluster" in result.observations[0].message
+    assert (
+        "the exporter names ml/gone-7, which holds no GPU of this node in the cluster" in result.observations[0].message
+    )
     assert "PIDs not reported" in result.observations[0].message
 
 
@@ -142,7 +146,7 @@ def test_unhealthy_hot_and_inference_load_on_reserved_gpus() -> None:
 
 
 def test_a_split_node_places_attributed_gpus_by_their_pods_and_the_rest_by_elimination() -> None:
-    model, devices = split_model("n", 4, 2)  # gpu-0, gpu-1 reserved
+    model, _ = split_model("n", 4, 2)  # gpu-0, gpu-1 reserved
     model.add_pod(Holder("ml", "train-0", "training"), "n", 0, [(DRIVER, "n", "gpu-1")])
     model.add_pod(Holder("ml", "other", "training"), "n", 0, [(DRIVER, "n", "gpu-2")])
     model.add_pod(Holder("inf", "serve", "inference", inference=True), "n", 0, [(DRIVER, "n", "gpu-3")])
