@@ -23,6 +23,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from webhook.core.policy import Policy
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder
 from webhook.ops.gpus.mapping import Placed, place
 from webhook.ops.gpus.series import PodRef, Point, Readings
@@ -37,6 +38,25 @@ class Thresholds:
     stale_seconds: float = 300.0
     temperature_celsius: float = 95.0
     inference_load_percent: float = 40.0
+
+
+def thresholds(policy: Policy) -> Thresholds:
+    """The policy's ``spec.gpuMetrics`` (defaulted when absent)."""
+    metrics = policy.spec.gpu_metrics
+    return Thresholds(
+        metrics.activity_percent,
+        metrics.vram_mb,
+        float(metrics.window_seconds),
+        float(metrics.max_gap_seconds),
+        float(metrics.stale_seconds),
+        metrics.temperature_celsius,
+        metrics.inference_load_percent,
+    )
+
+
+def kept_off(policy: Policy) -> frozenset[str]:
+    """The classes the policy keeps off reserved capacity."""
+    return frozenset(name for name, cls in policy.spec.classes.items() if cls.placement == "unreserved")
 
 
 @dataclass(frozen=True)
