@@ -51,6 +51,10 @@ from webhook.deploy.device_classes import RELEASED_RESERVATION, DeviceReservatio
 from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops import audit, device_ownership
 from webhook.ops.audit_devices import DeviceAudit
+from webhook.ops.gpus import judge as gpu_judge
+from webhook.ops.gpus.exposition import Sample
+from webhook.ops.gpus.series import Readings, collect
+from webhook.ops.gpus.source import GpuSourceError
 
 POLICY = default_policy()
 NOW = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
@@ -99,6 +103,73 @@ DEVICE_EXPECTED = {
 }
 
 
+# What the exporter says of the fake cluster's reserved node r1 (tests/ops/gpus/ judges it in detail).
+GPU_EXPECTED = {
+    ("reserved-gpu-used-unallocated", "r1"),
+    ("reserved-gpu-used-by-other-class", "ml/trainer-on-reserved"),
+    ("reserved-gpu-unhealthy", "r1"),
+    ("reserved-gpu-hot", "r1"),
+    ("reserved-gpu-inference-load-high", "r1"),
+}
+
+
+def exporter_r1(now: float, limits: gpu_judge.Thresholds) -> Readings:
+    """Five GPUs of r1 over the window: one busy with no pod (PID 4242), one busy for the training pod, one
+    unhealthy, one hot, one kept 90 % busy by inference."""
+    samples = []
+    for i, (holder, activity) in enumerate(
+        [("", 97.0), ("ml/trainer-on-reserved", 95.0), ("", 0.0), ("", 1.0), ("serve/llm-ok", 90.0)]
+    ):
+        namespace, _, name = holder.partition("/")
+        labels = {"hostname": "r1", "gpu_id": str(i), "serial_number": f"S{i}", "pod": name, "namespace": namespace}
+        if i == 0:
+            labels["kfd_process_id"] = "4242"
+        for step in range(12):
+            samples.append(Sample("gpu_gfx_activity", labels, activity, now - 330 + 30 * step))
+        samples.append(Sample("gpu_health", labels, 0.0 if i == 2 else 1.0, now))
+        samples.append(Sample("gpu_junction_temperature", labels, 99.0 if i == 3 else 60.0, now))
+    return collect(samples, end=now)
+
+
+def test_the_gpus_own_word_adds_its_findings_and_an_unreadable_exporter_changes_nothing_else(
+    fake: FakeCluster,
+) -> None:
+    api = KubeApi(fake.api_client(), page_size=3)
+    report = audit.run_audit(api, POLICY, now=NOW, gpu_source=exporter_r1)
+    assert keyed(report) == EXPECTED | GPU_EXPECTED
+    unallocated = next(f for f in report.findings if f.rule == "reserved-gpu-used-unallocated")
+    assert unallocated.kind == "Node" and "PIDs 4242" in unallocated.message
+    document = report.to_json()["gpuMetrics"]
+    assert document["read"] is True and document["gpusJudged"] == 5
+    assert {(g["gpu"], g["inference"]) for g in document["reservedGpus"] if g["activityPercent"] >= 90} == {
+        ("gpu_id 0 (serial S0)", False),
+        ("gpu_id 1 (serial S1)", False),
+        ("gpu_id 4 (serial S4)", True),
+    }
+    # r2 and r3 (reserved, with GPUs) have no series: said in one line, not judged
+    assert "GPU metrics: no exporter series for 2 node(s) with reserved GPUs (r2, r3): their GPUs are not judged" in (
+        report.warnings
+    )
+
+    def unreachable(now: float, limits: gpu_judge.Thresholds) -> Readings:
+        raise GpuSourceError("GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused")
+
+    failed = audit.run_audit(api, POLICY, now=NOW, gpu_source=unreachable)
+    assert keyed(failed) == EXPECTED
+    assert [w for w in failed.warnings if "GPU metrics" in w] == [
+        "GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused: the GPUs were not judged (every "
+        "other finding is reported)"
+    ]
+    assert failed.to_json()["gpuMetrics"] == {
+        "read": False,
+        "error": "GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused",
+        "gpusJudged": 0,
+        "staleNodes": [],
+        "notes": [],
+        "reservedGpus": [],
+    }
+
+
 def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster, devices_fake: FakeCluster) -> None:
     report = run(fake)
     assert keyed(report) == EXPECTED
@@ -108,7 +179,8 @@ def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster
     device_report = run(devices_fake)
     assert keyed(device_report) == DEVICE_EXPECTED
     # Every documented rule is exercised (lending's in tests/ops/test_audit_lending.py).
-    assert {rule for rule, _ in EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED | MEMORY_EXPECTED} == set(audit.RULES)
+    every = EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED | MEMORY_EXPECTED | GPU_EXPECTED
+    assert {rule for rule, _ in every} == set(audit.RULES)
     assert not {rule for rule, _ in EXPECTED} & {rule for rule, _ in DEVICE_EXPECTED}
     by_key = {(f.rule, f.name): f for f in report.findings}
     on_reserved = by_key[("pod-on-reserved-node", "trainer-on-reserved")]

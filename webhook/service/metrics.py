@@ -199,6 +199,21 @@ class Metrics:
             multiprocess_mode="livemax",
         )
 
+        # The GPUs' own word (audit --gpu-metrics, serve --audit-gpu-metrics; issue 48): absent without it.
+        self.audit_gpu_metrics_read = Gauge(
+            f"{PREFIX}_audit_gpu_metrics_read",
+            "1 when the last background audit read AMD's device metrics exporter's series, 0 when it could not.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpu_activity = Gauge(
+            f"{PREFIX}_reserved_gpu_activity_percent",
+            "Mean gfx activity of each reserved GPU over the policy's window (spec.gpuMetrics.windowSeconds) as "
+            "the exporter reports it, at the last audit; inference: whether inference pods held it.",
+            ["node", "gpu", "inference"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         # Lending (policy spec.lending), kept by the replica holding the audit Lease (service/lending_loop.py).
         self.lending_gpus_lent = Gauge(
             f"{PREFIX}_lending_gpus_lent",
