@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cluster_objects import exactly, new_claim_pod, new_claim_template
 
 from bench import lending_model, sections
 from bench import lending_trace as trace
@@ -80,10 +81,12 @@ from tests.e2e.controlplane import (
 from tests.e2e.harness import (
     DEVICE_CLASS,
     MI300X_LABELS,
+    PCI_SLOTS,
     cli,
     gpu_pod,
     install,
     make_node,
+    pci_slice,
     render_manifests,
     service_account_kubeconfig,
     start_webhook,
@@ -108,7 +111,6 @@ CLASS_LABEL = POLICY.spec.labels.namespace_class
 RESERVED_LABEL_KEY, RESERVED_LABEL_VALUE = POLICY.spec.reserved_nodes.label
 RESERVED_CLASS = POLICY.spec.reserved_devices.reserved_class_name
 RESERVED_PCI_ANNOTATION = "rocm-isolation.io/reserved-pci-bus-ids"
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
 TRAIN, SERVE = "bench-train", "bench-serve"
 ROUTE_LABEL = "bench.rocm-isolation.io/gpus"  # on the nodes: device-plugin or dra
@@ -117,8 +119,6 @@ GPUS_PER_NODE = 4
 RESERVED_PER_SPLIT_NODE = 2
 WHOLE_REPLICA_GPUS = GPUS_PER_NODE
 SPLIT_REPLICA_GPUS = RESERVED_PER_SPLIT_NODE
-# PCI bus IDs of a split node's four GPUs, in PCI order (the two lowest are reserved by --devices-per-node 2).
-PCI_SLOTS = ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0", "0000:63:00.0")
 PROBES = 2
 
 
@@ -174,62 +174,6 @@ def whole_node_names(settings: Settings) -> list[str]:
 
 def split_node_names(settings: Settings) -> list[str]:
     return [f"split-{i:02d}" for i in range(1, settings.split_nodes + 1)]
-
-
-def dra_slice(node: str) -> Obj:
-    """What AMD's DRA driver publishes for a 4-GPU MI300X node: pool = the node, one device per GPU."""
-    devices = [
-        {
-            "name": f"gpu-{index}",
-            "attributes": {
-                "type": {"string": "amdgpu"},
-                "deviceID": {"string": "0x74a1"},
-                "productName": {"string": "AMD_Instinct_MI300X_OAM"},
-                "driverVersion": {"version": "6.10.5"},
-                PCI_BUS_ID: {"string": pci},
-            },
-            "capacity": {"memory": {"value": "192Gi"}},
-        }
-        for index, pci in enumerate(PCI_SLOTS)
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-
-
-def claim_template(name: str, namespace: str, count: int) -> Obj:
-    """A ResourceClaimTemplate of AMD's chart class (the webhook steers it by the namespace's class)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}
-        },
-    }
-
-
-def claim_pod(name: str, namespace: str, template: str, labels: dict[str, str], grace: int) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "terminationGracePeriodSeconds": grace,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }
 
 
 def deployment(name: str, template_spec: Obj, labels: dict[str, str]) -> Obj:
@@ -428,7 +372,7 @@ class Run:
             make_node(kube, name, {**MI300X_LABELS, ROUTE_LABEL: DRA}, gpus=0)
             gone = {"amd.com/gpu": None}  # DRA only: no device plugin
             kube.patch("Node", name, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            kube.apply(dra_slice(name))
+            kube.apply(pci_slice(name))
         kube.apply(DEVICE_CLASS)
         policy_file = self.workdir / "policy.yaml"
         policy_file.write_text(policy_text(s, self.lending), encoding="utf-8")
@@ -473,14 +417,14 @@ class Run:
             wait_until(functools.partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}/default")
         wait_reserved_nodes_known(kube, self.whole[0], TRAIN)
         for count in (1, 2):
-            kube.create(claim_template(f"train-{count}", TRAIN, count))
-        kube.create(claim_template("serve-2", SERVE, SPLIT_REPLICA_GPUS))
+            kube.create(new_claim_template(f"train-{count}", TRAIN, exactly(DRIVER, count)))
+        kube.create(new_claim_template("serve-2", SERVE, exactly(DRIVER, SPLIT_REPLICA_GPUS)))
         whole = gpu_pod(
             "serve-whole", SERVE, gpus=WHOLE_REPLICA_GPUS, nodeSelector={RESERVED_LABEL_KEY: RESERVED_LABEL_VALUE}
         )
         whole["spec"]["terminationGracePeriodSeconds"] = 1
         kube.create(deployment("serve-whole", whole["spec"], {}))
-        split = claim_pod("serve-split", SERVE, "serve-2", {}, 1)
+        split = new_claim_pod("serve-split", SERVE, template="serve-2", labels={}, terminationGracePeriodSeconds=1)
         kube.create(deployment("serve-split", split["spec"], {}))
         for index in range(PROBES):
             probe = gpu_pod(
@@ -540,7 +484,9 @@ class Run:
                     pod = gpu_pod(name, TRAIN, gpus=job.gpus, labels=labels, nodeSelector={ROUTE_LABEL: DEVICE_PLUGIN})
                     pod["spec"]["terminationGracePeriodSeconds"] = 30
                 else:
-                    pod = claim_pod(name, TRAIN, f"train-{job.gpus}", labels, 30)
+                    pod = new_claim_pod(
+                        name, TRAIN, template=f"train-{job.gpus}", labels=labels, terminationGracePeriodSeconds=30
+                    )
                 try:
                     self.kube.create(pod)
                 except ApiError as err:

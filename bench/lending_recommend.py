@@ -39,7 +39,7 @@ from bench import lending, sections
 from bench.lending import DOC, ROOT, Run, Settings, log, policy_text, run_mode
 from bench.lending_trace import RunResult
 from tests.e2e.controlplane import ASSETS_ENV, HOW_TO_GET_BINARIES, loopback_only, missing_binaries
-from webhook.ops.demand import GAUGES
+from webhook.ops.lending.demand import GAUGES
 
 SECTION_BEGIN = "<!-- bench-lending-recommend: written by make bench-lending-recommend (bench/lending_recommend.py) -->"
 SECTION_END = "<!-- bench-lending-recommend: end -->"

@@ -7,7 +7,7 @@ apiserver's own), the product installed from its manifests, a policy with lendin
 cluster grown size by size (``--sizes NODES:PODS,...``, cumulative):
 
 - Node objects (no kubelet): MI300X labels, allocatable cpu/memory/pods, Ready, the not-ready taint removed;
-- one ResourceSlice per node as AMD's DRA driver ``gpu.amd.com`` publishes it (4 GPUs: bench/lending.dra_slice),
+- one ResourceSlice per node as AMD's DRA driver ``gpu.amd.com`` publishes it (4 GPUs: tests/e2e/harness.pci_slice),
   split 2 + 2 by ``pool apply --devices-per-node 2`` (run again at each size: the new nodes);
 - non-GPU filler pods bound by ``spec.nodeName`` (round robin over the nodes, 20 namespaces, created by concurrent
   POSTs; labelled ``rocm-isolation.io/ignore: "true"`` so that creating them does not go through the webhook,
@@ -69,10 +69,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cluster_objects import exactly, new_claim_pod, new_claim_template
 
 from bench import reviews, sections
 from bench import scale_figures as sf
-from bench.lending import PCI_SLOTS, dra_slice
 from tests.e2e.controlplane import (
     ASSETS_ENV,
     HOW_TO_GET_BINARIES,
@@ -88,10 +88,12 @@ from tests.e2e.controlplane import (
 from tests.e2e.harness import (
     DEVICE_CLASS,
     MI300X_LABELS,
+    PCI_SLOTS,
     WEBHOOK_NAMESPACE,
     Webhook,
     cli,
     install,
+    pci_slice,
     render_manifests,
     service_account_kubeconfig,
 )
@@ -202,29 +204,16 @@ def policy_text(grace: int) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def claim_template(name: str, namespace: str) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}},
-    }
-
-
-def claim_pod(name: str, namespace: str, labels: dict[str, str]) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "terminationGracePeriodSeconds": 30,
-            "nodeSelector": {RECLAIM_LABEL: "true"},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-            "containers": [
-                {"name": "main", "image": "rocm/pytorch:latest", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }
+def train_or_serve_pod(name: str, namespace: str, labels: dict[str, str]) -> Obj:
+    """A pod of the claim template ``gpu``, on the nodes labelled for the reclaim."""
+    return new_claim_pod(
+        name,
+        namespace,
+        template="gpu",
+        labels=labels,
+        terminationGracePeriodSeconds=30,
+        nodeSelector={RECLAIM_LABEL: "true"},
+    )
 
 
 # --- measuring -------------------------------------------------------------------------------------------------
@@ -343,7 +332,7 @@ class Bench:
         status = {"capacity": resources, "allocatable": dict(resources), "conditions": [ready]}
         kube.patch("Node", name, {"status": status}, subresource="status")
         kube.patch("Node", name, {"spec": {"taints": None}})  # the not-ready taint admission added
-        kube.create(dra_slice(name))
+        kube.create(pci_slice(name))
 
     def _pod(self, index: int, nodes: int) -> None:
         for attempt in range(5):
@@ -657,7 +646,7 @@ class Bench:
         for name in nodes:
             kube.patch("Node", name, {"metadata": {"labels": {RECLAIM_LABEL: "true"}}})
         for namespace in (TRAIN, SERVE):
-            kube.apply(claim_template("gpu", namespace))
+            kube.apply(new_claim_template("gpu", namespace, exactly(DRIVER, count=None)))
         reserved_pci = set(
             (kube.get("DeviceClass", RESERVED_CLASS)["metadata"].get("annotations") or {})
             .get(RESERVED_PCI_ANNOTATION, "")
@@ -675,7 +664,7 @@ class Bench:
             holding: list[str] = []
             for i in range(s.borrowers):
                 name = f"borrower-{i}"
-                kube.create(claim_pod(name, TRAIN, {BORROW_LABEL: "true", "app": name}))
+                kube.create(train_or_serve_pod(name, TRAIN, {BORROW_LABEL: "true", "app": name}))
                 try:
                     devices = wait_until(
                         lambda name=name: self._devices(TRAIN, name), timeout=180, what=f"{name} bound"
@@ -691,7 +680,7 @@ class Bench:
                 self.notes.append("reclaim: no borrower held a reserved device: the inference pod takes a free one")
             time.sleep(2 * s.lending_seconds)  # lending settled: the keeper's rounds see the borrowers
             created = time.time()
-            kube.create(claim_pod("llm-0", SERVE, {"app": "llm-0"}))
+            kube.create(train_or_serve_pod("llm-0", SERVE, {"app": "llm-0"}))
             bound_at: float | None = None
             deadline = created + s.grace + 120
             while time.time() < deadline:

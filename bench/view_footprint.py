@@ -38,7 +38,7 @@ from webhook.cluster import projection  # noqa: E402
 from webhook.cluster.kubeapi import KubeApi  # noqa: E402
 from webhook.cluster.view import FrozenView  # noqa: E402
 from webhook.core.policy import default_policy  # noqa: E402
-from webhook.ops.pool_read import PodMemo, read_cluster, read_dra  # noqa: E402
+from webhook.ops.pool.read import PodMemo, read_cluster, read_dra  # noqa: E402
 
 REPLICAS = 8
 NAMESPACES = 50

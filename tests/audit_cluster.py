@@ -1,5 +1,5 @@
 """One fake cluster with every ``audit`` finding once and compliant objects around them: the audit's
-tests (tests/ops/test_audit.py) and the kubectl plugin's (tests/test_plugin.py) read it.
+tests (tests/ops/audit/test_audit.py) and the kubectl plugin's (tests/test_plugin.py) read it.
 
 A second one (``populate_devices``) holds an active device-level reservation (``pool apply
 --devices-per-node 2``) with every device-level finding once: apart, because while GPUs are reserved the

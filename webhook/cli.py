@@ -25,10 +25,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("webhook.service.certs", "generate a CA and a serving certificate for the webhook Service"),
     "manifests": ("webhook.deploy.render", "render the deployable Kubernetes manifests"),
     "audit": (
-        "webhook.ops.audit",
+        "webhook.ops.audit.command",
         "check running pods, nodes and namespaces against the policy; reserved pool capacity (exit 1 on findings)",
     ),
-    "pool": ("webhook.ops.pool", "plan, apply, release or show the reserved node pool (label and taint the nodes)"),
+    "pool": (
+        "webhook.ops.pool.command",
+        "plan, apply, release or show the reserved node pool (label and taint the nodes)",
+    ),
 }
 
 

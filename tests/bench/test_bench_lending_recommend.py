@@ -4,7 +4,7 @@ at each sample become the OpenMetrics file ``pool recommend --from-file`` reads,
 from __future__ import annotations
 
 from bench.lending_recommend import TRACE_START, gauge_lines, openmetrics
-from webhook.ops.demand_history import Grid, from_samples, parse_openmetrics
+from webhook.ops.recommend.history import Grid, from_samples, parse_openmetrics
 
 SCRAPE = """\
 # HELP rocm_isolation_reserved_gpus Reserved GPUs (the reserved side of those nodes): the reservation's size.

@@ -21,7 +21,7 @@ from fake_cluster import FakeCluster
 from webhook.cluster.kubeapi import KubeApi
 from webhook.cluster.view import ACTIVE_PODS, ClusterView, NotSynced, ViewApi
 from webhook.core.policy import Policy, default_policy, parse_policy
-from webhook.ops.pool_read import read_cluster, read_dra
+from webhook.ops.pool.read import read_cluster, read_dra
 from webhook.service.lending_loop import LendingKeeper
 
 
@@ -202,7 +202,7 @@ def test_view_api_is_a_kube_api() -> None:
 def test_the_keepers_memo_reads_unchanged_pods_once_and_decides_again_when_their_facts_change(
     fake: FakeCluster,
 ) -> None:
-    from webhook.ops import pool_read
+    from webhook.ops.pool import read as pool_read
 
     policy = default_policy()
     view = synced_view(fake, policy)

@@ -1,6 +1,6 @@
 """The reserved node names in the pod backstop (``rocm-isolation-reserved-nodes`` reads them from its params
 ConfigMap), the ConfigMap as shipped, and what ``audit`` says when it and the labelled nodes disagree (how
-``pool`` writes the ConfigMap: tests/ops/test_reserved_names_sync.py). The policy's verdicts are judged by
+``pool`` writes the ConfigMap: tests/ops/pool/test_reserved_names_sync.py). The policy's verdicts are judged by
 the real apiserver in tests/e2e/test_mutating_policy.py; here its CEL is evaluated with cel-python on the
 fixture pods, against the engine with the same reserved nodes known."""
 

@@ -397,6 +397,25 @@ def resource_slice(node: str, product: str, device_id: str) -> Obj:
     return device_slice(node, devices, driver=DRIVER)
 
 
+# The PCI bus IDs of a 4-GPU MI300X node's GPUs, in PCI order: `pool apply --devices-per-node 2` reserves the two
+# lowest. The benchmarks' split nodes publish them (pci_slice).
+PCI_SLOTS = ("0000:03:00.0", "0000:23:00.0", "0000:43:00.0", "0000:63:00.0")
+
+
+def pci_slice(node: str, pci_slots: Sequence[str] = PCI_SLOTS) -> Obj:
+    """What AMD's DRA driver publishes for an MI300X node with each GPU's PCI bus ID (device-level reservation
+    reserves by them): pool = the node, devices ``gpu-0``, ``gpu-1``, ... in PCI order."""
+    devices = [
+        gpu_device(
+            f"gpu-{index}",
+            pci,
+            attributes={"productName": {"string": "AMD_Instinct_MI300X_OAM"}, "driverVersion": {"version": "6.10.5"}},
+        )
+        for index, pci in enumerate(pci_slots)
+    ]
+    return device_slice(node, devices, driver=DRIVER)
+
+
 DEVICE_CLASS: Obj = device_class(DRIVER)
 # A DeviceClass of another driver (a NIC): claims of it are no GPU route.
 NIC_DEVICE_CLASS: Obj = device_class("nic.example.com", "device.driver == 'nic.example.com'")

@@ -40,7 +40,7 @@ from webhook.cluster.cache import load_api_client
 from webhook.cluster.kubeapi import KubeApi
 from webhook.cluster.view import ClusterView, NotSynced, ViewApi
 from webhook.core.policy import Policy, load_policy
-from webhook.ops.demand import Demand
+from webhook.ops.lending.demand import Demand
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper, Observed
 

@@ -155,7 +155,7 @@ def test_recommend_reads_the_same_answer_from_prometheus_and_from_the_file(prome
     again = run("--from-file", str(saved), "--window", "1d", "-o", "json")
     assert again.returncode == 0, again.stderr
     assert figures(json.loads(again.stdout)) == figures(found)
-    # The fixture's day (tests/ops/test_recommend.py reasons it out): whole 4 nodes -> 2, split 2 per node -> 3.
+    # The fixture's day (tests/ops/recommend/test_recommend.py reasons it out): whole 4 nodes -> 2, split 2 per node -> 3.
     assert [(p["nodes"], p["recommended"]) for p in found["pools"]] == [
         ("whole", {"reservedGPUs": 8, "reservedNodes": 2}),
         ("split", {"reservedGPUs": 12, "devicesPerNode": 3}),

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from webhook.cluster.kubeapi import KubeApi, api_path
-from webhook.ops import reports
-from webhook.ops.audit import Finding
-from webhook.ops.reports import OPENREPORTS, REPORT_NAME, WGPOLICY, ReportApi
+from webhook.ops.audit import reports
+from webhook.ops.audit.command import Finding
+from webhook.ops.audit.reports import OPENREPORTS, REPORT_NAME, WGPOLICY, ReportApi
 from webhook.service.reportwriter import FIELD_MANAGER, ReportWriter
 
 from .harness import WEBHOOK_NAMESPACE, Cluster, gpu_pod

@@ -14,7 +14,7 @@ from strategies import RandomCluster, random_clusters
 from webhook.cluster.kubeapi import KubeApi, NotFound
 from webhook.cluster.slices import Device, Gpu, gpu_of, published_devices
 from webhook.deploy.device_classes import DeviceReservation, reservation_for
-from webhook.ops import audit
+from webhook.ops.audit import command
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, Holder, device_state, split_nodes
 
 DRIVER = "gpu.amd.com"
@@ -225,17 +225,17 @@ class ClusterApi:
 def model_of(cluster: RandomCluster) -> CapacityModel:
     """The audit's capacity model of the cluster: run_audit's reading and pod stream, its model kept."""
     kept: list[CapacityModel] = []
-    original = audit.capacity_model
+    original = command.capacity_model
 
     def keep(*args: object) -> CapacityModel:
         kept.append(original(*args))  # type: ignore[arg-type]
         return kept[-1]
 
-    audit.capacity_model = keep  # type: ignore[assignment]
+    command.capacity_model = keep  # type: ignore[assignment]
     try:
-        audit.run_audit(cast(KubeApi, ClusterApi(cluster)), cluster.policy)
+        command.run_audit(cast(KubeApi, ClusterApi(cluster)), cluster.policy)
     finally:
-        audit.capacity_model = original  # type: ignore[assignment]
+        command.capacity_model = original  # type: ignore[assignment]
     return kept[0]
 
 

@@ -1,6 +1,6 @@
 """The pure half of ``pool``: node choice, the exact node patches, the plan and release room.
 
-The commands themselves run against the fake Kubernetes API in tests/ops/test_pool.py.
+The commands themselves run against the fake Kubernetes API in tests/ops/pool/test_pool.py.
 """
 
 from __future__ import annotations

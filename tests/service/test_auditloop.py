@@ -20,7 +20,7 @@ from fake_cluster import FakeCluster
 from webhook.cluster.kubeapi import KubeApi
 from webhook.cluster.lease import LeaderElector
 from webhook.core.policy import default_policy
-from webhook.ops.audit import RULES, run_audit
+from webhook.ops.audit.command import RULES, run_audit
 from webhook.service import serve
 from webhook.service.auditloop import LEASE_NAME, BackgroundAudit, audit_command, publish
 from webhook.service.metrics import Metrics

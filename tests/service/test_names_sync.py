@@ -12,7 +12,7 @@ from webhook.cluster.kubeapi import Conflict, KubeApi, NotFound
 from webhook.core.decision import NodeFacts
 from webhook.core.policy import Policy, default_policy
 from webhook.deploy import reserved_names
-from webhook.ops import reserved_names_sync
+from webhook.ops.pool import reserved_names as reserved_names_sync
 from webhook.service.names_sync import PATH, ReservedNamesSync
 
 

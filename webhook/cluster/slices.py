@@ -60,7 +60,7 @@ class Device:
     taints: tuple[Taint, ...] = field(default=(), compare=False)
     # AMD's AutoPartition layouts: the layout's compute and memory partition modes (``computePartition``,
     # ``memoryPartition`` of the driver's domain; "" when the device publishes none). The memory mode is
-    # node-wide, so ``pool`` pins one (ops/memory_mode.py).
+    # node-wide, so ``pool`` pins one (ops/devices/memory_mode.py).
     compute_partition: str = field(default="", compare=False)
     memory_partition: str = field(default="", compare=False)
 

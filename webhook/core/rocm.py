@@ -1,6 +1,7 @@
 """What ROCm really does with the environment variables a policy may set.
 
-Sources: ../shared/reference/rocm-facts.md (ROCR-Runtime ``flag.h``/``flag.cpp``, CLR ``flags.hpp``).
+Sources: ROCm/ROCR-Runtime@c7785a6 ``runtime/hsa-runtime/core/util/flag.h``/``flag.cpp``, ROCm/clr@f9f995c
+``rocclr/utils/flags.hpp`` (docs/policy.md, "ROCm environment variables: what is real").
 """
 
 from __future__ import annotations

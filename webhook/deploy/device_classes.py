@@ -101,7 +101,7 @@ class DeviceReservation:
     # not record them: ``pool`` and the audit add them, ``with_tainted``).
     tainted: frozenset[tuple[str, str]] = frozenset()
     # The memory partition mode ``pool`` pinned (reservedDevices.memoryPartition, or the one it chose on
-    # devices publishing several: ops/memory_mode.py); "" when none. Recorded in the reserved class, so the
+    # devices publishing several: ops/devices/memory_mode.py); "" when none. Recorded in the reserved class, so the
     # pin stays the same for every later reader (status, audit, the lending keeper, the next apply).
     memory_partition: str = ""
 

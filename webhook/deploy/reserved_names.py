@@ -7,7 +7,7 @@ pass it while the webhook is down. It reads the reserved nodes from a ConfigMap 
 namespace (one data key per node). The replica of ``serve`` holding the audit Lease keeps it equal to
 the nodes carrying the reserved label in its watch cache, within seconds, whatever tool labelled them
 (``webhook.service.names_sync``); ``pool apply`` and ``pool release`` rewrite it too, with the same
-content, after they changed the nodes (``webhook.ops.reserved_names_sync``); ``audit`` reports when the
+content, after they changed the nodes (``webhook.ops.pool.reserved_names``); ``audit`` reports when the
 two disagree (no replica running, or a node labelled while none was: ``disagreement``).
 
 The ConfigMap is shipped with the manifests without ``data`` (so that re-applying them never manages

@@ -1,11 +1,9 @@
-"""Reading the demand gauges' history from Prometheus's HTTP API, for ``pool recommend`` (issue 43).
+"""The Prometheus HTTP API's transport, shared by what reads Prometheus (``pool recommend``'s demand history).
 
-The transport only: one ``GET /api/v1/query_range`` per gauge of ``ops/demand.GAUGES``, ``max by (pool, nodes)``
-(only the Lease holder counts; the other replicas export zeros), on the grid ``ops/demand_history.Grid`` says;
-the answers go to ``demand_history.from_matrix``. urllib3 (which the kubernetes client brings, and which ``ops``
-may import) with what kubectl users expect of a server's credentials: a bearer token (``--token``, or a file:
-``--token-file``, e.g. a ServiceAccount's), a CA bundle (``--certificate-authority``), or
-``--insecure-skip-tls-verify``. Errors are ``PrometheusError``: what failed, against which URL.
+urllib3 (which the kubernetes client brings, and which ``ops`` may import) with what kubectl users expect of a
+server's credentials: a bearer token (``--token``, or a file: ``--token-file``, e.g. a ServiceAccount's), a CA
+bundle (``--certificate-authority``), or ``--insecure-skip-tls-verify``. Errors are ``PrometheusError``: what
+failed, against which URL.
 """
 
 from __future__ import annotations
@@ -18,11 +16,7 @@ from typing import Any
 
 import urllib3
 
-from webhook.ops.demand import GAUGES
-from webhook.ops.demand_history import Grid, History, from_matrix
-
 TIMEOUT = urllib3.Timeout(connect=10.0, read=120.0)  # a 14-day range of a busy server takes a while
-MAX_POINTS = 11_000  # Prometheus refuses a query_range of more points per series than this
 
 
 class PrometheusError(Exception):
@@ -37,19 +31,7 @@ class Server:
     insecure: bool = False
 
 
-def step_for(window: float) -> float:
-    """The grid step: a minute, or coarser (whole minutes) to stay within Prometheus's points per series."""
-    step = 60.0
-    while window / step + 1 > MAX_POINTS - 1000:
-        step += 60.0
-    return step
-
-
-def query(figure: str) -> str:
-    return f"max by (pool, nodes) ({GAUGES[figure]})"
-
-
-def _pool(server: Server) -> urllib3.PoolManager:
+def connect(server: Server) -> urllib3.PoolManager:
     if server.url.startswith("https://"):
         if server.insecure:
             return urllib3.PoolManager(cert_reqs="CERT_NONE", timeout=TIMEOUT, retries=False)
@@ -57,7 +39,7 @@ def _pool(server: Server) -> urllib3.PoolManager:
     return urllib3.PoolManager(timeout=TIMEOUT, retries=False)
 
 
-def _get(pool: urllib3.PoolManager, server: Server, path: str, fields: Mapping[str, str]) -> Any:
+def get(pool: urllib3.PoolManager, server: Server, path: str, fields: Mapping[str, str]) -> Any:
     url = server.url.rstrip("/") + path + "?" + urllib.parse.urlencode(fields)
     headers = {"Accept": "application/json"}
     if server.token:
@@ -80,32 +62,3 @@ def _get(pool: urllib3.PoolManager, server: Server, path: str, fields: Mapping[s
         reason = body.get("error") if isinstance(body, dict) else response.data[:200].decode("utf-8", "replace")
         raise PrometheusError(f"{server.url}{path}: HTTP {response.status}: {reason}")
     return body.get("data")
-
-
-def read_history(server: Server, grid: Grid) -> History:
-    """The demand gauges on ``grid``, one query each."""
-    pool = _pool(server)
-    answers: dict[str, list[Mapping[str, Any]]] = {}
-    try:
-        for figure in GAUGES:
-            data = _get(
-                pool,
-                server,
-                "/api/v1/query_range",
-                {
-                    "query": query(figure),
-                    "start": f"{grid.start:.3f}",
-                    "end": f"{grid.end:.3f}",
-                    "step": f"{grid.step:g}",
-                },
-            )
-            if (
-                not isinstance(data, dict)
-                or data.get("resultType") != "matrix"
-                or not isinstance(data.get("result"), list)
-            ):
-                raise PrometheusError(f"{server.url}: query_range answered no matrix for {query(figure)}")
-            answers[figure] = data["result"]
-    finally:
-        pool.clear()
-    return from_matrix(answers, grid)

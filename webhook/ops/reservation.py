@@ -1,6 +1,6 @@
 """The reserved pool as data: which nodes to reserve or release, the exact node patches, the plan.
 
-Pure: ``pool_read.py`` reads the cluster and passes nodes and pods in as ``PoolNode``/``PoolPod``;
+Pure: ``pool/read.py`` reads the cluster and passes nodes and pods in as ``PoolNode``/``PoolPod``;
 nothing here does I/O, so every choice and every patch is tested without a cluster.
 
 Patch format. A node is changed with a JSON merge patch (RFC 7386,

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from webhook.cluster.inventory import POOLS
 from webhook.cluster.lease import LeaderElector
-from webhook.ops.audit import EXIT_CLEAN, EXIT_FINDINGS
-from webhook.ops.findings import RULES
-from webhook.ops.reports import finding_from_json
+from webhook.ops.audit.command import EXIT_CLEAN, EXIT_FINDINGS
+from webhook.ops.audit.findings import RULES
+from webhook.ops.audit.reports import finding_from_json
 from webhook.service.metrics import Metrics
 
 if TYPE_CHECKING:

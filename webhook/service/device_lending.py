@@ -42,10 +42,10 @@ from webhook.core.lending import settings
 from webhook.core.policy import Policy
 from webhook.deploy import device_classes
 from webhook.ops.capacity import RESERVED, CapacityModel
-from webhook.ops.demand import SPLIT, Demand, reserved_demand
-from webhook.ops.lending import Reclaim, Waiting, node_admits, plan_reclaims
-from webhook.ops.pool_read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
-from webhook.ops.pool_write import evictor
+from webhook.ops.lending.decisions import Reclaim, Waiting, node_admits, plan_reclaims
+from webhook.ops.lending.demand import SPLIT, Demand, reserved_demand
+from webhook.ops.pool.read import PodMemo, PoolRead, capacity_model, read_cluster, read_dra, reservation_now
+from webhook.ops.pool.write import evictor
 from webhook.ops.reservation import Reservation
 
 log = logging.getLogger("webhook.lending")
@@ -64,7 +64,7 @@ class DeviceRound:
     lent: int = 0  # reserved devices (GPUs) borrowers hold
     evicted: tuple[str, ...] = ()  # namespace/name of the borrowers evicted this round
     blocked: tuple[str, ...] = ()  # namespace/name of those whose PodDisruptionBudget refused
-    demand: Demand = field(default_factory=Demand)  # the split nodes' reserved devices (ops/demand.py)
+    demand: Demand = field(default_factory=Demand)  # the split nodes' reserved devices (ops/lending/demand.py)
 
 
 def requested_devices(claim: Mapping[str, Any]) -> int:

@@ -45,9 +45,9 @@ from webhook.cluster.view import ClusterView, NotSynced
 from webhook.core.lending import is_borrower, settings
 from webhook.core.policy import Policy
 from webhook.ops.capacity import RESERVED, CapacityModel
-from webhook.ops.demand import WHOLE, Demand, reserved_demand
-from webhook.ops.lending import Waiting, closed_after_lending, closed_nodes
-from webhook.ops.pool_read import PoolRead
+from webhook.ops.lending.decisions import Waiting, closed_after_lending, closed_nodes
+from webhook.ops.lending.demand import WHOLE, Demand, reserved_demand
+from webhook.ops.pool.read import PoolRead
 from webhook.service.device_lending import DeviceLending, DeviceRound
 from webhook.service.periodic import Periodic
 
@@ -73,7 +73,7 @@ class Observed:
     )  # the reserved devices of split nodes (service/device_lending.py)
     synced: bool = True  # the view of the cluster the round read was synced (else nothing was decided)
     seconds: float | None = None  # how long the round took (None: not timed, e.g. not leading)
-    demand: Demand = field(default_factory=Demand)  # the nodes reserved whole (ops/demand.py; issue 43)
+    demand: Demand = field(default_factory=Demand)  # the nodes reserved whole (ops/lending/demand.py; issue 43)
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from webhook.ops.demand import GAUGES, POOL, SPLIT, WHOLE
+from webhook.ops.lending.demand import GAUGES, POOL, SPLIT, WHOLE
 
 if TYPE_CHECKING:
-    from webhook.ops.demand import Demand
+    from webhook.ops.lending.demand import Demand
     from webhook.service.lending_loop import Observed
 
 PREFIX = "rocm_isolation"
@@ -349,7 +349,7 @@ class Metrics:
             self.lending_taint_writes.labels("conflict").inc(len(observed.conflicts))
 
     def reserved_demand(self, kind: str, demand: Demand) -> None:
-        """One kind of node's demand figures (``ops/demand.py``), under the reserved pool."""
+        """One kind of node's demand figures (``ops/lending/demand.py``), under the reserved pool."""
         for gauge, value in (
             (self.reserved_nodes, demand.nodes),
             (self.reserved_nodes_gpus, demand.node_gpus),

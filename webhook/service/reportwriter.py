@@ -1,4 +1,4 @@
-"""The background audit's reports in the cluster: ``webhook.ops.reports`` objects, written with server-side apply.
+"""The background audit's reports in the cluster: ``webhook.ops.audit.reports`` objects, written with server-side apply.
 
 Each round:
 
@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from webhook.cluster.kubeapi import ApiError, KubeApi, NotFound, api_path, resources_served
-from webhook.ops import reports
-from webhook.ops.findings import Finding
-from webhook.ops.reports import ReportApi
+from webhook.ops.audit import reports
+from webhook.ops.audit.findings import Finding
+from webhook.ops.audit.reports import ReportApi
 
 log = logging.getLogger("webhook.reports")
 

@@ -6,7 +6,7 @@ Prometheus's HTTP API: ``exposition``, ``source``), normalising them (both name 
 ``amd_gpu_*``; both label schemes, scraped with ``honorLabels`` or without it: ``series``), mapping each GPU to
 the capacity model's node, side and GPU (``mapping``) and judging the reserved GPUs (``judge``).
 
-May import: ``ops/capacity.py`` (the capacity model it maps onto), ``ops/prometheus_http.py`` (the transport
+May import: ``ops/capacity.py`` (the capacity model it maps onto), ``ops/prometheus.py`` (the transport
 ``pool recommend`` shares), ``cluster.slices`` and ``core``. Not the audit, pool or service: ``audit`` turns
 what ``judge`` says into findings; everything here but ``source`` is pure.
 """

@@ -5,7 +5,7 @@
   http://NODE:5000/metrics``), or of several scrapes with timestamps (the history a sustained use needs). Lines
   without a timestamp are taken as read now (the file's modification time).
 - Prometheus: one ``query_range`` of every field read (``series.SELECTOR``, both prefixes) over the window and the
-  staleness allowance, ending now, with ``pool recommend``'s credentials (``ops/prometheus_http.py``).
+  staleness allowance, ending now, with ``pool recommend``'s credentials (``ops/prometheus.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from webhook.ops.gpus.exposition import ExpositionError, Sample, parse
 from webhook.ops.gpus.judge import Thresholds
 from webhook.ops.gpus.series import SELECTOR, Readings, collect
-from webhook.ops.prometheus_http import PrometheusError, Server, query_range
+from webhook.ops.prometheus import PrometheusError, Server, connect, get
 
 
 class GpuSourceError(Exception):
@@ -66,6 +66,19 @@ def read_prometheus(server: Server, now: float, limits: Thresholds) -> Readings:
             "last window: is the exporter scraped?"
         )
     return readings
+
+
+def query_range(server: Server, query: str, start: float, end: float, step: float) -> list[Mapping[str, Any]]:
+    """One ``query_range``: its matrix's series (``metric``, ``values``)."""
+    pool = connect(server)
+    try:
+        fields = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = get(pool, server, "/api/v1/query_range", fields)
+    finally:
+        pool.clear()
+    if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise PrometheusError(f"{server.url}: query_range answered no matrix for {query}")
+    return list(data["result"])
 
 
 def _samples(result: list[Mapping[str, Any]]) -> Iterator[Sample]:
