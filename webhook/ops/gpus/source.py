@@ -46,8 +46,10 @@ def read_file(path: Path) -> Readings:
 
 
 def step_for(limits: Thresholds) -> float:
-    """A point every 15 s, coarser for long windows (60 points over the window), always within the gap allowed."""
-    return max(15.0, min(math.ceil(limits.window_seconds / 60.0), limits.max_gap_seconds / 2))
+    """A point every 15 s, coarser for long windows (60 points over the window), but always at most half the gap
+    allowed (a gap between two points is never one the judgement refuses), and at least a second."""
+    wanted = max(15.0, math.ceil(limits.window_seconds / 60.0))
+    return max(1.0, min(wanted, limits.max_gap_seconds / 2))
 
 
 def read_prometheus(server: Server, now: float, limits: Thresholds) -> Readings:
