@@ -167,12 +167,28 @@ def test_a_split_node_places_attributed_gpus_by_their_pods_and_the_rest_by_elimi
     assert all(f"PCI {bus(0)}" in o.message or f"PCI {bus(1)}" in o.message for o in result.observations)
 
 
-def test_a_split_node_with_free_gpus_on_both_sides_does_not_guess_an_unattributed_gpu() -> None:
+def test_a_split_node_with_free_gpus_on_both_sides_does_not_guess_but_reports_unallocated_use_as_maybe_reserved() -> (
+    None
+):
     model, _ = split_model("n", 4, 2)
-    samples = history("n", "S0", [99] * 11) + history("n", "S1", [0] * 11)
+    samples = history("n", "S0", [99] * 11, kfd_process_id="77") + history("n", "S1", [0] * 11)
     result = judge(collect(samples), model, LIMITS, KEPT_OFF)
-    assert result.observations == []
-    assert {p.side for p in place(collect(samples), model).placed} == {UNKNOWN}
+    # Use nobody was allocated is the incident itself: reported, not guessed onto a side or a PCI bus ID.
+    [found] = result.observations
+    assert (found.rule, found.node, found.pod) == ("reserved-gpu-used-unallocated", "n", None)
+    assert found.message == (
+        "GPU on node n gpu_id 0 (serial S0) is in use with no pod allocated it since 1970-01-01T00:16:40Z (activity "
+        "99 %, VRAM ? MB); PIDs 77: it is one of the node's 4 GPUs no pod holds, 2 of which are reserved, so it may "
+        "be a reserved one (the exporter names no PCI bus ID to tell which); a process outside Kubernetes, or a "
+        "container that reached it through AMD_VISIBLE_DEVICES"
+    )
+    # Not judged as a reserved GPU otherwise: no load, not counted.
+    assert (result.gpus_judged, result.loads) == (0, [])
+    placed = place(collect(samples), model).placed
+    assert {(p.side, p.candidates, p.reserved_candidates) for p in placed} == {(UNKNOWN, 4, 2)}
+    # Idle, or busy for less than the window: nothing.
+    quiet = history("n", "S0", [0] * 5 + [99] * 6) + history("n", "S1", [0] * 11)
+    assert judge(collect(quiet), model, LIMITS, KEPT_OFF).observations == []
     assert result.lines == [
         "split node n: 2 GPU(s) the exporter reports could not be placed on a side (gpu_id 0 (serial S0); gpu_id 1 "
         "(serial S1)): the exporter names no PCI bus ID, and the pods holding them do not tell"

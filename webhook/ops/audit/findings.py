@@ -144,8 +144,9 @@ RULES: Final[dict[str, Rule]] = {
             "reserved-gpu-used-unallocated",
             "Node",
             "critical",
-            "a reserved GPU has been in use (activity or VRAM) for the policy's window with no pod allocated it: a "
-            "process outside Kubernetes, or a container that reached it through AMD_VISIBLE_DEVICES",
+            "a reserved GPU (on a split node: one that may be reserved) has been in use (activity or VRAM) for the "
+            "policy's window with no pod allocated it: a process outside Kubernetes, or a container that reached it "
+            "through AMD_VISIBLE_DEVICES",
         ),
         Rule(
             "reserved-gpu-used-by-other-class",

@@ -8,7 +8,10 @@ stopped, or its scrape fails) is stale: its GPUs are not judged at all, never re
 
 Rule ids are those of ``ops/findings.py``:
 
-- ``reserved-gpu-used-unallocated``: a reserved GPU busy with no pod the cluster gave it (the incident);
+- ``reserved-gpu-used-unallocated``: a reserved GPU busy with no pod the cluster gave it (the incident); on a split
+  node, also a busy GPU no pod holds whose side cannot be told (one of the node's unheld GPUs, some of them
+  reserved): use nobody was allocated is the incident itself, so it is reported, worded "may be reserved",
+  rather than left unjudged;
 - ``reserved-gpu-used-by-other-class``: a reserved GPU busy, held by a pod of a class the policy keeps off
   reserved capacity (a borrower, while lending lends it, is not one);
 - ``reserved-gpu-unhealthy`` / ``reserved-gpu-hot``: the newest ``gpu_health`` 0, the hottest sensor over
@@ -25,7 +28,7 @@ from datetime import UTC, datetime
 
 from webhook.core.policy import Policy
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder
-from webhook.ops.gpus.mapping import Placed, place
+from webhook.ops.gpus.mapping import UNKNOWN, Placed, place
 from webhook.ops.gpus.series import PodRef, Point, Readings
 
 
@@ -132,7 +135,11 @@ def judge(readings: Readings, model: CapacityModel, limits: Thresholds, kept_off
             f"{', ...' if len(missing) > 5 else ''}): their GPUs are not judged"
         )
     for placed in placement.placed:
-        if placed.side != RESERVED or placed.gpu.node in stale:
+        if placed.gpu.node in stale:
+            continue
+        if placed.side == UNKNOWN and placed.reserved_candidates:
+            _judge_unplaced(placed, limits, out)
+        if placed.side != RESERVED:
             continue
         out.gpus_judged += 1
         _judge_gpu(placed, limits, kept_off, out)
@@ -143,26 +150,53 @@ def _held(point: Point, holders: dict[tuple[str, str], Holder]) -> list[Holder]:
     return [holders[p.ref] for p in sorted(point.pods) if p.ref in holders]
 
 
+def _unallocated(placed: Placed, limits: Thresholds) -> str | None:
+    """When the GPU has been busy with no pod the cluster gave it for the window: since when, its figures, the
+    PIDs and the pod the exporter names that holds nothing here (one clause); None otherwise."""
+    gpu = placed.gpu
+    since = sustained(placed, lambda p: busy(p, limits) and not _held(p, placed.holders), limits)
+    if since is None:
+        return None
+    newest = gpu.points[gpu.newest]
+    named = sorted(p.text() for p in newest.pods)
+    pids = (
+        f"; PIDs {', '.join(sorted(newest.pids, key=lambda p: (len(p), p)))}"
+        if newest.pids
+        else ("; PIDs not reported (turn on the exporter's kfd_process_id label)")
+    )
+    by = f"; the exporter names {', '.join(named)}, which holds no GPU of this node in the cluster" if named else ""
+    return (
+        f"is in use with no pod allocated it since {when(since)} (activity {_num(newest.activity)} %, VRAM "
+        f"{_num(newest.vram)} MB){pids}{by}"
+    )
+
+
+_ROUTES = "a process outside Kubernetes, or a container that reached it through AMD_VISIBLE_DEVICES"
+
+
+def _judge_unplaced(placed: Placed, limits: Thresholds, out: Judgement) -> None:
+    """A split node's GPU no pod holds whose side cannot be told: busy, it is reported as possibly reserved."""
+    use = _unallocated(placed, limits)
+    if use is None:
+        return
+    out.observations.append(
+        Observation(
+            "reserved-gpu-used-unallocated",
+            placed.gpu.node,
+            f"GPU on {placed.where()} {use}: it is one of the node's {placed.candidates} GPUs no pod holds, "
+            f"{placed.reserved_candidates} of which are reserved, so it may be a reserved one (the exporter names no "
+            f"PCI bus ID to tell which); {_ROUTES}",
+        )
+    )
+
+
 def _judge_gpu(placed: Placed, limits: Thresholds, kept_off: Container[str], out: Judgement) -> None:
     gpu, holders = placed.gpu, placed.holders
     newest = gpu.points[gpu.newest]
-    since = sustained(placed, lambda p: busy(p, limits) and not _held(p, holders), limits)
-    if since is not None:
-        named = sorted(p.text() for p in newest.pods)
-        pids = (
-            f"; PIDs {', '.join(sorted(newest.pids, key=lambda p: (len(p), p)))}"
-            if newest.pids
-            else ("; PIDs not reported (turn on the exporter's kfd_process_id label)")
-        )
-        by = f"; the exporter names {', '.join(named)}, which holds no GPU of this node in the cluster" if named else ""
+    use = _unallocated(placed, limits)
+    if use is not None:
         out.observations.append(
-            Observation(
-                "reserved-gpu-used-unallocated",
-                gpu.node,
-                f"reserved GPU on {placed.where()} is in use with no pod allocated it since {when(since)} "
-                f"(activity {_num(newest.activity)} %, VRAM {_num(newest.vram)} MB){pids}{by}: a process outside "
-                "Kubernetes, or a container that reached it through AMD_VISIBLE_DEVICES",
-            )
+            Observation("reserved-gpu-used-unallocated", gpu.node, f"reserved GPU on {placed.where()} {use}: {_ROUTES}")
         )
     for holder in _held(newest, holders):
         if holder.class_name not in kept_off or holder.borrows:

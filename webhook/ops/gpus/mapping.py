@@ -10,7 +10,8 @@
   is the kubelet's allocation); a series naming none, among the GPUs of the node no pod holds. When that leaves
   one GPU, it is that one (and, by elimination, removed from the other GPUs' candidates); when every candidate is
   on one side, the side is known without the GPU. Otherwise the side is ``UNKNOWN``: the GPU is reported as not
-  placed, never guessed (e.g. a split node with free GPUs on both sides and an unattributed busy GPU).
+  placed, never guessed (e.g. a split node with free GPUs on both sides and an unattributed busy GPU); its
+  candidates are kept (how many, how many of them reserved), which the judgement words its finding with.
 - A pod the exporter names that holds no GPU of that node in the cluster (finished meanwhile, or the exporter's
   own pod under a scheme not recognised) places nothing.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webhook.ops.capacity import CapacityModel, Holder
+from webhook.ops.capacity import RESERVED, CapacityModel, Holder
 from webhook.ops.gpus.series import GpuSeries, Readings
 
 UNKNOWN = "unknown"
@@ -31,6 +32,9 @@ class Placed:
     side: str  # capacity.RESERVED / SHARED / UNRESERVED, or UNKNOWN
     pci_bus_id: str  # "" unless the GPU is pinned to one of the cluster's
     holders: dict[tuple[str, str], Holder]  # the pods holding GPUs of its node, by (namespace, name)
+    # Split nodes: how many of the node's GPUs it may be, and how many of those are reserved (0, 0 elsewhere).
+    candidates: int = 0
+    reserved_candidates: int = 0
 
     def where(self) -> str:
         bus = f", PCI {self.pci_bus_id}" if self.pci_bus_id else ""
@@ -108,7 +112,8 @@ def _place_split(
         bus = views[next(iter(found))].pci_bus_id if len(found) == 1 else ""
         if side == UNKNOWN:
             unplaced.append(gpu.text())
-        placed.append(Placed(gpu, side, bus, holders))
+        reserved = sum(1 for key in found if views[key].state == RESERVED)
+        placed.append(Placed(gpu, side, bus, holders, len(found), reserved))
     if unplaced:
         problems.append(
             f"split node {node}: {len(unplaced)} GPU(s) the exporter reports could not be placed on a side "
