@@ -54,6 +54,9 @@ AUDIT_METRICS = {
     # Device-level reservation: the split nodes' GPUs (pool: reserved or shared side of the split).
     "rocm_isolation_pool_split_devices": {"pool"},
     "rocm_isolation_pool_split_devices_allocated": {"pool", "class"},
+    # The GPUs' own word (issue 48: serve --audit-gpu-metrics).
+    "rocm_isolation_audit_gpu_metrics_read": set(),
+    "rocm_isolation_reserved_gpu_activity_percent": {"node", "gpu", "inference"},
 }
 # Not ours: Prometheus's own per-target series, and the kube-apiserver's fail-open counter.
 EXTERNAL_METRICS = {"up": {"job"}, "apiserver_admission_webhook_fail_open_count": {"name", "type"}}
@@ -377,6 +380,9 @@ def test_every_metric_an_alert_or_panel_reads_exists() -> None:
         "rocm_isolation_reserved_gpus_inference_waiting",
         "rocm_isolation_reserved_gpus_lent",
         "rocm_isolation_reserved_gpus_idle",
+        # issue 48: the GPUs' own word (the reserved GPUs' activity; the exporter read)
+        "rocm_isolation_reserved_gpu_activity_percent",
+        "rocm_isolation_audit_gpu_metrics_read",
         "up",
     } <= used
 
