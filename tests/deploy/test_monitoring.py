@@ -545,3 +545,24 @@ def test_a_real_prometheus_scrapes_the_webhook_as_the_servicemonitor_says(tmp_pa
         process.wait(30)
         log.close()
         server.stop()
+
+
+# --- the exporter's scrape (overlays/gpu-metrics) ---------------------------------------------------
+
+# The GPU Operator's metrics exporter pods and port (ROCm/gpu-operator internal/metricsexporter/metricsexporter.go:
+# the DaemonSet's pod labels, its container port name; "default" is the DeviceConfig's name).
+EXPORTER_POD_LABELS = {"app.kubernetes.io/name": "metrics-exporter", "daemonset-name": "default"}
+EXPORTER_PORT_NAME = "exporter-port"
+
+
+def test_the_gpu_metrics_overlay_scrapes_the_operators_exporter_pods_keeping_their_pod_labels() -> None:
+    [monitor] = kustomize(ROOT / "manifests" / "overlays" / "gpu-metrics")
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= EXPORTER_POD_LABELS.items(), "the selector must match the operator's exporter pods"
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["kube-amd-gpu"]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    # By the port's name: a DeviceConfig's spec.metricsExporter.port changes the number, not the name.
+    assert (endpoint["port"], endpoint["path"]) == (EXPORTER_PORT_NAME, "/metrics")
+    # The exporter's pod/namespace labels name the pod the kubelet allocated the GPU to: kept as they are.
+    assert endpoint["honorLabels"] is True
