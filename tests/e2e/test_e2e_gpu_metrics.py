@@ -7,7 +7,7 @@ loopback (``ExporterStandIn``, one per node, one scrape target each) in exactly 
 series names (``gpu_gfx_activity``, ``gpu_used_vram``, ``gpu_total_vram``, ``gpu_health``,
 ``gpu_junction_temperature``: no prefix, the GPU Operator's install), every mandatory label and the optional
 ``kfd_process_id``, with AMD's label names and their values' shapes (ROCm/device-metrics-exporter v1.5.1,
-``pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go``; ``../shared/reference/amd-device-metrics-exporter.md``), labels
+``pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go``, ``docs/configuration/metricslist.md``), labels
 sorted as the Go client writes them, ``pod``/``namespace``/``container`` empty for a GPU the kubelet allocated
 to no pod. The HELP texts are ours (nothing reads them). Prometheus scrapes it with ``honor_labels`` (the
 operator's ServiceMonitor) every second, scrapes ``serve``'s ``/metrics`` over HTTPS, and evaluates the monitoring
