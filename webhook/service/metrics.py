@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from webhook.ops.gpus.judge import ACTIVITY_GAUGE
 from webhook.ops.lending.demand import GAUGES, POOL, SPLIT, WHOLE
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self.reserved_gpu_activity = Gauge(
-            f"{PREFIX}_reserved_gpu_activity_percent",
+            ACTIVITY_GAUGE,
             "Mean gfx activity of each reserved GPU over the policy's window (spec.gpuMetrics.windowSeconds) as "
             "the exporter reports it, at the last audit; inference: whether inference pods held it.",
             ["node", "gpu", "inference"],

@@ -145,6 +145,28 @@ def test_unhealthy_hot_and_inference_load_on_reserved_gpus() -> None:
     assert loads["gpu_id 2 (serial S2)"] == (96, True)
 
 
+def test_each_reserved_gpus_load_has_its_mean_peak_vram_and_holders_over_the_window() -> None:
+    model = whole(("n", 2, True))
+    serve = Holder("inf", "serve-0", "inference", inference=True)
+    model.add_pod(serve, "n", 1)
+    # 13 points every 30 s (1000..1360): the window (300 s) holds the last 11; the 99 before it is not counted.
+    samples = history("n", "S0", [99, 99] + [20] * 8 + [50, 80, 30], pod="serve-0", namespace="inf")
+    samples.append(Sample("gpu_used_vram", {"hostname": "n", "gpu_id": "0", "serial_number": "S0"}, 4096, 1360.0))
+    samples += history("n", "S1", [0] * 13)
+    loads = {load.gpu: load for load in judge(collect(samples), model, LIMITS, KEPT_OFF).loads}
+    held = loads["gpu_id 0 (serial S0)"]
+    assert (round(held.activity_percent, 1), held.peak_percent, held.vram_mb) == (29.1, 80.0, 4096.0)
+    assert (held.holders, held.inference) == ((serve,), True)
+    free = loads["gpu_id 1 (serial S1)"]
+    assert (free.activity_percent, free.peak_percent, free.vram_mb, free.holders, free.inference) == (
+        0.0,
+        0.0,
+        None,
+        (),
+        False,
+    )
+
+
 def test_a_split_node_places_attributed_gpus_by_their_pods_and_the_rest_by_elimination() -> None:
     model, _ = split_model("n", 4, 2)  # gpu-0, gpu-1 reserved
     model.add_pod(Holder("ml", "train-0", "training"), "n", 0, [(DRIVER, "n", "gpu-1")])

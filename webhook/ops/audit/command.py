@@ -658,28 +658,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def gpu_source(args: argparse.Namespace) -> GpuSource | None:
-    """Where ``--gpu-metrics`` reads the exporter's series; None without it. The token file is read at each
-    run (a ServiceAccount's token is rotated)."""
+    """Where ``--gpu-metrics`` reads the exporter's series (``ops/gpus/source.reader``); None without it."""
     from webhook.ops.gpus import source
-    from webhook.ops.prometheus import Server
 
     given = getattr(args, "gpu_metrics", None)
     if not given:
         return None
-    if not source.is_url(given):
-        return lambda now, limits: source.read_file(Path(given))
-
-    def read(now: float, limits: gpu_judge.Thresholds) -> Readings:
-        token = args.token
-        if args.token_file:
-            try:
-                token = Path(args.token_file).read_text().strip()
-            except OSError as err:
-                raise GpuSourceError(f"GPU metrics: cannot read the token file: {err}") from err
-        server = Server(given, token, args.certificate_authority, args.insecure_skip_tls_verify)
-        return source.read_prometheus(server, now, limits)
-
-    return read
+    return source.reader(
+        given, args.token, args.token_file, args.certificate_authority, bool(args.insecure_skip_tls_verify)
+    )
 
 
 def _in_namespace(finding: Finding, namespace: str) -> bool:

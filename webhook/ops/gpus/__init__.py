@@ -4,7 +4,8 @@ admitted.
 Owns: reading the exporter's series (the Prometheus text exposition of its ``/metrics``, from a file, or
 Prometheus's HTTP API: ``exposition``, ``source``), normalising them (both name prefixes, ``gpu_*`` and
 ``amd_gpu_*``; both label schemes, scraped with ``honorLabels`` or without it: ``series``), mapping each GPU to
-the capacity model's node, side and GPU (``mapping``) and judging the reserved GPUs (``judge``).
+the capacity model's node, side and GPU (``mapping``), judging the reserved GPUs (``judge``) and showing their
+load in ``pool status`` (``status``).
 
 May import: ``ops/capacity.py`` (the capacity model it maps onto), ``ops/prometheus.py`` (the transport
 ``pool recommend`` shares), ``cluster.slices`` and ``core``. Not the audit, pool or service: ``audit`` turns

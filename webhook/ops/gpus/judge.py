@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Final
 
 from webhook.core.policy import Policy
 from webhook.ops.capacity import RESERVED, CapacityModel, Holder
@@ -70,6 +71,11 @@ class Observation:
     pod: PodRef | None = None  # a Pod finding's pod; None: a Node finding
 
 
+# The background audit's gauge of each reserved GPU's mean activity (``Load.activity_percent``), labelled node, gpu
+# and inference; ``service/metrics.py`` exports it, ``pool recommend`` reads its history back.
+ACTIVITY_GAUGE: Final = "rocm_isolation_reserved_gpu_activity_percent"
+
+
 @dataclass(frozen=True)
 class Load:
     """How busy a reserved GPU was over the window (gauges, ``pool status``), and whether inference held it."""
@@ -77,8 +83,11 @@ class Load:
     node: str
     gpu: str
     pci_bus_id: str
-    activity_percent: float
-    inference: bool
+    activity_percent: float  # the mean over the window
+    inference: bool  # inference pods held it at some instant of the window
+    peak_percent: float = 0.0  # the highest activity over the window
+    vram_mb: float | None = None  # VRAM in use at the newest instant
+    holders: tuple[Holder, ...] = ()  # the pods the cluster gave it, as the exporter names them at the newest instant
 
 
 @dataclass
@@ -230,7 +239,18 @@ def _judge_gpu(placed: Placed, limits: Thresholds, kept_off: Container[str], out
     activity = [p.activity for p in window if p.activity is not None]
     inference = [p.activity for p in window if p.activity is not None and any(h.inference for h in _held(p, holders))]
     mean = sum(activity) / len(activity) if activity else 0.0
-    out.loads.append(Load(gpu.node, gpu.text(), placed.pci_bus_id, mean, bool(inference)))
+    out.loads.append(
+        Load(
+            gpu.node,
+            gpu.text(),
+            placed.pci_bus_id,
+            mean,
+            bool(inference),
+            max(activity, default=0.0),
+            newest.vram,
+            tuple(_held(newest, holders)),
+        )
+    )
     if inference and len(inference) == len(window):
         load = sum(inference) / len(inference)
         if load > limits.inference_load_percent:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,37 @@ class GpuSourceError(Exception):
     """The exporter's series could not be read: why, in one line."""
 
 
+Reader = Callable[[float, Thresholds], Readings]  # (now, the policy's thresholds) -> the exporter's series
+
+
 def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
+
+
+def reader(
+    given: str,
+    token: str | None = None,
+    token_file: str | None = None,
+    certificate_authority: str | None = None,
+    insecure_skip_tls_verify: bool = False,
+) -> Reader:
+    """Where ``--gpu-metrics URL|FILE`` reads the exporter's series (``audit``, ``pool status``), with
+    ``pool recommend``'s credentials for a URL. The token file is read at each read (a ServiceAccount's token is
+    rotated); what cannot be read, that file included, is a ``GpuSourceError`` then."""
+    if not is_url(given):
+        return lambda now, limits: read_file(Path(given))
+
+    def read(now: float, limits: Thresholds) -> Readings:
+        bearer = token
+        if token_file:
+            try:
+                bearer = Path(token_file).read_text().strip()
+            except OSError as err:
+                raise GpuSourceError(f"GPU metrics: cannot read the token file: {err}") from err
+        server = Server(given, bearer, certificate_authority, insecure_skip_tls_verify)
+        return read_prometheus(server, now, limits)
+
+    return read
 
 
 def read_file(path: Path) -> Readings:

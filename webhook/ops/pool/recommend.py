@@ -100,6 +100,8 @@ OPTIONS = (
     "token_file",
     "certificate_authority",
 )
+# Prometheus's credentials: pool status takes them too, with --gpu-metrics.
+CREDENTIALS = ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
 DEFAULT_WINDOW = 14 * 86400.0
 DEFAULT_MAX_GAP = 15 * 60.0
 DEFAULT_QUANTILE = 0.99
@@ -112,8 +114,11 @@ def check_usage(args: argparse.Namespace) -> None:
     if getattr(args, "insecure_skip_tls_verify", False):
         given.append("insecure_skip_tls_verify")
     if args.action != "recommend":
+        if args.action == "status" and getattr(args, "gpu_metrics", None) is not None:
+            given = [name for name in given if name not in CREDENTIALS]
         if given:
-            raise RecommendUsageError(f"--{given[0].replace('_', '-')} is only for pool recommend")
+            also = ", or pool status --gpu-metrics" if given[0] in CREDENTIALS else ""
+            raise RecommendUsageError(f"--{given[0].replace('_', '-')} is only for pool recommend{also}")
         return
     for name in ("nodes", "selector", "count", "gpus", "devices_per_node"):
         if getattr(args, name, None) is not None:
