@@ -541,3 +541,17 @@ def test_amds_autopartition_class_is_a_gpu_class_by_default() -> None:
     policy = default_policy()
     assert policy.gpu_device_classes("gpu.amd.com-spx") and policy.gpu_device_classes("gpu.amd.com")
     assert not policy.gpu_device_classes("gpu.amd.comx")
+
+
+def test_gpu_metrics_is_optional_with_safe_defaults_and_checked_when_given() -> None:
+    metrics = default_policy().spec.gpu_metrics
+    assert (metrics.activity_percent, metrics.window_seconds, metrics.temperature_celsius) == (20.0, 300, 95.0)
+    assert metrics.inference_load_percent == 40.0
+    text = default_policy_text().replace(
+        "spec:\n", "spec:\n  gpuMetrics:\n    temperatureCelsius: 85\n    vramMB: 512\n", 1
+    )
+    given = parse_policy(text).spec.gpu_metrics
+    assert (given.temperature_celsius, given.vram_mb, given.activity_percent) == (85.0, 512.0, 20.0)
+    with pytest.raises(PolicyError) as err:
+        parse_policy(default_policy_text().replace("spec:\n", "spec:\n  gpuMetrics:\n    activityPercent: 0\n", 1))
+    assert any(p.startswith("spec.gpuMetrics.activityPercent") for p in err.value.problems), err.value.problems

@@ -54,6 +54,9 @@ AUDIT_METRICS = {
     # Device-level reservation: the split nodes' GPUs (pool: reserved or shared side of the split).
     "rocm_isolation_pool_split_devices": {"pool"},
     "rocm_isolation_pool_split_devices_allocated": {"pool", "class"},
+    # The GPUs' own word (issue 48: serve --audit-gpu-metrics).
+    "rocm_isolation_audit_gpu_metrics_read": set(),
+    "rocm_isolation_reserved_gpu_activity_percent": {"node", "gpu", "inference"},
 }
 # Not ours: Prometheus's own per-target series, and the kube-apiserver's fail-open counter.
 EXTERNAL_METRICS = {"up": {"job"}, "apiserver_admission_webhook_fail_open_count": {"name", "type"}}
@@ -377,6 +380,9 @@ def test_every_metric_an_alert_or_panel_reads_exists() -> None:
         "rocm_isolation_reserved_gpus_inference_waiting",
         "rocm_isolation_reserved_gpus_lent",
         "rocm_isolation_reserved_gpus_idle",
+        # issue 48: the GPUs' own word (the reserved GPUs' activity; the exporter read)
+        "rocm_isolation_reserved_gpu_activity_percent",
+        "rocm_isolation_audit_gpu_metrics_read",
         "up",
     } <= used
 
@@ -539,3 +545,24 @@ def test_a_real_prometheus_scrapes_the_webhook_as_the_servicemonitor_says(tmp_pa
         process.wait(30)
         log.close()
         server.stop()
+
+
+# --- the exporter's scrape (overlays/gpu-metrics) ---------------------------------------------------
+
+# The GPU Operator's metrics exporter pods and port (ROCm/gpu-operator internal/metricsexporter/metricsexporter.go:
+# the DaemonSet's pod labels, its container port name; "default" is the DeviceConfig's name).
+EXPORTER_POD_LABELS = {"app.kubernetes.io/name": "metrics-exporter", "daemonset-name": "default"}
+EXPORTER_PORT_NAME = "exporter-port"
+
+
+def test_the_gpu_metrics_overlay_scrapes_the_operators_exporter_pods_keeping_their_pod_labels() -> None:
+    [monitor] = kustomize(ROOT / "manifests" / "overlays" / "gpu-metrics")
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= EXPORTER_POD_LABELS.items(), "the selector must match the operator's exporter pods"
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["kube-amd-gpu"]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    # By the port's name: a DeviceConfig's spec.metricsExporter.port changes the number, not the name.
+    assert (endpoint["port"], endpoint["path"]) == (EXPORTER_PORT_NAME, "/metrics")
+    # The exporter's pod/namespace labels name the pod the kubelet allocated the GPU to: kept as they are.
+    assert endpoint["honorLabels"] is True

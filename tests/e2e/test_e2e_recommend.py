@@ -5,7 +5,8 @@ the certificates ``rocm-isolation-webhook certs`` makes.
 
 - The same history read from Prometheus (``--prometheus``, ``--certificate-authority``) and from the file it was
   backfilled from (``--from-file``) gives the same recommendation: the PromQL (``max by (pool, nodes)``, its
-  lookback) and the file's lookup agree; so does what ``--save`` wrote, read back.
+  lookback) and the file's lookup agree; so does what ``--save`` wrote, read back. So does how busy the reserved GPUs
+  were (issue 48: the background audit's activity gauge, backfilled beside the demand).
 - TLS without the CA is refused with a clear error; a window longer than the history gets "too short a history";
   both exit 2 with no recommendation.
 
@@ -77,7 +78,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     module.START = end - end % DAY - DAY  # generate.py's hours count from START
     stamps = range(end - DAY - 600, end + 1, STEP)
     history = directory / "demand.om"
-    history.write_text(module.history({"whole": module.whole, "split": module.split}, stamps), encoding="utf-8")
+    demand = module.history({"whole": module.whole, "split": module.split}, stamps)
+    history.write_text(demand.removesuffix("# EOF\n") + activity(stamps) + "# EOF\n", encoding="utf-8")
     data = directory / "data"
     backfill = subprocess.run(
         [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(history), str(data)],
@@ -125,6 +127,24 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         processes.stop_all()
 
 
+ACTIVITY = "rocm_isolation_reserved_gpu_activity_percent"
+
+
+def activity(stamps: range) -> str:
+    """The background audit's gauge of two reserved GPUs (issue 48): one held by inference at 30 %, one unheld and
+    idle; whatever the grid, the mean is 15 %, the p95 30 %, inference's both 30 %."""
+    lines = [f"# TYPE {ACTIVITY} gauge"]
+    for gpu, inference, value in (("gpu_id 0 (serial S0)", "true", 30), ("gpu_id 1 (serial S1)", "false", 0)):
+        series = f'{ACTIVITY}{{pod="webhook-0",node="r1",gpu="{gpu}",inference="{inference}"}}'
+        lines += [f"{series} {value} {at}" for at in stamps]
+    return "\n".join(lines) + "\n"
+
+
+def busy(document: dict[str, Any]) -> tuple[Any, ...]:
+    found = document["reservedGpuActivity"]
+    return (found["read"], found["reserved"], found["inference"])
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return cli("pool", "recommend", *args, timeout=300)
 
@@ -155,6 +175,13 @@ def test_recommend_reads_the_same_answer_from_prometheus_and_from_the_file(prome
     again = run("--from-file", str(saved), "--window", "1d", "-o", "json")
     assert again.returncode == 0, again.stderr
     assert figures(json.loads(again.stdout)) == figures(found)
+    # How busy the reserved GPUs were (the activity gauge): the same from Prometheus, the file and what --save wrote.
+    expected = (
+        True,
+        {"gpus": 2, "meanPercent": 15.0, "p95Percent": 30.0},
+        {"gpus": 1, "meanPercent": 30.0, "p95Percent": 30.0},
+    )
+    assert busy(found) == busy(json.loads(offline.stdout)) == busy(json.loads(again.stdout)) == expected
     # The fixture's day (tests/ops/recommend/test_recommend.py reasons it out): whole 4 nodes -> 2, split 2 per node -> 3.
     assert [(p["nodes"], p["recommended"]) for p in found["pools"]] == [
         ("whole", {"reservedGPUs": 8, "reservedNodes": 2}),

@@ -574,6 +574,26 @@ class Lending(_Model):
         return self
 
 
+class GpuMetrics(_Model):
+    """What ``audit`` holds the GPUs' own reports to (AMD's device metrics exporter; issue 48, docs/operations.md
+    "The GPUs' own word"). Every field optional; the defaults find the incident (a reserved GPU busy for five
+    minutes with no pod) and stay quiet on idle and lightly loaded GPUs."""
+
+    # A GPU is in use at an instant when its gfx activity reaches this, or its VRAM in use reaches vramMB.
+    activity_percent: Annotated[float, Field(gt=0, le=100)] = 20.0
+    vram_mb: Annotated[float, Field(gt=0, alias="vramMB")] = 1024.0
+    # Use counts when it held at every instant of this window (not one sample), with no gap over maxGapSeconds.
+    window_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    max_gap_seconds: Annotated[int, Field(ge=1, le=3600)] = 120
+    # A node whose newest sample is older than this is stale (its exporter stopped): not judged, never idle.
+    stale_seconds: Annotated[int, Field(ge=30, le=86400)] = 300
+    # A reserved GPU hotter than this (edge, junction or memory sensor) is a finding. 95 °C: below the
+    # Instinct GPUs' throttling, above any GPU merely loaded (the incident's node went from 55 to 82 °C).
+    temperature_celsius: Annotated[float, Field(gt=0, le=150)] = 95.0
+    # How busy inference is expected to keep a reserved GPU at most (the runbook's 40 %).
+    inference_load_percent: Annotated[float, Field(gt=0, le=100)] = 40.0
+
+
 class PolicySpec(_Model):
     mode: Mode = "enforce"
     scope: Scope = Field(default_factory=Scope)
@@ -594,6 +614,7 @@ class PolicySpec(_Model):
     classes: dict[str, WorkloadClass]
     namespaces: list[NamespaceRule] = Field(default_factory=list)
     lending: Lending = Field(default_factory=Lending)
+    gpu_metrics: GpuMetrics = Field(default_factory=GpuMetrics)
 
     @model_validator(mode="after")
     def _valid(self) -> PolicySpec:

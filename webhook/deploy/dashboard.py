@@ -14,7 +14,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import BigValueColorMode
+from grafana_foundation_sdk.models.common import BigValueColorMode, GraphThresholdsStyleMode
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef, Threshold, ThresholdsMode
 
 from webhook.deploy import render
@@ -243,6 +243,33 @@ def build() -> dashboard.Dashboard:
                 _query("max by (pool, nodes) (rocm_isolation_reserved_gpus_lent)", "{{pool}} {{nodes}}: lent"),
                 _query("max by (pool, nodes) (rocm_isolation_reserved_gpus_idle)", "{{pool}} {{nodes}}: idle"),
             )
+        )
+        .with_panel(
+            _timeseries(
+                "Reserved GPUs: activity as the GPUs report it",
+                "With serve --audit-gpu-metrics (AMD's device metrics exporter): each reserved GPU's mean gfx "
+                "activity over the policy's window (spec.gpuMetrics.windowSeconds) at each background audit, and the "
+                "mean over all reserved GPUs, against the load inference was expected to keep them at (the dashed "
+                "line: the runbook's 40 %, spec.gpuMetrics.inferenceLoadPercent's default). A reserved GPU busy "
+                "without inference is a finding (reserved-gpu-used-*); the mean far below the line is reserved "
+                "capacity to give back (`rocm-isolation-webhook pool recommend`).",
+                "percent",
+                _query(
+                    "max by (node, gpu, inference) (rocm_isolation_reserved_gpu_activity_percent)",
+                    "{{node}} {{gpu}} (inference: {{inference}})",
+                ),
+                _query(
+                    "avg(max by (node, gpu) (rocm_isolation_reserved_gpu_activity_percent))",
+                    "mean of the reserved GPUs",
+                ),
+            )
+            .max(100)
+            .thresholds(
+                dashboard.ThresholdsConfig()
+                .mode(ThresholdsMode.ABSOLUTE)
+                .steps([Threshold(color="green", value=None), Threshold(color="orange", value=40.0)])
+            )
+            .thresholds_style(common.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED))
         )
         .with_panel(
             _timeseries(

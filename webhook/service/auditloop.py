@@ -48,13 +48,15 @@ log = logging.getLogger("webhook.auditloop")
 LEASE_NAME = "rocm-isolation-webhook-audit"
 
 
-def audit_command(kubeconfig: str | None, policy: str | None) -> list[str]:
-    """The child process: this interpreter running ``audit -o json`` with the server's settings."""
+def audit_command(kubeconfig: str | None, policy: str | None, extra: Sequence[str] = ()) -> list[str]:
+    """The child process: this interpreter running ``audit -o json`` with the server's settings (``extra``: its
+    ``--gpu-metrics`` options)."""
     command = [sys.executable, "-m", "webhook", "audit", "-o", "json"]
     if kubeconfig:
         command += ["--kubeconfig", kubeconfig]
     if policy:
         command += ["--policy", policy]
+    command += list(extra)
     nice = shutil.which("nice")
     return [nice, "-n", "10", *command] if nice else command
 
@@ -86,6 +88,16 @@ def publish(document: Mapping[str, Any], metrics: Metrics) -> None:
         for cls, pending in (figures.get("pendingPods") or {}).items():
             metrics.pool_pending_pods.labels(pool, cls).set(pending.get("pods", 0))
             metrics.pool_oldest_pending_seconds.labels(pool, cls).set(pending.get("oldestWaitSeconds", 0))
+    metrics.reserved_gpu_activity.clear()
+    gpus = document.get("gpuMetrics")
+    if gpus is None:
+        metrics.audit_gpu_metrics_read.clear()
+    else:
+        metrics.audit_gpu_metrics_read.set(1 if gpus.get("read") else 0)
+        for gpu in gpus.get("reservedGpus") or []:
+            metrics.reserved_gpu_activity.labels(
+                str(gpu.get("node", "")), str(gpu.get("gpu", "")), "true" if gpu.get("inference") else "false"
+            ).set(gpu.get("activityPercent", 0))
     devices = capacity.get("devices")
     if devices:  # a device-level reservation is active
         metrics.pool_split_devices.labels("reserved").set(devices.get("reservedDevices", 0))
@@ -106,6 +118,8 @@ def withdraw(metrics: Metrics) -> None:
         metrics.pool_oldest_pending_seconds,
         metrics.pool_split_devices,
         metrics.pool_split_devices_allocated,
+        metrics.reserved_gpu_activity,
+        metrics.audit_gpu_metrics_read,
     ):
         gauge.clear()
 

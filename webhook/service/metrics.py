@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from webhook.ops.gpus.judge import ACTIVITY_GAUGE
 from webhook.ops.lending.demand import GAUGES, POOL, SPLIT, WHOLE
 
 if TYPE_CHECKING:
@@ -199,6 +200,21 @@ class Metrics:
             multiprocess_mode="livemax",
         )
 
+        # The GPUs' own word (audit --gpu-metrics, serve --audit-gpu-metrics; issue 48): absent without it.
+        self.audit_gpu_metrics_read = Gauge(
+            f"{PREFIX}_audit_gpu_metrics_read",
+            "1 when the last background audit read AMD's device metrics exporter's series, 0 when it could not.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reserved_gpu_activity = Gauge(
+            ACTIVITY_GAUGE,
+            "Mean gfx activity of each reserved GPU over the policy's window (spec.gpuMetrics.windowSeconds) as "
+            "the exporter reports it, at the last audit; inference: whether inference pods held it.",
+            ["node", "gpu", "inference"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         # Lending (policy spec.lending), kept by the replica holding the audit Lease (service/lending_loop.py).
         self.lending_gpus_lent = Gauge(
             f"{PREFIX}_lending_gpus_lent",

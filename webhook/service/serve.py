@@ -91,6 +91,11 @@ class Settings:
     names_sync_seconds: float = 2.0
     lending_seconds: float = 5.0
     audit_reports: bool = True
+    # audit --gpu-metrics and its credentials, for the background audit (issue 48); None: the GPUs not judged
+    audit_gpu_metrics: str | None = None
+    audit_gpu_metrics_token_file: str | None = None
+    audit_gpu_metrics_ca: str | None = None
+    audit_gpu_metrics_insecure: bool = False
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -218,12 +223,26 @@ def build_auditor(settings: Settings, metrics: Metrics) -> BackgroundAudit:
 
         writer = ReportWriter(KubeApi(api_client(settings)))
     return BackgroundAudit(
-        audit_command(settings.kubeconfig, settings.policy),
+        audit_command(settings.kubeconfig, settings.policy, gpu_metrics_args(settings)),
         metrics,
         interval=settings.audit_interval_seconds,
         elector=elector,
         reports=writer,
     )
+
+
+def gpu_metrics_args(settings: Settings) -> list[str]:
+    """The child audit's ``--gpu-metrics`` and credentials (serve's ``--audit-gpu-metrics*``)."""
+    if not settings.audit_gpu_metrics:
+        return []
+    args = ["--gpu-metrics", settings.audit_gpu_metrics]
+    if settings.audit_gpu_metrics_token_file:
+        args += ["--token-file", settings.audit_gpu_metrics_token_file]
+    if settings.audit_gpu_metrics_ca:
+        args += ["--certificate-authority", settings.audit_gpu_metrics_ca]
+    if settings.audit_gpu_metrics_insecure:
+        args.append("--insecure-skip-tls-verify")
+    return args
 
 
 def own_namespace() -> str:
@@ -386,6 +405,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(a Lease in the webhook's namespace); 0 disables it (default: 300; needs a cluster)",
     )
     parser.add_argument(
+        "--audit-gpu-metrics",
+        metavar="URL|FILE",
+        help="the background audit also judges the reserved GPUs on AMD's device metrics exporter: the Prometheus "
+        "scraping it, or a file of its series (audit --gpu-metrics; docs/operations.md)",
+    )
+    parser.add_argument(
+        "--audit-gpu-metrics-token-file", metavar="FILE", help="--audit-gpu-metrics: Prometheus's bearer token file"
+    )
+    parser.add_argument(
+        "--audit-gpu-metrics-certificate-authority", metavar="FILE", help="--audit-gpu-metrics: Prometheus's CA"
+    )
+    parser.add_argument(
+        "--audit-gpu-metrics-insecure-skip-tls-verify",
+        action="store_true",
+        help="--audit-gpu-metrics: do not check Prometheus's certificate (insecure)",
+    )
+    parser.add_argument(
         "--names-sync-seconds",
         type=float,
         default=2.0,
@@ -446,6 +482,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         names_sync_seconds=args.names_sync_seconds,
         lending_seconds=args.lending_seconds,
         audit_reports=args.audit_reports,
+        audit_gpu_metrics=args.audit_gpu_metrics,
+        audit_gpu_metrics_token_file=args.audit_gpu_metrics_token_file,
+        audit_gpu_metrics_ca=args.audit_gpu_metrics_certificate_authority,
+        audit_gpu_metrics_insecure=args.audit_gpu_metrics_insecure_skip_tls_verify,
     )
 
 

@@ -5,6 +5,7 @@ them (tests/cluster_objects.py, from tests/fixtures/cluster/)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from cluster_objects import (
     resource_slice,
 )
 from fake_cluster import FakeCluster
+from prometheus_stub import Prometheus, serving
 from test_audit_lending import LENDING_EXPECTED
 
 from webhook import cli
@@ -52,6 +54,10 @@ from webhook.deploy.device_taint_rules import TaintedDevice
 from webhook.ops.audit import command as audit
 from webhook.ops.audit.devices import DeviceAudit
 from webhook.ops.devices import ownership
+from webhook.ops.gpus import judge as gpu_judge
+from webhook.ops.gpus.exposition import Sample
+from webhook.ops.gpus.series import SELECTOR, Readings, collect
+from webhook.ops.gpus.source import GpuSourceError
 
 POLICY = default_policy()
 NOW = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
@@ -100,6 +106,77 @@ DEVICE_EXPECTED = {
 }
 
 
+# What the exporter says of the fake cluster's reserved node r1 (tests/ops/gpus/ judges it in detail).
+GPU_EXPECTED = {
+    ("reserved-gpu-used-unallocated", "r1"),
+    ("reserved-gpu-used-by-other-class", "ml/trainer-on-reserved"),
+    ("reserved-gpu-unhealthy", "r1"),
+    ("reserved-gpu-hot", "r1"),
+    ("reserved-gpu-inference-load-high", "r1"),
+}
+
+
+def r1_samples(now: float) -> list[Sample]:
+    """Five GPUs of r1 over the window: one busy with no pod (PID 4242), one busy for the training pod, one
+    unhealthy, one hot, one kept 90 % busy by inference."""
+    samples = []
+    for i, (holder, activity) in enumerate(
+        [("", 97.0), ("ml/trainer-on-reserved", 95.0), ("", 0.0), ("", 1.0), ("serve/llm-ok", 90.0)]
+    ):
+        namespace, _, name = holder.partition("/")
+        labels = {"hostname": "r1", "gpu_id": str(i), "serial_number": f"S{i}", "pod": name, "namespace": namespace}
+        if i == 0:
+            labels["kfd_process_id"] = "4242"
+        for step in range(12):
+            samples.append(Sample("gpu_gfx_activity", labels, activity, now - 330 + 30 * step))
+        samples.append(Sample("gpu_health", labels, 0.0 if i == 2 else 1.0, now))
+        samples.append(Sample("gpu_junction_temperature", labels, 99.0 if i == 3 else 60.0, now))
+    return samples
+
+
+def exporter_r1(now: float, limits: gpu_judge.Thresholds) -> Readings:
+    return collect(r1_samples(now), end=now)
+
+
+def test_the_gpus_own_word_adds_its_findings_and_an_unreadable_exporter_changes_nothing_else(
+    fake: FakeCluster,
+) -> None:
+    api = KubeApi(fake.api_client(), page_size=3)
+    report = audit.run_audit(api, POLICY, now=NOW, gpu_source=exporter_r1)
+    assert keyed(report) == EXPECTED | GPU_EXPECTED
+    unallocated = next(f for f in report.findings if f.rule == "reserved-gpu-used-unallocated")
+    assert unallocated.kind == "Node" and "PIDs 4242" in unallocated.message
+    document = report.to_json()["gpuMetrics"]
+    assert document["read"] is True and document["gpusJudged"] == 5
+    assert {(g["gpu"], g["inference"]) for g in document["reservedGpus"] if g["activityPercent"] >= 90} == {
+        ("gpu_id 0 (serial S0)", False),
+        ("gpu_id 1 (serial S1)", False),
+        ("gpu_id 4 (serial S4)", True),
+    }
+    # r2 and r3 (reserved, with GPUs) have no series: said in one line, not judged
+    assert "GPU metrics: no exporter series for 2 node(s) with reserved GPUs (r2, r3): their GPUs are not judged" in (
+        report.warnings
+    )
+
+    def unreachable(now: float, limits: gpu_judge.Thresholds) -> Readings:
+        raise GpuSourceError("GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused")
+
+    failed = audit.run_audit(api, POLICY, now=NOW, gpu_source=unreachable)
+    assert keyed(failed) == EXPECTED
+    assert [w for w in failed.warnings if "GPU metrics" in w] == [
+        "GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused: the GPUs were not judged (every "
+        "other finding is reported)"
+    ]
+    assert failed.to_json()["gpuMetrics"] == {
+        "read": False,
+        "error": "GPU metrics: cannot reach Prometheus at http://prometheus:9090: refused",
+        "gpusJudged": 0,
+        "staleNodes": [],
+        "notes": [],
+        "reservedGpus": [],
+    }
+
+
 def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster, devices_fake: FakeCluster) -> None:
     report = run(fake)
     assert keyed(report) == EXPECTED
@@ -109,7 +186,8 @@ def test_every_rule_fires_once_and_compliant_objects_are_quiet(fake: FakeCluster
     device_report = run(devices_fake)
     assert keyed(device_report) == DEVICE_EXPECTED
     # Every documented rule is exercised (lending's in tests/ops/audit/test_audit_lending.py).
-    assert {rule for rule, _ in EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED | MEMORY_EXPECTED} == set(audit.RULES)
+    every = EXPECTED | DEVICE_EXPECTED | LENDING_EXPECTED | MEMORY_EXPECTED | GPU_EXPECTED
+    assert {rule for rule, _ in every} == set(audit.RULES)
     assert not {rule for rule, _ in EXPECTED} & {rule for rule, _ in DEVICE_EXPECTED}
     by_key = {(f.rule, f.name): f for f in report.findings}
     on_reserved = by_key[("pod-on-reserved-node", "trainer-on-reserved")]
@@ -366,6 +444,64 @@ def test_cli_exits_2_on_a_view_dump_it_cannot_read(
     assert code == 2 and out == "" and f"cannot read the view dump {broken}" in err
     code, _, err = cli_run(fake, tmp_path, capsys, "--from-view", str(tmp_path / "missing.json"))
     assert code == 2 and "cannot read the view dump" in err
+
+
+def test_cli_gpu_metrics_from_a_file_and_from_prometheus_with_a_token_file(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file of scrapes with timestamps (ms): judged at its newest sample.
+    exposition = tmp_path / "r1.prom"
+    exposition.write_text(
+        "".join(
+            f"{s.name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in s.labels.items())}}} {s.value:g} "
+            f"{int(s.timestamp * 1000)}\n"
+            for s in r1_samples(NOW.timestamp())
+        ),
+        encoding="utf-8",
+    )
+    code, out, err = cli_run(fake, tmp_path, capsys, "-o", "json", "--gpu-metrics", str(exposition))
+    document = json.loads(out)
+    assert code == audit.EXIT_FINDINGS
+    found = {
+        (f["rule"], f"{f['namespace']}/{f['name']}" if "namespace" in f else f["name"]) for f in document["findings"]
+    }
+    assert found == EXPECTED | GPU_EXPECTED
+    assert document["gpuMetrics"]["read"] is True and document["gpuMetrics"]["gpusJudged"] == 5
+    # Prometheus: the same series as a matrix, with the bearer token of --token-file (read at each run).
+    matrix: dict[tuple[str, tuple[tuple[str, str], ...]], list[list[Any]]] = {}
+    now = time.time()
+    for sample in r1_samples(now):
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        matrix.setdefault(key, []).append([sample.timestamp, str(sample.value)])
+    result = [{"metric": {"__name__": name, **dict(labels)}, "values": v} for (name, labels), v in matrix.items()]
+    token = tmp_path / "token"
+    token.write_text("tok-from-file\n", encoding="utf-8")
+    with serving() as url:
+        Prometheus.answers = {"*": (200, {"status": "success", "data": {"resultType": "matrix", "result": result}})}
+        code, out, err = cli_run(fake, tmp_path, capsys, "-o", "json", "--gpu-metrics", url, "--token-file", str(token))
+        [(path, fields, auth)] = Prometheus.seen
+    assert (path, fields["query"], auth) == ("/api/v1/query_range", SELECTOR, "Bearer tok-from-file")
+    assert code == audit.EXIT_FINDINGS, err
+    assert {f["rule"] for f in json.loads(out)["findings"]} >= {rule for rule, _ in GPU_EXPECTED}
+
+
+def test_cli_gpu_metrics_unreadable_is_one_warning_and_the_exit_code_of_the_rest(
+    fake: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli_run(fake, tmp_path, capsys, "-o", "json", "--gpu-metrics", "http://127.0.0.1:9")
+    assert code == audit.EXIT_FINDINGS  # the other findings' code, not 2
+    document = json.loads(out)
+    assert {rule for rule, _ in EXPECTED} == {f["rule"] for f in document["findings"]}
+    assert document["gpuMetrics"]["read"] is False
+    said = [line for line in err.splitlines() if "GPU metrics" in line]
+    assert len(said) == 1 and "cannot reach Prometheus at http://127.0.0.1:9" in said[0], err
+    code, _, err = cli_run(fake, tmp_path, capsys, "--gpu-metrics", str(tmp_path / "none.prom"))
+    assert code == audit.EXIT_FINDINGS and "GPU metrics file" in err and "none.prom" in err
+    # A token file that cannot be read is the same one line.
+    code, _, err = cli_run(
+        fake, tmp_path, capsys, "--gpu-metrics", "http://127.0.0.1:9", "--token-file", str(tmp_path / "no-token")
+    )
+    assert code == audit.EXIT_FINDINGS and "GPU metrics: cannot read the token file" in err
 
 
 def test_cli_exits_2_without_any_cluster(

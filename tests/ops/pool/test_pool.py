@@ -37,11 +37,13 @@ from cluster_objects import (
 )
 from dra_objects import dra_workloads
 from fake_cluster import FakeCluster
+from prometheus_stub import Prometheus, serving
 
 from webhook import cli
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
+from webhook.ops.gpus.series import SELECTOR
 from webhook.ops.pool import write as pool_write
 
 POOL_LABEL = "rocm-isolation.io/pool"
@@ -509,6 +511,149 @@ def test_status_shows_the_reserved_gpus_lent_to_borrowers_when_lending_is_on(
     assert code == 0 and "LENT" not in out
 
 
+# --- status --gpu-metrics ------------------------------------------------------------------------
+
+
+def exporter_lines(now: float) -> list[tuple[str, dict[str, str], float, float]]:
+    """AMD's exporter on gpu-a (reserved) and gpu-b (shared), a point every 30 s over 330 s up to ``now``: gpu-a's
+    GPU 0 kept 30-60 % busy by inference's llm-0 (4 GB of VRAM), GPU 1 95 % busy with no pod (the incident), GPU 2
+    idle; gpu-b's GPU busy for train-b (shared: not shown)."""
+    gpus = [
+        ("gpu-a", "0", "serving", "llm-0", [30.0] * 10 + [60.0, 30.0]),
+        ("gpu-a", "1", "", "", [95.0] * 12),
+        ("gpu-a", "2", "", "", [0.0] * 12),
+        ("gpu-b", "0", "ml-training", "train-b", [99.0] * 12),
+    ]
+    found = []
+    for host, gpu_id, ns, name, values in gpus:
+        labels = {
+            "hostname": host,
+            "gpu_id": gpu_id,
+            "serial_number": f"{host}-S{gpu_id}",
+            "pod": name,
+            "namespace": ns,
+        }
+        for step, value in enumerate(values):
+            found.append(("gpu_gfx_activity", labels, value, now - 330 + 30 * step))
+        found.append(("gpu_used_vram", labels, 4096.0 if name else 0.0, now))
+    return found
+
+
+def exporter_file(path: Path, now: float) -> Path:
+    path.write_text(
+        "".join(
+            f"{name}{{{','.join(f'{k}={json.dumps(v)}' for k, v in labels.items())}}} {value:g} {int(at * 1000)}\n"
+            for name, labels, value, at in exporter_lines(now)
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_status_gpu_metrics_shows_each_reserved_gpus_holder_activity_and_vram(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = exporter_file(tmp_path / "exporter.prom", datetime.now().timestamp())
+    _, before, _ = run(cluster, tmp_path, capsys, "status")
+    code, out, err = run(cluster, tmp_path, capsys, "status", "--gpu-metrics", str(metrics))
+    assert (code, err) == (0, "")
+    assert out.startswith(before)  # the section is added after what status shows without it
+    assert out[len(before) :].splitlines() == [
+        "",
+        "Reserved GPUs as the exporter reports them (gfx activity over the last 300 s; inference is expected to keep "
+        "one at most 40 % busy on average):",
+        "NODE    GPU                          PCI BUS ID   HELD BY                    MEAN   PEAK   VRAM",
+        "gpu-a   gpu_id 0 (serial gpu-a-S0)   -            inference: serving/llm-0   33 %   60 %   4096 MB",
+        "gpu-a   gpu_id 1 (serial gpu-a-S1)   -            free                       95 %   95 %   0 MB",
+        "gpu-a   gpu_id 2 (serial gpu-a-S2)   -            free                       0 %    0 %    0 MB",
+    ]
+    code, out, err = run(cluster, tmp_path, capsys, "status", "-o", "json", "--gpu-metrics", str(metrics))
+    assert (code, err) == (0, "")
+    section = json.loads(out)["gpuMetrics"]
+    assert (section["read"], section["error"], section["windowSeconds"], section["inferenceLoadPercent"]) == (
+        True,
+        None,
+        300.0,
+        40.0,
+    )
+    first, second, _ = section["reservedGpus"]
+    assert first == {
+        "node": "gpu-a",
+        "gpu": "gpu_id 0 (serial gpu-a-S0)",
+        "pciBusId": None,
+        "heldBy": [{"namespace": "serving", "name": "llm-0", "class": "inference", "inference": True}],
+        "inference": True,
+        "meanActivityPercent": 32.7,
+        "peakActivityPercent": 60.0,
+        "vramMB": 4096.0,
+        "overInferenceLoad": False,
+    }
+    assert (second["heldBy"], second["meanActivityPercent"], second["inference"]) == ([], 95.0, False)
+    # Without --gpu-metrics, no such key: the document as before.
+    _, plain, _ = run(cluster, tmp_path, capsys, "status", "-o", "json")
+    assert "gpuMetrics" not in json.loads(plain)
+    assert writes(cluster) == []
+
+
+def test_status_gpu_metrics_marks_inference_over_its_expected_load(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = default_policy().document.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["spec"]["gpuMetrics"] = {"inferenceLoadPercent": 30}
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(document))
+    metrics = exporter_file(tmp_path / "exporter.prom", datetime.now().timestamp())
+    code, out, _ = run(cluster, tmp_path, capsys, "status", "--gpu-metrics", str(metrics), "--policy", str(policy_file))
+    assert code == 0
+    assert "at most 30 % busy on average" in out
+    assert "inference: serving/llm-0   33 % (over)   60 %" in out
+    assert "free                       95 %          95 %" in out  # busy with no pod: not inference's load
+    code, out, _ = run(
+        cluster, tmp_path, capsys, "status", "-o", "json", "--gpu-metrics", str(metrics), "--policy", str(policy_file)
+    )
+    assert [g["overInferenceLoad"] for g in json.loads(out)["gpuMetrics"]["reservedGpus"]] == [True, False, False]
+
+
+def test_status_gpu_metrics_from_prometheus_with_a_token_file(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = datetime.now().timestamp()
+    matrix: dict[tuple[str, tuple[tuple[str, str], ...]], list[list[Any]]] = {}
+    for name, labels, value, at in exporter_lines(now):
+        matrix.setdefault((name, tuple(sorted(labels.items()))), []).append([at, str(value)])
+    result = [{"metric": {"__name__": name, **dict(labels)}, "values": v} for (name, labels), v in matrix.items()]
+    token = tmp_path / "token"
+    token.write_text("tok-from-file\n", encoding="utf-8")
+    with serving() as url:
+        Prometheus.answers = {"*": (200, {"status": "success", "data": {"resultType": "matrix", "result": result}})}
+        code, out, err = run(
+            cluster, tmp_path, capsys, "status", "-o", "json", "--gpu-metrics", url, "--token-file", str(token)
+        )
+        [(path, fields, auth)] = Prometheus.seen
+    assert (path, fields["query"], auth) == ("/api/v1/query_range", SELECTOR, "Bearer tok-from-file")
+    assert (code, err) == (0, "")
+    assert [(g["gpu"], g["meanActivityPercent"]) for g in json.loads(out)["gpuMetrics"]["reservedGpus"]] == [
+        ("gpu_id 0 (serial gpu-a-S0)", 32.7),
+        ("gpu_id 1 (serial gpu-a-S1)", 95.0),
+        ("gpu_id 2 (serial gpu-a-S2)", 0.0),
+    ]
+
+
+def test_status_gpu_metrics_unreadable_is_one_warning_and_the_status_as_before(
+    cluster: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, before, _ = run(cluster, tmp_path, capsys, "status")
+    code, out, err = run(cluster, tmp_path, capsys, "status", "--gpu-metrics", "http://127.0.0.1:9")
+    assert (code, out) == (0, before)
+    [line] = err.splitlines()
+    assert line.startswith("warning: GPU metrics: cannot reach Prometheus at http://127.0.0.1:9")
+    assert line.endswith(": the reserved GPUs' activity is not shown")
+    code, out, err = run(cluster, tmp_path, capsys, "status", "-o", "json", "--gpu-metrics", str(tmp_path / "no.prom"))
+    assert code == 0 and len(err.splitlines()) == 1 and "GPU metrics file" in err
+    section = json.loads(out)["gpuMetrics"]
+    assert section["read"] is False and "no.prom" in section["error"] and section["reservedGpus"] == []
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 
@@ -534,6 +679,17 @@ def test_status_shows_the_reserved_gpus_lent_to_borrowers_when_lending_is_on(
         (("plan", "--nodes", "gpu-a", "--evict"), "error: --evict is only for pool apply"),
         (("release", "--nodes", "gpu-a", "--all"), "error: pool release needs --nodes NAME[,NAME...] or --all"),
         (("status", "--nodes", "gpu-a"), "error: pool status shows the whole pool: --nodes does not apply"),
+        (("plan", "--nodes", "gpu-a", "--gpu-metrics", "x.prom"), "error: --gpu-metrics is only for pool status"),
+        (("status", "--token", "t"), "error: --token is only for pool recommend, or pool status --gpu-metrics"),
+        (("status", "--window", "7d", "--gpu-metrics", "x.prom"), "error: --window is only for pool recommend"),
+        (
+            ("status", "--gpu-metrics", "x.prom", "--token-file", "t"),
+            "error: --token, --token-file and the TLS options are for --gpu-metrics URL, not a file",
+        ),
+        (
+            ("status", "--gpu-metrics", "http://p:9090", "--token", "t", "--token-file", "t"),
+            "error: give --token or --token-file, not both",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error_and_writes_nothing(

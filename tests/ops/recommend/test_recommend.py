@@ -6,18 +6,28 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_stub import Prometheus, serving
 
+from webhook.core.policy import default_policy
+from webhook.ops.lending.demand import GAUGES
 from webhook.ops.pool import command as pool
+from webhook.ops.pool import recommend as pool_recommend
+from webhook.ops.pool.output import Output
+from webhook.ops.recommend.fetch import ACTIVITY_QUERY, query
 from webhook.ops.recommend.history import (
+    Activity,
     Grid,
     HistoryFormatError,
     Sample,
+    activity_from_samples,
     from_matrix,
     from_samples,
     parse_openmetrics,
@@ -309,3 +319,184 @@ def test_a_moment_nobody_led_is_no_demand_and_no_burst() -> None:
     whole = next(r for r in recommend(history, DAY, 0.99, 0, GAP).kinds if r.kind == "whole")
     assert (whole.burst, whole.demand) == (4, 8)
     assert next(h for h in whole.hours if h.hour == 12).samples == 55
+
+
+# -- how busy the reserved GPUs were (the background audit's activity gauge) ------------------------------------
+
+START = 1_764_892_800  # generate.py's START: the fixtures' day, 2025-12-05 00:00 UTC
+
+
+def activity_lines() -> list[str]:
+    """The activity gauge over the fixtures' day, every 5 minutes, as Prometheus scraped it from the Lease holder
+    (pod and instance labels, which ``max by (node, gpu, inference)`` drops): r1's GPU 0 held by inference at 30 %,
+    r1's GPU 1 idle and unheld, r2's GPU 0 held by inference at 60 % from 12:00 to 14:00 and 20 % otherwise.
+
+    On the day's 1441 minutes: every GPU 4323 values (1441 x 0, 1321 x 20, 1441 x 30, 120 x 60): mean 76850 / 4323 =
+    17.8 %, p95 the 4107th value, 30; inference's 2882 (1321 x 20, 1441 x 30, 120 x 60): mean 76850 / 2882 = 26.7 %,
+    p95 the 2738th, 30."""
+    gauge = "rocm_isolation_reserved_gpu_activity_percent"
+    lines = [f"# TYPE {gauge} gauge"]
+    for node, gpu, inference, shape in (
+        ("r1", "gpu_id 0 (serial S0)", "true", lambda hour: 30),
+        ("r1", "gpu_id 1 (serial S1)", "false", lambda hour: 0),
+        ("r2", "gpu_id 0 (serial S9)", "true", lambda hour: 60 if 12 <= hour < 14 else 20),
+    ):
+        labels = f'gpu="{gpu}",inference="{inference}",instance="10.0.0.7:8443",node="{node}",pod="webhook-0"'
+        lines += [f"{gauge}{{{labels}}} {shape((at - START) / 3600)} {at}" for at in range(START, START + 86401, 300)]
+    return lines
+
+
+def with_activity(path: Path) -> Path:
+    with gzip.open(FIXTURES / "daily.om.gz", "rt", encoding="utf-8") as found:
+        text = found.read()
+    assert text.endswith("# EOF\n")
+    path.write_text(text[: -len("# EOF\n")] + "\n".join(activity_lines()) + "\n# EOF\n", encoding="utf-8")
+    return path
+
+
+ACTIVITY_FOUND = {
+    "gauge": "rocm_isolation_reserved_gpu_activity_percent",
+    "read": True,
+    "error": None,
+    "start": "2025-12-05 00:00 UTC",
+    "end": "2025-12-06 00:00 UTC",
+    "hours": 24.0,
+    "reserved": {"gpus": 3, "meanPercent": 17.8, "p95Percent": 30.0},
+    "inference": {"gpus": 2, "meanPercent": 26.7, "p95Percent": 30.0},
+    "inferenceLoadPercent": 40.0,
+}
+
+
+def test_recommend_says_how_busy_the_reserved_gpus_were_and_recommends_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = str(with_activity(tmp_path / "daily-activity.om"))
+    code, out, err = run(capsys, "--from-file", history, "--window", "1d", "-o", "json")
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    assert document["reservedGpuActivity"] == ACTIVITY_FOUND
+    _, without, _ = run(capsys, "--from-file", str(FIXTURES / "daily.om.gz"), "--window", "1d", "-o", "json")
+    assert document["pools"] == json.loads(without)["pools"]  # the recommendation does not depend on it
+    code, out, _ = run(capsys, "--from-file", history, "--window", "1d")
+    assert code == 0
+    assert (
+        "reserved GPUs' activity (rocm_isolation_reserved_gpu_activity_percent: 3 GPUs, 1d of the window): 17.8 % busy "
+        "on average, p95 30.0 %; while inference held them: 26.7 % on average, p95 30.0 %; inference is expected to "
+        "keep a reserved GPU at most 40 % busy"
+    ) in out.splitlines()
+
+
+def test_inference_over_its_expected_load_is_marked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = default_policy().document.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["spec"]["gpuMetrics"] = {"inferenceLoadPercent": 25}
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(document))
+    history = str(with_activity(tmp_path / "daily-activity.om"))
+    code, out, _ = run(capsys, "--from-file", history, "--window", "1d", "--policy", str(policy_file))
+    assert code == 0
+    assert "26.7 % on average, p95 30.0 % (over); inference is expected to keep a reserved GPU at most 25 % busy" in out
+
+
+def test_without_the_activity_gauge_one_line_says_so_and_the_rest_is_as_before(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--from-file", str(FIXTURES / "daily.om.gz"), "--window", "1d")
+    assert code == 0
+    said = [line for line in out.splitlines() if "activity" in line]
+    assert said == [
+        "reserved GPUs' activity: no sample of rocm_isolation_reserved_gpu_activity_percent in the window (the "
+        "background audit exports it: serve --audit-gpu-metrics)"
+    ]
+    _, out, _ = run(capsys, "--from-file", str(FIXTURES / "daily.om.gz"), "--window", "1d", "-o", "json")
+    found = json.loads(out)["reservedGpuActivity"]
+    assert (found["read"], found["hours"], found["reserved"], found["inference"]) == (True, 0, None, None)
+
+
+def test_the_activity_is_saved_with_the_demand_and_read_back_the_same() -> None:
+    samples = parse_openmetrics("\n".join(activity_lines()))
+    grid = Grid.ending(START + DAY, DAY, 60.0)
+    history, activity = load("daily.om.gz"), activity_from_samples(samples, grid)
+    assert history.grid == grid and len(activity.values) == 3
+    text = to_openmetrics(history, activity)
+    again = parse_openmetrics(text)
+    assert from_samples(again, grid).values == history.values
+    assert activity_from_samples(again, grid).values == activity.values
+    # No activity: the file is what it was before the gauge existed.
+    assert to_openmetrics(history, Activity(grid)) == to_openmetrics(history)
+    assert "activity" not in to_openmetrics(history)
+
+
+def _answers(grid: Grid) -> dict[str, tuple[int, Any]]:
+    """The fixture day as Prometheus answers its queries on ``grid``: the demand gauges, and the activity gauge."""
+    history = load("daily.om.gz")
+    assert history.grid == grid
+    answers: dict[str, tuple[int, Any]] = {}
+    times = grid.times()
+    for figure in GAUGES:
+        result = [
+            {
+                "metric": {"pool": pool, "nodes": nodes},
+                "values": [
+                    [t, f"{v:g}"]
+                    for t, v in zip(times, history.series((pool, nodes), figure), strict=True)
+                    if v is not None
+                ],
+            }
+            for pool, nodes in history.values
+        ]
+        answers[query(figure)] = (200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
+    activity = activity_from_samples(parse_openmetrics("\n".join(activity_lines())), grid)
+    result = [
+        {
+            "metric": dict(zip(("node", "gpu", "inference"), key, strict=True)),
+            "values": [[t, f"{v:g}"] for t, v in zip(times, column, strict=True) if v is not None],
+        }
+        for key, column in activity.values.items()
+    ]
+    answers[ACTIVITY_QUERY] = (200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
+    return answers
+
+
+def run_live(url: str, *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    pool.add_arguments(parser)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    args = parser.parse_args(["recommend", "--prometheus", url, "--window", "1d", *argv])
+    code = pool_recommend.run(args, default_policy(), Output(stdout, stderr), now=START + DAY + 30)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def test_from_prometheus_the_activity_is_one_more_query_and_saved(tmp_path: Path) -> None:
+    grid = Grid.ending(START + DAY + 30, DAY, 60.0)
+    saved = tmp_path / "saved.om.gz"
+    with serving() as url:
+        Prometheus.answers = _answers(grid)
+        code, out, err = run_live(url, "--token", "s3cret", "--save", str(saved), "-o", "json")
+        seen = Prometheus.seen
+    assert (code, err) == (0, "")
+    assert [fields["query"] for _, fields, _ in seen] == [*(query(f) for f in GAUGES), ACTIVITY_QUERY]
+    assert {auth for _, _, auth in seen} == {"Bearer s3cret"}
+    assert json.loads(out)["reservedGpuActivity"] == ACTIVITY_FOUND
+    # --save kept it: offline again, the same.
+    with gzip.open(saved, "rt", encoding="utf-8") as found:
+        again = activity_from_samples(parse_openmetrics(found.read()), grid)
+    assert again.values == activity_from_samples(parse_openmetrics("\n".join(activity_lines())), grid).values
+
+
+def test_an_activity_query_prometheus_refuses_is_one_line_and_the_same_recommendation(tmp_path: Path) -> None:
+    grid = Grid.ending(START + DAY + 30, DAY, 60.0)
+    with serving() as url:
+        answers = _answers(grid)
+        Prometheus.answers = answers
+        _, before, _ = run_live(url, "-o", "json")
+        answers[ACTIVITY_QUERY] = (422, {"status": "error", "errorType": "execution", "error": "query timed out"})
+        code, out, err = run_live(url, "-o", "json")
+        assert (code, err) == (0, "")
+        assert json.loads(out)["pools"] == json.loads(before)["pools"]
+        found = json.loads(out)["reservedGpuActivity"]
+        assert (found["read"], found["reserved"]) == (False, None) and "query timed out" in found["error"]
+        code, out, _ = run_live(url)
+    said = [line for line in out.splitlines() if "activity" in line]
+    assert code == 0 and len(said) == 1
+    assert said[0].startswith("reserved GPUs' activity: not read (") and "query timed out" in said[0]
+    assert said[0].endswith("the recommendation does not depend on it")

@@ -11,6 +11,11 @@ with admission. Two readings of the decision:
 - only patch operations outside ``/metadata/annotations`` count as "missing mutations": the
   annotations are the webhook's record, not isolation.
 
+With ``--gpu-metrics`` (Prometheus, or a file of the exporter's series) the reserved GPUs are also judged on what
+AMD's device metrics exporter reports (``ops/gpus/``): use nobody was allocated, a class kept off them confirmed
+by the GPU, unhealthy or hot GPUs, inference's load. When those series cannot be read, one warning says so and
+every other finding is reported as usual: the exit code is not changed by it.
+
 Rule ids are stable (metrics labels, PolicyReport rules, docs/operations.md).
 Exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read.
 """
@@ -21,7 +26,7 @@ import argparse
 import gc
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +54,9 @@ from webhook.ops.audit.pods import UNCLASSIFIED, Pending, PodAudit
 from webhook.ops.capacity import RESERVED, SHARED, SIDES, CapacityModel, GpuView, Holder
 from webhook.ops.devices import minor as device_minor
 from webhook.ops.devices.plan import reservation_text
+from webhook.ops.gpus import judge as gpu_judge
+from webhook.ops.gpus.series import Readings
+from webhook.ops.gpus.source import GpuSourceError
 
 EXIT_CLEAN: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -191,12 +199,39 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     # The split nodes while a device-level reservation is active; None otherwise.
     devices: DeviceCapacity | None = None
+    # --gpu-metrics: what the exporter's series said (None: not asked), or why they could not be read.
+    gpus: gpu_judge.Judgement | None = None
+    gpu_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         capacity: dict[str, Any] = {pool: self.capacity[pool].to_json(self.now) for pool in POOLS}
         if self.devices is not None:
             capacity["devices"] = self.devices.to_json()
-        return {"findings": [f.to_json() for f in self.findings], "capacity": capacity}
+        out: dict[str, Any] = {"findings": [f.to_json() for f in self.findings], "capacity": capacity}
+        if self.gpus is not None or self.gpu_error is not None:
+            out["gpuMetrics"] = self.gpu_json()
+        return out
+
+    def gpu_json(self) -> dict[str, Any]:
+        """``gpuMetrics`` of ``-o json``: read or not, the notes (one line each), each reserved GPU's load."""
+        judged = self.gpus
+        return {
+            "read": judged is not None,
+            "error": self.gpu_error,
+            "gpusJudged": judged.gpus_judged if judged else 0,
+            "staleNodes": judged.stale if judged else [],
+            "notes": judged.lines if judged else [],
+            "reservedGpus": [
+                {
+                    "node": load.node,
+                    "gpu": load.gpu,
+                    "pciBusId": load.pci_bus_id or None,
+                    "activityPercent": round(load.activity_percent, 1),
+                    "inference": load.inference,
+                }
+                for load in (judged.loads if judged else [])
+            ],
+        }
 
     def counts(self) -> dict[str, int]:
         """Findings per rule, every rule present (0 when none)."""
@@ -395,9 +430,34 @@ def served_by(api: KubeApi) -> minors.Served | None:
         return None
 
 
-def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> Report:
-    """Read the cluster and judge it. Raises ``ApiError`` when it cannot be read. The device reservation is judged
-    as the cluster's minor can hold it (``devices/minor.py``: no extendedResourceName where the apiserver drops it)."""
+GpuSource = Callable[[float, gpu_judge.Thresholds], Readings]  # (now, thresholds) -> the exporter's series
+
+
+def judge_gpus(report: Report, model: CapacityModel, policy: Policy, source: GpuSource) -> None:
+    """The reserved GPUs on what the exporter reports (``ops/gpus``): findings, or one warning."""
+    limits = gpu_judge.thresholds(policy)
+    try:
+        readings = source(report.now.timestamp(), limits)
+    except GpuSourceError as err:
+        report.gpu_error = str(err)
+        report.warnings.append(f"{err}: the GPUs were not judged (every other finding is reported)")
+        return
+    judged = gpu_judge.judge(readings, model, limits, gpu_judge.kept_off(policy))
+    report.gpus = judged
+    report.warnings.extend(f"GPU metrics: {line}" for line in judged.lines)
+    for seen in judged.observations:
+        if seen.pod is not None:
+            report.findings.append(Finding(seen.rule, "Pod", seen.pod.name, seen.message, namespace=seen.pod.namespace))
+        else:
+            report.findings.append(Finding(seen.rule, "Node", seen.node, seen.message))
+
+
+def run_audit(
+    api: KubeApi, policy: Policy, *, now: datetime | None = None, gpu_source: GpuSource | None = None
+) -> Report:
+    """Read the cluster and judge it (and, given ``gpu_source``, the reserved GPUs on what they report). Raises
+    ``ApiError`` when the cluster cannot be read. The device reservation is judged as the cluster's minor can hold
+    it (``devices/minor.py``: no extendedResourceName where the apiserver drops it)."""
     policy, _ = device_minor.policy_for(policy, served_by(api))
     snapshot = Snapshot.read(api, policy)
     report = Report(now=now or datetime.now(UTC), warnings=list(snapshot.warnings))
@@ -423,6 +483,8 @@ def run_audit(api: KubeApi, policy: Policy, *, now: datetime | None = None) -> R
     report.capacity = {pool: PoolCapacity.of(model, pool, pods.pending[pool]) for pool in POOLS}
     if devices.split is not None and devices.reservation is not None:
         report.devices = DeviceCapacity(policy.spec.reserved_devices.driver, devices.reservation, model)
+    if gpu_source is not None:
+        judge_gpus(report, model, policy, gpu_source)
     for name, labels in sorted(namespaces.items()):
         explicit = policy.namespace_classes(name, labels).source != "the policy's defaultClass"
         if explicit or name in pods.gpu_namespaces:
@@ -484,6 +546,20 @@ def write_table(report: Report, out: TextIO) -> None:
     _table(rows, out)
     if report.devices is not None:
         write_device_table(report.devices, out)
+    if report.gpus is not None and report.gpus.loads:
+        out.write("\nReserved GPUs as the exporter reports them (mean activity over the window):\n")
+        rows = [["NODE", "GPU", "PCI BUS ID", "ACTIVITY", "INFERENCE"]]
+        for load in report.gpus.loads:
+            rows.append(
+                [
+                    load.node,
+                    load.gpu,
+                    load.pci_bus_id or "-",
+                    f"{load.activity_percent:.0f} %",
+                    "yes" if load.inference else "no",
+                ]
+            )
+        _table(rows, out)
 
 
 def write_device_table(devices: DeviceCapacity, out: TextIO) -> None:
@@ -545,7 +621,8 @@ rules:
     + "\n".join(f"  {rule.id:38} {rule.title}" for rule in RULES.values())
     + """
 
-exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read
+exit codes: 0 no finding, 1 findings, 2 the cluster or the policy could not be read (the GPU metrics of
+--gpu-metrics not read: one warning, the exit code of the other findings)
 """
 )
 
@@ -578,6 +655,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read the cluster from a dump of serve's watched view (what serve's background audit passes its child "
         "process, so that an audit lists nothing); what the dump does not hold is read from the cluster",
+    )
+    gpus = parser.add_argument_group("the GPUs' own word (AMD's device metrics exporter: docs/operations.md)")
+    gpus.add_argument(
+        "--gpu-metrics",
+        metavar="URL|FILE",
+        help="also judge the reserved GPUs on the exporter's series: a Prometheus URL (http(s)://...) scraping it, "
+        "or a file of its /metrics text (several scrapes with timestamps for a sustained use; FILE.gz: gzipped)",
+    )
+    gpus.add_argument("--token", metavar="TOKEN", help="--gpu-metrics: bearer token for Prometheus")
+    gpus.add_argument("--token-file", metavar="FILE", help="--gpu-metrics: read the bearer token from this file")
+    gpus.add_argument("--certificate-authority", metavar="FILE", help="--gpu-metrics: CA bundle of Prometheus's TLS")
+    gpus.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help="--gpu-metrics: do not check Prometheus's certificate (insecure)",
+    )
+
+
+def gpu_source(args: argparse.Namespace) -> GpuSource | None:
+    """Where ``--gpu-metrics`` reads the exporter's series (``ops/gpus/source.reader``); None without it."""
+    from webhook.ops.gpus import source
+
+    given = getattr(args, "gpu_metrics", None)
+    if not given:
+        return None
+    return source.reader(
+        given, args.token, args.token_file, args.certificate_authority, bool(args.insecure_skip_tls_verify)
     )
 
 
@@ -616,7 +720,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"audit: cannot read the view dump {args.from_view}: {err}", file=sys.stderr)
                 return EXIT_ERROR
         try:
-            report = run_audit(api, policy)
+            report = run_audit(api, policy, gpu_source=gpu_source(args))
         finally:
             api.close()
         if args.namespace:

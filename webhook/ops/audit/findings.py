@@ -139,6 +139,34 @@ RULES: Final[dict[str, Rule]] = {
             "while GPUs are reserved, the shared class's extendedResourceName (amd.com/gpu) maps to another "
             "DeviceClass",
         ),
+        # The GPUs' own word (AMD's device metrics exporter, audit --gpu-metrics; issue 48): judged on reserved GPUs.
+        Rule(
+            "reserved-gpu-used-unallocated",
+            "Node",
+            "critical",
+            "a reserved GPU (on a split node: one that may be reserved) has been in use (activity or VRAM) for the "
+            "policy's window with no pod allocated it: a process outside Kubernetes, or a container that reached it "
+            "through AMD_VISIBLE_DEVICES",
+        ),
+        Rule(
+            "reserved-gpu-used-by-other-class",
+            "Pod",
+            "high",
+            "a running pod of a class kept off reserved capacity is using a reserved GPU, confirmed by the GPU",
+        ),
+        Rule("reserved-gpu-unhealthy", "Node", "high", "a reserved GPU reports gpu_health 0"),
+        Rule(
+            "reserved-gpu-hot",
+            "Node",
+            "medium",
+            "a reserved GPU is hotter than the policy's spec.gpuMetrics.temperatureCelsius",
+        ),
+        Rule(
+            "reserved-gpu-inference-load-high",
+            "Node",
+            "low",
+            "inference keeps a reserved GPU busier than the policy's spec.gpuMetrics.inferenceLoadPercent",
+        ),
     )
 }
 

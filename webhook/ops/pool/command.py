@@ -10,7 +10,8 @@ in-cluster service account.
   evicts the non-inference pods the NoSchedule taint leaves in place (``pool/eviction.py``).
 - ``release`` removes our label and taint, after checking that the inference pods on those nodes
   still have room on the reserved nodes left (or ``--force``).
-- ``status`` shows the pool as it is: label/taint consistency, GPUs, pods by class.
+- ``status`` shows the pool as it is: label/taint consistency, GPUs, pods by class; with ``--gpu-metrics``
+  (``recommend``'s credential options for a URL) each reserved GPU's activity as AMD's exporter reports it.
 
 Device-level reservation (``--devices-per-node N``; nodes whose GPUs AMD's DRA driver publishes): the N
 GPUs with the lowest PCI bus IDs of every node of the driver go to inference, through two DeviceClasses
@@ -141,6 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="apply, release: server sends every write with dryRun=All (validated, not persisted)",
     )
     parser.add_argument("--force", action="store_true", help="release: even if inference pods would lose their room")
+    parser.add_argument(
+        "--gpu-metrics",
+        metavar="URL|FILE",
+        help="status: also show each reserved GPU's activity as AMD's device metrics exporter reports it: a "
+        "Prometheus URL scraping it (with recommend's --token, --token-file and TLS options) or a file of its "
+        "/metrics text",
+    )
     parser.add_argument("--policy", metavar="FILE", help="IsolationPolicy YAML (default: the built-in policy)")
     parser.add_argument(
         "--kubeconfig",
@@ -160,6 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_usage(args: argparse.Namespace) -> None:
     action = args.action
+    gpu_metrics = getattr(args, "gpu_metrics", None)
+    if gpu_metrics is not None and action != "status":
+        raise UsageError("--gpu-metrics is only for pool status")
     try:
         pool_recommend.check_usage(args)
     except pool_recommend.RecommendUsageError as err:
@@ -201,6 +212,10 @@ def check_usage(args: argparse.Namespace) -> None:
     if action == "status":
         if choosing:
             raise UsageError(f"pool status shows the whole pool: --{choosing[0]} does not apply")
+        if gpu_metrics is not None and not gpu_metrics.startswith(("http://", "https://")) and _credentials(args):
+            raise UsageError("--token, --token-file and the TLS options are for --gpu-metrics URL, not a file")
+        if getattr(args, "token", None) is not None and getattr(args, "token_file", None) is not None:
+            raise UsageError("give --token or --token-file, not both")
         return
     if action == "release":
         extra = [name for name in choosing if name != "nodes"]
@@ -215,6 +230,10 @@ def check_usage(args: argparse.Namespace) -> None:
         raise UsageError("give --count or --gpus, not both")
     if not choosing:
         raise UsageError("say which nodes: --nodes NAME[,...], or --selector KEY=VALUE with --count N or --gpus N")
+
+
+def _credentials(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in pool_recommend.CREDENTIALS)
 
 
 def kubeconfig_path(given: str | None) -> str:

@@ -5,6 +5,10 @@ The command's glue: its options, where the history comes from (Prometheus's HTTP
 (``ops/recommend/sizing.py``, pure) and how it is printed, as a table or ``-o json``. It reads no cluster: the history
 says what the reservation was; ``--policy`` says today's headroom (the same file ``pool``'s other verbs take).
 
+Beside the recommendation, how busy the reserved GPUs actually were over the window: the history of the activity
+gauge the background audit exports (``serve --audit-gpu-metrics``), from the same source (and ``--save``d with the
+demand); absent or unreadable, one line says so and the recommendation is the same.
+
 Exit status as ``pool``'s: 0 a recommendation printed, 2 no recommendation: the history could not be read, or
 cannot support one (no data, too short a window, a gap), or the options are wrong.
 """
@@ -15,21 +19,34 @@ import argparse
 import gzip
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from webhook.core.policy import Policy
+from webhook.ops.gpus.judge import ACTIVITY_GAUGE
 from webhook.ops.lending.demand import SPLIT, WHOLE
 from webhook.ops.pool.output import EXIT_BAD, EXIT_OK, Output
 from webhook.ops.prometheus import PrometheusError, Server
-from webhook.ops.recommend.fetch import read_history, step_for
-from webhook.ops.recommend.history import Grid, HistoryFormatError, from_samples, parse_openmetrics, to_openmetrics
+from webhook.ops.recommend.fetch import read_activity, read_history, step_for
+from webhook.ops.recommend.history import (
+    Activity,
+    Grid,
+    HistoryFormatError,
+    activity_from_samples,
+    from_samples,
+    parse_openmetrics,
+    to_openmetrics,
+)
 from webhook.ops.recommend.sizing import (
+    Busy,
     Expected,
+    GpuActivity,
     HistoryError,
     KindReport,
     Recommendation,
     duration_text,
+    gpu_activity,
     recommend,
     when,
 )
@@ -100,6 +117,8 @@ OPTIONS = (
     "token_file",
     "certificate_authority",
 )
+# Prometheus's credentials: pool status takes them too, with --gpu-metrics.
+CREDENTIALS = ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
 DEFAULT_WINDOW = 14 * 86400.0
 DEFAULT_MAX_GAP = 15 * 60.0
 DEFAULT_QUANTILE = 0.99
@@ -112,8 +131,11 @@ def check_usage(args: argparse.Namespace) -> None:
     if getattr(args, "insecure_skip_tls_verify", False):
         given.append("insecure_skip_tls_verify")
     if args.action != "recommend":
+        if args.action == "status" and getattr(args, "gpu_metrics", None) is not None:
+            given = [name for name in given if name not in CREDENTIALS]
         if given:
-            raise RecommendUsageError(f"--{given[0].replace('_', '-')} is only for pool recommend")
+            also = ", or pool status --gpu-metrics" if given[0] in CREDENTIALS else ""
+            raise RecommendUsageError(f"--{given[0].replace('_', '-')} is only for pool recommend{also}")
         return
     for name in ("nodes", "selector", "count", "gpus", "devices_per_node"):
         if getattr(args, name, None) is not None:
@@ -174,12 +196,24 @@ def save(path: Path, text: str) -> None:
         raise RecommendUsageError(f"--save {path}: {err.strerror or err}") from err
 
 
+@dataclass(frozen=True)
+class ReservedActivity:
+    """How busy the reserved GPUs were over the window (None: no sample of the gauge), or why it was not read;
+    and the load inference is expected to keep a reserved GPU at most (``spec.gpuMetrics.inferenceLoadPercent``)."""
+
+    found: GpuActivity | None
+    expected_percent: float
+    error: str | None = None
+
+
 def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None = None) -> int:
     """Read the history, recommend, print; every failure is one ``error:`` line and exit 2."""
     window = args.window if args.window is not None else DEFAULT_WINDOW
     max_gap = args.max_gap if args.max_gap is not None else DEFAULT_MAX_GAP
     quantile = args.quantile if args.quantile is not None else DEFAULT_QUANTILE
     step = step_for(window)
+    activity: Activity | None = None
+    activity_error: str | None = None
     try:
         if args.from_file is not None:
             try:
@@ -193,12 +227,18 @@ def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None
             # A file's window ends at its last sample: it was exported then, not now.
             grid = Grid.ending(max(s.timestamp for s in samples), window, step)
             history = from_samples(samples, grid)
+            activity = activity_from_samples(samples, grid)
         else:
             grid = Grid.ending(time.time() if now is None else now, window, step)
-            history = read_history(_server(args), grid)
+            server = _server(args)
+            history = read_history(server, grid)
+            try:
+                activity = read_activity(server, grid)
+            except (PrometheusError, HistoryFormatError) as err:  # the recommendation does not depend on it
+                activity_error = str(err)
             if args.save is not None:
                 # Before the analysis: a history it refuses is worth keeping too (to see the gap).
-                save(Path(args.save), to_openmetrics(history))
+                save(Path(args.save), to_openmetrics(history, activity))
         found = recommend(history, window, quantile, policy.spec.lending.headroom_gpus, max_gap)
     except (RecommendUsageError, PrometheusError, HistoryFormatError) as err:
         out.error(str(err))
@@ -206,10 +246,15 @@ def run(args: argparse.Namespace, policy: Policy, out: Output, now: float | None
     except HistoryError as err:
         out.error(f"{err}; no recommendation")
         return EXIT_BAD
+    busy = ReservedActivity(
+        gpu_activity(activity) if activity is not None else None,
+        policy.spec.gpu_metrics.inference_load_percent,
+        activity_error,
+    )
     if args.output == "json":
-        out.json(as_json(found, window))
+        out.json(as_json(found, window, busy))
     else:
-        for line in as_text(found, window):
+        for line in as_text(found, window, busy):
             out.line(line)
     return EXIT_OK
 
@@ -227,7 +272,36 @@ def _size(report: KindReport, reserved: int, units: int) -> str:
     return f"{reserved} ({units} node{'' if units == 1 else 's'})"
 
 
-def as_text(found: Recommendation, window: float) -> list[str]:
+def _pct(value: float) -> str:
+    return f"{value:.1f} %"
+
+
+def activity_line(busy: ReservedActivity) -> str:
+    """One line: how busy the reserved GPUs were, or why that is not known."""
+    if busy.error is not None:
+        return f"reserved GPUs' activity: not read ({busy.error}); the recommendation does not depend on it"
+    found = busy.found
+    if found is None:
+        return (
+            f"reserved GPUs' activity: no sample of {ACTIVITY_GAUGE} in the window (the background audit exports it: "
+            "serve --audit-gpu-metrics)"
+        )
+    every, held = found.reserved, found.inference
+    line = (
+        f"reserved GPUs' activity ({ACTIVITY_GAUGE}: {every.gpus} GPU{'' if every.gpus == 1 else 's'}, "
+        f"{duration_text(found.hours * 3600)} of the window): {_pct(every.mean)} busy on average, p95 "
+        f"{_pct(every.p95)}; "
+    )
+    if held is None:
+        line += "inference held none of them"
+    else:
+        line += f"while inference held them: {_pct(held.mean)} on average, p95 {_pct(held.p95)}"
+        if held.mean > busy.expected_percent:
+            line += " (over)"
+    return line + f"; inference is expected to keep a reserved GPU at most {busy.expected_percent:g} % busy"
+
+
+def as_text(found: Recommendation, window: float, busy: ReservedActivity | None = None) -> list[str]:
     lines = [
         f"history: {when(found.start)} to {when(found.end)} ({duration_text(window)}, a point every "
         f"{duration_text(found.step)}); demand = GPUs inference holds + GPUs it waits for; hours UTC",
@@ -251,6 +325,8 @@ def as_text(found: Recommendation, window: float) -> list[str]:
         else:
             lines += ["", "the size stays: nothing to apply"]
     lines += [""]
+    if busy is not None:
+        lines.append(activity_line(busy))
     if found.policy_change:
         lines.append(f"policy: {found.policy_change} (today {found.headroom_today}); render and apply the manifests")
     else:
@@ -317,7 +393,29 @@ def _expected_json(found: Expected) -> dict[str, Any]:
     }
 
 
-def as_json(found: Recommendation, window: float) -> dict[str, Any]:
+def _busy_json(busy: Busy | None) -> dict[str, Any] | None:
+    if busy is None:
+        return None
+    return {"gpus": busy.gpus, "meanPercent": round(busy.mean, 1), "p95Percent": round(busy.p95, 1)}
+
+
+def activity_json(busy: ReservedActivity) -> dict[str, Any]:
+    found = busy.found
+    return {
+        "gauge": ACTIVITY_GAUGE,
+        "read": busy.error is None,
+        "error": busy.error,
+        "start": when(found.start) if found else None,
+        "end": when(found.end) if found else None,
+        "hours": round(found.hours, 2) if found else 0,
+        "reserved": _busy_json(found.reserved if found else None),
+        "inference": _busy_json(found.inference if found else None),
+        "inferenceLoadPercent": busy.expected_percent,
+    }
+
+
+def as_json(found: Recommendation, window: float, busy: ReservedActivity | None = None) -> dict[str, Any]:
+    activity = {"reservedGpuActivity": activity_json(busy)} if busy is not None else {}
     return {
         "window": {"start": when(found.start), "end": when(found.end), "seconds": window, "stepSeconds": found.step},
         "quantile": found.quantile,
@@ -354,6 +452,7 @@ def as_json(found: Recommendation, window: float) -> dict[str, Any]:
             }
             for r in found.kinds
         ],
+        **activity,
     }
 
 

@@ -1,11 +1,14 @@
 """``pool status``: the pool as it is, as text or JSON: each member node's label and taint and what is
 wrong with them, the reserved and the shared pool's nodes, GPUs and pods by class (a split node counted on
-both sides), the non-inference pods on reserved nodes, and the device section (``devices/status.py``).
+both sides), the non-inference pods on reserved nodes, the device section (``devices/status.py``) and, with
+``--gpu-metrics``, the reserved GPUs as AMD's device metrics exporter reports them (``gpus/status.py``: read and
+judged as ``audit --gpu-metrics`` does; unreadable, one warning and the rest as without it).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Iterable
 
 from webhook.core.policy import Policy
@@ -18,6 +21,11 @@ from webhook.ops.devices.status import (
     status_json,
     status_lines,
 )
+from webhook.ops.gpus import source as gpu_source
+from webhook.ops.gpus.judge import judge, kept_off, thresholds
+from webhook.ops.gpus.status import GpuStatus
+from webhook.ops.gpus.status import status_json as gpu_status_json
+from webhook.ops.gpus.status import status_lines as gpu_status_lines
 from webhook.ops.lending.decisions import lent
 from webhook.ops.pool.output import EXIT_OK, Output, pod_ref
 from webhook.ops.pool.read import Cluster, DraState, PoolRead, capacity_model
@@ -41,7 +49,29 @@ def show(args: argparse.Namespace, policy: Policy, read: PoolRead, reservation: 
         device_section(policy, read.cluster, state, model),
         split_value,
         lending=lending,
+        gpus=gpu_section(args, policy, model, out),
     )
+
+
+def gpu_section(args: argparse.Namespace, policy: Policy, model: CapacityModel, out: Output) -> GpuStatus | None:
+    """``--gpu-metrics``: the exporter's series judged on the capacity model (``ops/gpus``), their notes as warnings;
+    unreadable, one warning. None without the option."""
+    given = getattr(args, "gpu_metrics", None)
+    if not given:
+        return None
+    limits = thresholds(policy)
+    read = gpu_source.reader(
+        given, args.token, args.token_file, args.certificate_authority, bool(args.insecure_skip_tls_verify)
+    )
+    try:
+        readings = read(time.time(), limits)
+    except gpu_source.GpuSourceError as err:
+        out.warning(f"{err}: the reserved GPUs' activity is not shown")
+        return GpuStatus(limits, error=str(err))
+    judged = judge(readings, model, limits, kept_off(policy))
+    for line in judged.lines:
+        out.warning(f"GPU metrics: {line}")
+    return GpuStatus(limits, judged)
 
 
 def device_section(policy: Policy, cluster: Cluster, state: DraState, model: CapacityModel) -> DeviceStatus | None:
@@ -96,6 +126,7 @@ def status(
     split_value: str | None = None,
     *,
     lending: bool = False,
+    gpus: GpuStatus | None = None,
 ) -> int:
     """The pools as the capacity model counts them (the same numbers as ``audit``'s capacity section)."""
     # Split nodes (the device reservation's label value) are shown in the device section.
@@ -145,6 +176,7 @@ def status(
                 "shared": {**shared_cap.as_json(), "podsByClass": _by_class(on_shared)},
                 "nonInferenceOnReserved": [{**pod_ref(p), "class": p.class_name} for p in strays],
                 "devices": status_json(devices) if devices is not None else None,
+                **({"gpuMetrics": gpu_status_json(gpus)} if gpus is not None else {}),
             }
         )
         return EXIT_OK
@@ -187,5 +219,10 @@ def status(
     if devices is not None:
         out.line()
         for line in status_lines(devices):
+            out.line(line)
+    gpu_lines = gpu_status_lines(gpus) if gpus is not None else []
+    if gpu_lines:
+        out.line()
+        for line in gpu_lines:
             out.line(line)
     return EXIT_OK

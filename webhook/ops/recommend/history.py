@@ -12,6 +12,11 @@ Two sources, one shape:
   series within ``LOOKBACK``, then the maximum per (pool, nodes).
 
 A grid point with no value is ``None``: a gap, which ``ops/recommend/sizing.py`` refuses to guess across.
+
+Beside the demand, the reserved GPUs' activity as the background audit exports it (``Activity``: the gauge
+``ops/gpus/judge.ACTIVITY_GAUGE``, per node, GPU and whether inference held it; ``serve --audit-gpu-metrics``), on
+the same grid, from the same sources (``max by (node, gpu, inference)``), saved in the same file; optional: the
+demand's history never depends on it.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.ops.gpus.judge import ACTIVITY_GAUGE
 from webhook.ops.lending.demand import GAUGES
 
 LOOKBACK = 300.0  # seconds: Prometheus's default query.lookback-delta, so both sources agree
 Key = tuple[str, str]  # (pool, nodes)
+ActivityKey = tuple[str, str, str]  # (node, gpu, inference: "true" or "false")
+ACTIVITY_LABELS = ("node", "gpu", "inference")
 
 
 class HistoryFormatError(ValueError):
@@ -74,6 +82,15 @@ class History:
 
     def series(self, key: Key, figure: str) -> list[float | None]:
         return self.values.get(key, {}).get(figure) or [None] * self.grid.points
+
+
+@dataclass
+class Activity:
+    """The reserved GPUs' activity gauge (``ACTIVITY_GAUGE``, % gfx activity, each value the mean over the policy's
+    window at one audit) per (node, gpu, inference), one value or None per grid point."""
+
+    grid: Grid
+    values: dict[ActivityKey, list[float | None]] = field(default_factory=dict)
 
 
 # -- OpenMetrics text ------------------------------------------------------------------------------------------
@@ -130,27 +147,76 @@ def _put(history: History, key: Key, figure: str, index: int, value: float) -> N
     column[index] = value if current is None else max(current, value)
 
 
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]]
+
+
+def _series(samples: Iterable[Sample], names: Iterable[str]) -> Series:
+    wanted = set(names)
+    per_series: Series = {}
+    for sample in samples:
+        if sample.name in wanted:
+            per_series.setdefault((sample.name, tuple(sorted(sample.labels.items()))), []).append(
+                (sample.timestamp, sample.value)
+            )
+    return per_series
+
+
+def _looked_up(points: list[tuple[float, float]], grid: Grid, lookback: float) -> Iterator[tuple[int, float]]:
+    """One series' value at each grid point, as Prometheus looks it up (the last sample at or before the point and
+    at most ``lookback`` older; a NaN is no value): (index, value) where there is one."""
+    points.sort()
+    stamps = [t for t, _ in points]
+    for index, at in enumerate(grid.times()):
+        before = bisect_right(stamps, at) - 1
+        if before < 0 or at - stamps[before] > lookback or math.isnan(points[before][1]):
+            continue
+        yield index, points[before][1]
+
+
 def from_samples(samples: Iterable[Sample], grid: Grid, lookback: float = LOOKBACK) -> History:
     """Each demand gauge's samples looked up as Prometheus does (per series, the last sample at or before each
     grid point and at most ``lookback`` older; a NaN is no value), then ``max by (pool, nodes)``."""
     figures = {name: figure for figure, name in GAUGES.items()}
-    per_series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-    for sample in samples:
-        if sample.name in figures:
-            per_series.setdefault((sample.name, tuple(sorted(sample.labels.items()))), []).append(
-                (sample.timestamp, sample.value)
-            )
     history = History(grid)
-    times = grid.times()
-    for (name, labels), points in per_series.items():
-        points.sort()
-        stamps = [t for t, _ in points]
-        for index, at in enumerate(times):
-            before = bisect_right(stamps, at) - 1
-            if before < 0 or at - stamps[before] > lookback or math.isnan(points[before][1]):
-                continue
-            _put(history, _key(dict(labels)), figures[name], index, points[before][1])
+    for (name, labels), points in _series(samples, figures).items():
+        for index, value in _looked_up(points, grid, lookback):
+            _put(history, _key(dict(labels)), figures[name], index, value)
     return history
+
+
+def _activity_key(labels: Mapping[str, str]) -> ActivityKey:
+    return (labels.get("node", ""), labels.get("gpu", ""), labels.get("inference", ""))
+
+
+def _put_activity(activity: Activity, key: ActivityKey, index: int, value: float) -> None:
+    column = activity.values.setdefault(key, [None] * activity.grid.points)
+    current = column[index]
+    column[index] = value if current is None else max(current, value)
+
+
+def activity_from_samples(samples: Iterable[Sample], grid: Grid, lookback: float = LOOKBACK) -> Activity:
+    """The activity gauge's samples looked up as ``from_samples`` does, then ``max by (node, gpu, inference)``
+    (the replicas, and the labels a scrape adds)."""
+    activity = Activity(grid)
+    for (_, labels), points in _series(samples, [ACTIVITY_GAUGE]).items():
+        for index, value in _looked_up(points, grid, lookback):
+            _put_activity(activity, _activity_key(dict(labels)), index, value)
+    return activity
+
+
+def _on_grid(result: Mapping[str, Any], grid: Grid) -> Iterator[tuple[int, float]]:
+    """One series of a ``query_range`` answer: (index, value) of each point with a value; a point off the grid's
+    instants is a misread, refused."""
+    for pair in result.get("values") or []:
+        try:
+            at, value = float(pair[0]), float(pair[1])
+        except (TypeError, ValueError, IndexError) as err:
+            raise HistoryFormatError(f"Prometheus answered a point that is not [time, value]: {pair!r}") from err
+        index = round((at - grid.start) / grid.step)
+        if not 0 <= index < grid.points or abs(grid.start + index * grid.step - at) > 1e-3:
+            raise HistoryFormatError(f"Prometheus answered a point off the query's steps: {at}")
+        if not math.isnan(value):
+            yield index, value
 
 
 def from_matrix(answers: Mapping[str, Sequence[Mapping[str, Any]]], grid: Grid) -> History:
@@ -160,41 +226,52 @@ def from_matrix(answers: Mapping[str, Sequence[Mapping[str, Any]]], grid: Grid) 
     for figure, results in answers.items():
         for result in results:
             labels = result.get("metric") or {}
-            for pair in result.get("values") or []:
-                try:
-                    at, value = float(pair[0]), float(pair[1])
-                except (TypeError, ValueError, IndexError) as err:
-                    raise HistoryFormatError(
-                        f"Prometheus answered a point that is not [time, value]: {pair!r}"
-                    ) from err
-                index = round((at - grid.start) / grid.step)
-                if not 0 <= index < grid.points or abs(grid.start + index * grid.step - at) > 1e-3:
-                    raise HistoryFormatError(f"Prometheus answered a point off the query's steps: {at}")
-                if not math.isnan(value):
-                    _put(history, _key(labels), figure, index, value)
+            for index, value in _on_grid(result, grid):
+                _put(history, _key(labels), figure, index, value)
     return history
 
 
-def to_openmetrics(history: History) -> str:
+def activity_from_matrix(results: Sequence[Mapping[str, Any]], grid: Grid) -> Activity:
+    """The answer of ``max by (node, gpu, inference) (ACTIVITY_GAUGE)`` on ``grid``, as ``from_matrix``."""
+    activity = Activity(grid)
+    for result in results:
+        labels = result.get("metric") or {}
+        for index, value in _on_grid(result, grid):
+            _put_activity(activity, _activity_key(labels), index, value)
+    return activity
+
+
+def to_openmetrics(history: History, activity: Activity | None = None) -> str:
     """The history as OpenMetrics text, one sample per grid point with a value (``pool recommend --save``): read
-    back on the same grid (``from_samples``) it is the same history, so a recommendation can be made again offline,
-    or in CI."""
+    back on the same grid (``from_samples``, ``activity_from_samples``) it is the same history, so a recommendation
+    can be made again offline, or in CI. The activity gauge's family only when it has series (without them, the
+    text is what it was before it existed)."""
     lines: list[str] = []
     times = history.grid.times()
     for figure, name in GAUGES.items():
         lines.append(f"# TYPE {name} gauge")
         for (pool, nodes), columns in sorted(history.values.items()):
-            series = f'{name}{{pool="{_escape(pool)}",nodes="{_escape(nodes)}"}}'
-            before: float | None = None
-            for at, value in zip(times, columns.get(figure) or [], strict=False):
-                if value is not None:
-                    lines.append(f"{series} {value:.10g} {at:.3f}")
-                elif before is not None:
-                    # A NaN where the values stop: read back, the last value would otherwise fill the lookback.
-                    lines.append(f"{series} NaN {at:.3f}")
-                before = value
+            lines += _samples(f'{name}{{pool="{_escape(pool)}",nodes="{_escape(nodes)}"}}', times, columns.get(figure))
+    if activity is not None and activity.values:
+        lines.append(f"# TYPE {ACTIVITY_GAUGE} gauge")
+        for key, column in sorted(activity.values.items()):
+            labels = ",".join(f'{label}="{_escape(value)}"' for label, value in zip(ACTIVITY_LABELS, key, strict=True))
+            lines += _samples(f"{ACTIVITY_GAUGE}{{{labels}}}", activity.grid.times(), column)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
+
+
+def _samples(series: str, times: Sequence[float], column: Sequence[float | None] | None) -> list[str]:
+    lines = []
+    before: float | None = None
+    for at, value in zip(times, column or [], strict=False):
+        if value is not None:
+            lines.append(f"{series} {value:.10g} {at:.3f}")
+        elif before is not None:
+            # A NaN where the values stop: read back, the last value would otherwise fill the lookback.
+            lines.append(f"{series} NaN {at:.3f}")
+        before = value
+    return lines
 
 
 def _escape(value: str) -> str:

@@ -22,6 +22,11 @@ and kind of node. Per kind with nodes in the history:
 Refused, never guessed: a window shorter than a day (some hour of the day unseen), no sample at all, and a
 gap (no sample for longer than ``max_gap``, including at the start or end of the window: history shorter than
 the window asked).
+
+Beside it, how busy the reserved GPUs actually were (``gpu_activity``): the mean and p95 of the background audit's
+activity gauge over every reserved GPU and grid point with a value, and over those inference held. Overall, not
+per kind of node: the gauge is labelled by node, GPU and inference only (nothing in it tells a whole node from a
+split one). The recommendation never depends on it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from datetime import UTC, datetime
 from itertools import pairwise
 
 from webhook.ops.lending.demand import GAUGES, KINDS, SPLIT, WHOLE
-from webhook.ops.recommend.history import History, Key
+from webhook.ops.recommend.history import Activity, History, Key
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -368,3 +373,54 @@ def recommend(history: History, window: float, quantile_: float, headroom_today:
         )
     change = f"spec.lending.headroomGPUs: {headroom}" if headroom != headroom_today else None
     return Recommendation(grid.start, grid.end, grid.step, quantile_, headroom_today, headroom, tuple(reports), change)
+
+
+# -- the reserved GPUs' activity ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Activity over GPU-points: how many GPUs, the mean and the p95 (%)."""
+
+    gpus: int
+    mean: float
+    p95: float
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    start: float  # the first and last grid point with a value
+    end: float
+    hours: float  # the window's hours with a value (a step per grid point with one)
+    reserved: Busy  # every reserved GPU
+    inference: Busy | None  # the GPUs while inference held them; None: inference held none
+
+
+def _busy(columns: dict[tuple[str, str], list[float | None]]) -> Busy | None:
+    values = [v for column in columns.values() for v in column if v is not None]
+    if not values:
+        return None
+    gpus = sum(1 for column in columns.values() if any(v is not None for v in column))
+    return Busy(gpus, sum(values) / len(values), quantile(values, 0.95))
+
+
+def gpu_activity(activity: Activity) -> GpuActivity | None:
+    """The reserved GPUs' activity over the window; None: no sample of the gauge in it. A GPU at one point is the
+    highest of its series there (held by inference or not: at one instant there is one)."""
+    points = activity.grid.points
+    every: dict[tuple[str, str], list[float | None]] = {}
+    held: dict[tuple[str, str], list[float | None]] = {}
+    for (node, gpu, inference), column in activity.values.items():
+        for target in (every, held) if inference == "true" else (every,):
+            merged = target.setdefault((node, gpu), [None] * points)
+            for index, value in enumerate(column):
+                if value is not None:
+                    current = merged[index]
+                    merged[index] = value if current is None else max(current, value)
+    reserved = _busy(every)
+    if reserved is None:
+        return None
+    present = [i for i in range(points) if any(column[i] is not None for column in every.values())]
+    times = activity.grid.times()
+    hours = min(len(present), points - 1) * activity.grid.step / HOUR  # a point stands for a step; the window, at most
+    return GpuActivity(times[present[0]], times[present[-1]], hours, reserved, _busy(held))
