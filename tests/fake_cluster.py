@@ -78,8 +78,10 @@ EXPIRED_MESSAGE = (
 )
 
 
-# What API discovery lists of admissionregistration.k8s.io/v1 beyond RESOURCES on 1.36 (issue 47).
+# What API discovery lists of admissionregistration.k8s.io/v1 beyond RESOURCES on 1.36 (issue 47), and on 1.34 and
+# 1.35 as they ship (no MutatingAdmissionPolicy: ValidatingAdmissionPolicy only, GA since 1.30).
 MUTATING_ADMISSION_POLICIES = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+VALIDATING_ADMISSION_POLICIES = ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
 
 
 @dataclass(frozen=True)
@@ -337,11 +339,15 @@ class FakeCluster:
         configuration.api_key = {"authorization": "Bearer fake-token"}
         return client.ApiClient(configuration)
 
-    def serve_discovery(self, extra: Mapping[str, Iterable[str]] | None = None) -> None:
+    def serve_discovery(self, extra: Mapping[str, Iterable[str]] | None = None, *, minor: str = "1.36") -> None:
         """Answer API discovery (``GET /apis/GROUP/VERSION``) for the versions served, listing the resources
         of ``RESOURCES`` and ``extra`` ("resource.k8s.io/v1beta2" -> ["devicetaintrules"]); a 1.36 cluster: the
-        MutatingAdmissionPolicy is served (``deploy/minors.from_cluster`` reads the minor from it)."""
-        self._discovery = {"admissionregistration.k8s.io/v1": MUTATING_ADMISSION_POLICIES}
+        MutatingAdmissionPolicy is served (``deploy/minors.from_cluster`` reads the minor from it); ``minor`` 1.34
+        or 1.35: a stock one, which serves none (resource.k8s.io as on 1.36)."""
+        if minor not in ("1.34", "1.35", "1.36"):
+            raise ValueError(f"the fake's discovery is a 1.34, 1.35 or 1.36 one, not {minor}")
+        placement = MUTATING_ADMISSION_POLICIES if minor == "1.36" else VALIDATING_ADMISSION_POLICIES
+        self._discovery = {"admissionregistration.k8s.io/v1": placement}
         self._discovery.update({gv: tuple(names) for gv, names in (extra or {}).items()})
 
     def forbid(self, plural: str, verb: str = "list") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ from cluster_objects import pod
 from conftest import wait_for
 from fake_cluster import FakeCluster
 
+from webhook.cluster import discovery
 from webhook.cluster.kubeapi import KubeApi
-from webhook.cluster.view import ACTIVE_PODS, ClusterView, NotSynced, ViewApi
+from webhook.cluster.view import ACTIVE_PODS, ClusterView, FrozenView, NotSynced, ViewApi
 from webhook.core.policy import Policy, default_policy, parse_policy
+from webhook.deploy import minors
 from webhook.ops.pool.read import read_cluster, read_dra
 from webhook.service.lending_loop import LendingKeeper
 
@@ -244,6 +247,33 @@ def test_the_keepers_memo_reads_unchanged_pods_once_and_decides_again_when_their
             pool_read.classify = original  # type: ignore[assignment]
     finally:
         view.stop()
+
+
+@pytest.mark.parametrize("minor", ["1.35", "1.36"])
+def test_the_view_and_its_dump_answer_the_discovery_that_tells_the_minor_with_no_request(
+    tmp_path: Path, minor: str
+) -> None:
+    """The admissionregistration.k8s.io and resource.k8s.io discovery that ``deploy/minors.from_cluster`` reads is
+    held: ``audit`` on the view (serve's background audit, on its dump) knows the minor without a request."""
+    cluster = FakeCluster().start()
+    try:
+        cluster.serve_discovery(minor=minor)
+        direct = KubeApi(cluster.api_client())
+        expected = discovery.discovery(direct, minors.DISCOVERED)
+        served = minors.from_cluster(expected, None)
+        assert served is not None and served.minor == minor
+        view = synced_view(cluster, default_policy())
+        try:
+            assert view.dump(tmp_path / "view.json")
+            for api in (view.api(direct), FrozenView.load(tmp_path / "view.json").api(direct)):
+                before = len(cluster.requests)
+                assert discovery.discovery(api, minors.DISCOVERED) == expected
+                assert len(cluster.requests) == before, [r.path for r in cluster.requests[before:]]
+                assert api.passed_through == 0
+        finally:
+            view.stop()
+    finally:
+        cluster.stop()
 
 
 def test_a_view_whose_discovery_failed_is_not_synced_until_it_succeeds_then_watches_dra(fake: FakeCluster) -> None:

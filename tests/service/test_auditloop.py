@@ -272,6 +272,59 @@ def test_the_background_audit_reads_the_lending_keepers_view_and_finds_what_a_li
         cluster.stop()
 
 
+@pytest.mark.parametrize("minor", ["1.35", "1.36"])
+def test_the_background_audit_on_the_view_judges_the_device_reservation_as_the_clusters_minor_holds_it(
+    tmp_path: Path, minor: str
+) -> None:
+    """A split made on 1.35, where the apiserver drops a DeviceClass's extendedResourceName (pool apply writes the
+    classes without it): the background audit reading the keeper's view judges it as 1.35 can hold it, as the
+    ``audit`` command does, every run, and adds no request for it. The same classes on 1.36, which keeps the name,
+    are a finding (amd.com/gpu maps to no class)."""
+    from audit_cluster import RESERVATION, SPLIT_LABELS, four_gpus, split_node_slice
+    from cluster_objects import reservation_classes
+
+    from webhook.cluster.view import ClusterView
+    from webhook.deploy import minors
+    from webhook.ops.devices.minor import policy_for
+
+    as_written, notes = policy_for(POLICY, minors.for_minor("1.35"))
+    assert notes and not as_written.spec.reserved_devices.extended_resource_name
+    cluster = FakeCluster().start()
+    try:
+        cluster.serve_discovery(minor=minor)
+        cluster.add(
+            node("d1", labels=SPLIT_LABELS, allocatable={}),
+            split_node_slice("d1", *four_gpus()),
+            *reservation_classes(RESERVATION, policy=as_written),
+        )
+        kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+        listing = BackgroundAudit(audit_command(str(kubeconfig), None), Metrics(), interval=60)
+        assert listing.run_once() and listing.last_report is not None
+        view = ClusterView(cluster.api_client(), lambda: POLICY)
+        view.start()
+        wait_for(lambda: view.synced, what="the view synced")
+        dumped: list[bool] = []
+
+        def dump(path: Path) -> bool:
+            dumped.append(view.dump(path))
+            return dumped[-1]
+
+        reading = BackgroundAudit(audit_command(str(kubeconfig), None), Metrics(), interval=60, view_dump=dump)
+        for _ in range(2):  # every run, not once
+            before = len(cluster.requests)
+            assert reading.run_once() and reading.last_report is not None
+            sent = [r.path for r in cluster.requests[before:] if r.method == "GET" and "watch" not in r.query]
+            assert sent == ["/api/v1/namespaces/rocm-isolation-system/configmaps/rocm-isolation-reserved-node-names"]
+            rules = [f["rule"] for f in reading.last_report["findings"]]
+            assert ("extended-resource-not-on-shared-class" in rules) == (minor == "1.36"), rules
+            assert reading.last_report["findings"] == listing.last_report["findings"]
+            assert reading.last_report["capacity"]["devices"]["reservedDevices"] == 2
+        assert dumped == [True, True]
+        view.stop()
+    finally:
+        cluster.stop()
+
+
 def without_waits(document: Any) -> Any:
     """The capacity section but for how long pending pods have waited (the two audits ran a second apart)."""
     if isinstance(document, dict):

@@ -16,7 +16,10 @@ Lease and stopped when it loses it (only the holder pays for the view), and a ro
 - What is kept of each object is ``cluster/projection.py``: pods only when they can matter to capacity or
   lending, and only the fields decisions read.
 - The resource.k8s.io version of each DRA resource is the newest its API discovery lists, read when the view
-  starts (with ``/version``) and again at each resync; a read of another version goes to the apiserver.
+  starts (with ``/version``) and again at each resync; a read of another version goes to the apiserver. The
+  admissionregistration.k8s.io versions' discovery is read with it (``PLACEMENT_DISCOVERY``): with resource.k8s.io's
+  it tells the cluster's Kubernetes minor (``deploy/minors.from_cluster``), so that ``audit`` on the view (serve's
+  background audit) judges the device reservation as that minor can hold it, without a request of its own.
 - Pods are watched with the apiserver's ``status.phase!=Succeeded,status.phase!=Failed``: a pod that
   finishes leaves the view by the watch's DELETED event. A pod list that does not ask for exactly that
   cannot be answered from the view and raises ``ValueError``.
@@ -48,6 +51,9 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 _ACTIVE_TERMS = frozenset(ACTIVE_PODS.split(","))
 DRA_RESOURCES = ("deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates", "devicetaintrules")
 DRA_VERSIONS = (*dra.VERSIONS, "v1alpha3")  # newest first; devicetaintrules came in v1alpha3
+# What else discovery is read of (and a dump holds): the MutatingAdmissionPolicy's versions, which with DRA's tell the
+# minor (``deploy/minors.DISCOVERED``).
+PLACEMENT_DISCOVERY = ("admissionregistration.k8s.io/v1", "admissionregistration.k8s.io/v1beta1")
 _NAMESPACED = frozenset({"pods", "resourceclaims", "resourceclaimtemplates"})
 YIELD_EVERY = 64  # objects a round reads between two hand-overs of the GIL (about 1 ms of work)
 
@@ -197,8 +203,8 @@ class ClusterView:
         return reflector
 
     def _discover(self) -> None:
-        """``/version`` and which resource.k8s.io versions list which resources; a failure leaves what was
-        known, and the view unsynced until a discovery succeeds (retried every round: ``refresh_discovery``)."""
+        """``/version`` and which resource.k8s.io (and admissionregistration.k8s.io) versions list which resources;
+        a failure leaves what was known, and the view unsynced until a discovery succeeds (retried every round: ``refresh_discovery``)."""
         try:
             self.version, self.version_error = self._reads.get("/version"), None
         except ApiError as err:  # what the apiserver said is said again until the next discovery
@@ -206,6 +212,7 @@ class ClusterView:
             log.warning("lending view: cannot read the apiserver's version", extra={"error": str(err)})
         try:
             discovery = {f"{dra.GROUP}/{v}": resources_served(self._reads, f"{dra.GROUP}/{v}") for v in DRA_VERSIONS}
+            discovery.update({gv: resources_served(self._reads, gv) for gv in PLACEMENT_DISCOVERY})
         except ApiError as err:
             log.warning("lending view: API discovery failed", extra={"error": str(err)})
             return

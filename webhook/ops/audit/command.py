@@ -39,7 +39,7 @@ import yaml
 from webhook.cluster import discovery
 from webhook.cluster.inventory import POOLS, NodeInfo, Pool, Snapshot
 from webhook.cluster.kubeapi import ApiError, Forbidden, KubeApi, NotFound
-from webhook.cluster.view import FrozenView
+from webhook.cluster.view import FrozenView, ViewApi
 from webhook.core.claims import MODE_CLASSES, MODE_TAINTS
 from webhook.core.policy import Mode, Policy, PolicyError, compile_policy, default_policy, load_policy
 from webhook.deploy import device_classes, minors, reserved_names
@@ -420,12 +420,14 @@ def capacity_model(snapshot: Snapshot, devices: DeviceAudit) -> CapacityModel:
 
 def served_by(api: KubeApi) -> minors.Served | None:
     """What the cluster's minor serves (API discovery; the apiserver's feature gates where RBAC lets us read its
-    /metrics, else that minor's stock defaults), None when discovery is unreadable, or when ``api`` is the lending
-    keeper's view (``cluster/view.py``: it answers from memory, and the background audit adds no request)."""
-    if type(api) is not KubeApi:
+    /metrics, else that minor's stock defaults), None when discovery is unreadable. On the lending keeper's view
+    (``cluster/view.py``; serve's background audit reads its dump) discovery is the view's and no feature gate is
+    read: the background audit adds no request, and serve's account may not read /metrics (the stock defaults)."""
+    view = isinstance(api, ViewApi)
+    if type(api) is not KubeApi and not view:
         return None
     try:
-        return minors.from_cluster(*discovery.served(api, minors.DISCOVERED))
+        return minors.from_cluster(*discovery.served(api, minors.DISCOVERED, gates=not view))
     except ApiError:
         return None
 
