@@ -437,6 +437,13 @@ def serves_dra() -> bool:
     return int(kube_minor().split(".")[1]) >= 34
 
 
+def serves_dra_extended_resources() -> bool:
+    """The run's minor keeps a DeviceClass's extendedResourceName (DRAExtendedResource on: 1.36): a pod can reach a GPU
+    by an extended resource the scheduler turns into a claim. Before, the apiserver drops the field, and such a name is
+    a resource no node has (the pod stays pending: no route)."""
+    return kube_minor() == "1.36"
+
+
 def placement_served() -> bool:
     """A MutatingAdmissionPolicy places pods in the apiserver: 1.36, or 1.35 with the opt-in (1.34 refuses the
     policy: ``deploy/minors.NO_FLATTEN``)."""

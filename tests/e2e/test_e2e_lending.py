@@ -39,7 +39,7 @@ import yaml
 
 from webhook.core.policy import default_policy_text
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, kube_minor, loopback_only, minor_options
 from .harness import (
     MI300X_LABELS,
     Webhook,
@@ -49,6 +49,7 @@ from .harness import (
     install,
     make_namespace,
     make_node,
+    placement_served,
     render_manifests,
 )
 from .kube import ApiError, Kube, Obj, wait_until
@@ -64,6 +65,11 @@ CLASS_LABEL = "rocm-isolation.io/class"
 TRAIN, SERVE = "lend-train", "lend-serve"
 BORROWER_CLASS, BORROWER_VALUE = "rocm-isolation-borrower", -100
 NO_BORROWERS = "rocm-isolation.io/no-borrowers"
+
+# Whole-node lending needs no DRA and no MutatingAdmissionPolicy: it runs on every minor. Where the minor serves no
+# placement policy (1.33-1.35 stock), what the MAP does with the webhook out of the path is not there (each test says
+# what holds instead).
+pytestmark = pytest.mark.minors("1.33", "1.34", "1.35")
 
 
 def lending_policy(enabled: bool) -> str:
@@ -88,16 +94,16 @@ class World:
     inference: set[str] = field(default_factory=set)
 
 
-def render(policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
-    """``manifests --policy`` made to run against this control plane."""
-    return render_manifests(ca_file, port, policy_file)
+def render(plane: ControlPlane, policy_file: Path, ca_file: Path, port: int) -> list[Obj]:
+    """``manifests --policy`` made to run against this control plane (for the minor it serves)."""
+    return render_manifests(ca_file, port, policy_file, kubeconfig=plane.admin_kubeconfig)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     loopback_only()
     workdir = tmp_path_factory.mktemp("lending")
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir / "controlplane")
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir / "controlplane", **minor_options())
     plane.start()
     try:
         kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
@@ -350,6 +356,14 @@ def test_a_training_pod_that_is_not_a_borrower_is_denied_reserved_capacity_webho
         assert "no borrowers" in _denied(kube, no_borrowers, "rocm-isolation-reserved-nodes")
         placed = kube.create(gpu_pod("b2", TRAIN, gpus=1, labels={"app": "b2", BORROW: "true"}), dry_run=True)
         spec = placed["spec"]
+        if not placement_served():
+            # No MAP (1.33-1.35 stock): admitted unplaced, as any GPU pod with the webhook down; it tolerates no
+            # reserved taint, so it borrows nothing (and takes no reserved GPU) until the webhook is back.
+            assert "priorityClassName" not in spec and spec["priority"] == 0, kube_minor()
+            assert not any(t.get("key") == "rocm-isolation.io/reserved" for t in spec.get("tolerations") or [])
+            plain = kube.create(gpu_pod("p2", TRAIN, gpus=1), dry_run=True)
+            assert "affinity" not in plain["spec"] and "priorityClassName" not in plain["spec"]
+            return
         assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
             BORROWER_CLASS,
             BORROWER_VALUE,
@@ -431,7 +445,7 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
     assert sorted(p["spec"]["nodeName"] for p in running) == sorted(RESERVED + SHARED)
 
     world.policy_file.write_text(lending_policy(False), encoding="utf-8")
-    manifests = render(world.policy_file, world.ca_file, world.webhook_port)
+    manifests = render(world.plane, world.policy_file, world.ca_file, world.webhook_port)
     # The lending section kept (enabled: false): the PriorityClasses stay rendered, as the backstop split
     # (core/lending.switchable); the switch changes the placement policy.
     assert [d["metadata"]["name"] for d in manifests if d["kind"] == "PriorityClass"] == [
@@ -482,11 +496,19 @@ def test_turning_lending_off_leaves_running_borrowers_alone_and_lends_nothing_ne
         lent = _tolerating("late", **{BORROW: "true"})
         lent["spec"]["priorityClassName"] = BORROWER_CLASS
         placed = kube.create(lent, dry_run=True)
-        terms = placed["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        for term in terms["nodeSelectorTerms"]:
-            assert {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]} in term[
-                "matchExpressions"
-            ]
+        if placement_served():
+            terms = placed["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            for term in terms["nodeSelectorTerms"]:
+                assert {"key": "rocm-isolation.io/pool", "operator": "NotIn", "values": ["inference"]} in term[
+                    "matchExpressions"
+                ]
+        else:
+            # No MAP (1.33-1.35 stock; measured): admitted as written, so with the webhook down a pod written as a
+            # borrower can still borrow after lending is switched off while the lending section is kept (at the
+            # borrowers' priority: preempted by any inference pod). docs/operations.md's support matrix says so,
+            # and how to close it (remove the lending section: the strict backstop).
+            assert "affinity" not in placed["spec"], kube_minor()
+            assert placed["spec"]["priority"] == BORROWER_VALUE
         assert _denied(kube, _tolerating("late-2", **{BORROW: "true"}), "rocm-isolation-reserved-nodes")
     _no_inference_pod_disrupted(world)
     assert world.kubelet.errors == []
