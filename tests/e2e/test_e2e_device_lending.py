@@ -44,7 +44,7 @@ from webhook.ops.lending.demand import Demand
 from webhook.service.device_lending import DeviceLending
 from webhook.service.lending_loop import LendingKeeper, Observed
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
+from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only, minor_options
 from .harness import (
     MI210_LABELS,
     Webhook,
@@ -61,6 +61,9 @@ from .test_e2e_device_reservation import amd_resource_slice
 from .test_e2e_lending import GRACE, lending_policy  # grace 5 s
 
 NODES = ("lend-dra-1", "lend-dra-2")
+
+# Lending reserved devices needs DRA (1.34 on; 1.33 refuses the split itself: test_e2e_minor_devices.py).
+pytestmark = pytest.mark.minors("1.34", "1.35")
 
 
 def new_view(plane: ControlPlane, policy: Policy) -> ClusterView:
@@ -140,7 +143,7 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     loopback_only()
     workdir = tmp_path_factory.mktemp("device-lending")
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir / "controlplane")
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir / "controlplane", **minor_options())
     plane.start()
     try:
         kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())

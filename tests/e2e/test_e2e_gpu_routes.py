@@ -42,6 +42,7 @@ from .harness import (
     cli,
     for_this_minor,
     metric_value,
+    serves_dra,
     serves_dra_extended_resources,
 )
 from .kube import ApiError, Obj, wait_until
@@ -62,7 +63,9 @@ NO_EXTENDED_RESOURCES = (
 )
 EXTENDED_ROWS = ("dra-extended-resource-implicit", "dra-extended-resource-class-name")
 needs_extended_resources = pytest.mark.skipif(
-    not serves_dra_extended_resources(), reason=f"Kubernetes {kube_minor()}: {NO_EXTENDED_RESOURCES}"
+    not serves_dra_extended_resources(),
+    reason=f"Kubernetes {kube_minor()}: "
+    + (NO_EXTENDED_RESOURCES if serves_dra() else "no DRA (resource.k8s.io not served): no DRA extended resources"),
 )
 
 

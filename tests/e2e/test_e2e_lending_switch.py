@@ -67,6 +67,7 @@ from .harness import (
     make_node,
     placement_served,
     render_manifests,
+    serves_dra,
     service_account_kubeconfig,
 )
 from .kube import ApiError, Kube, Obj, wait_until
@@ -463,7 +464,9 @@ def test_2_lending_off_the_manifests_first(world: World) -> None:
     _assert_nothing_denied(world, "t2")
     # Pruned: what only lending on renders (the lent-claims policy); kept: the keeper's role, its policies,
     # the PriorityClasses and the lending backstop (the same on and off with a lending section).
-    assert pruned and all(lending_access.CLUSTER_ROLE not in p and "PriorityClass" not in p for p in pruned), pruned
+    # (1.33 serves no DRA: no claims policy rendered, nothing pruned.)
+    assert bool(pruned) == serves_dra(), pruned
+    assert all(lending_access.CLUSTER_ROLE not in p and "PriorityClass" not in p for p in pruned), pruned
     assert kube.get("PriorityClass", BORROWER_CLASS)
     role = kube.get("ClusterRole", lending_access.CLUSTER_ROLE)
     assert [r["resources"] for r in role["rules"]] == [["nodes"], ["deviceclasses"]], role["rules"]
