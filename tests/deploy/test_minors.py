@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.core.policy import default_policy_text
 from webhook.deploy import minors, render, reserved_devices
 
 MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
@@ -214,3 +215,42 @@ def test_discovery_that_does_not_answer_tells_nothing() -> None:
     """No admissionregistration.k8s.io/v1 (every supported minor serves it): not read, not taken for 1.33."""
     assert minors.from_cluster({}, None) is None
     assert minors.from_cluster({"resource.k8s.io/v1": DRA_V1}, GATES["1.36"]) is None
+
+
+def _lending_policy(tmp_path: Path, *, enabled: bool) -> str:
+    """The default policy with a ``lending`` section, on or switched off (``enabled: false``)."""
+    document = yaml.safe_load(default_policy_text())
+    document["spec"]["lending"] = {"enabled": enabled}
+    path = tmp_path / f"lending-{'on' if enabled else 'off'}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return str(path)
+
+
+@pytest.mark.parametrize("minor", ["1.33", "1.34", "1.35"])
+def test_lending_switched_off_but_kept_warns_where_no_placement_policy_is_rendered(tmp_path: Path, minor: str) -> None:
+    """Measured on each minor (test_e2e_lending_switch.py): the section kept with lending off, a pod written at the
+    borrowers' PriorityClass tolerating the reserved taint is admitted while the webhook is down, without the
+    placement policy: the operator is told, with the way out."""
+    result = manifests("--kubernetes-version", minor, "--policy", _lending_policy(tmp_path, enabled=False))
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if ": lending " in line]
+    assert warning.startswith(f"warning: {minor}: lending is off but the policy keeps its lending section"), warning
+    assert "rocm-isolation-borrower" in warning and "remove the lending section" in warning, warning
+
+
+def test_lending_notes_follow_the_placement_policy_and_the_section(tmp_path: Path) -> None:
+    off = _lending_policy(tmp_path, enabled=False)
+    on = _lending_policy(tmp_path, enabled=True)
+    quiet = {
+        "1.36": manifests("--kubernetes-version", "1.36", "--policy", off),
+        "1.35 opt-in": manifests(
+            "--kubernetes-version", "1.35", "--mutating-admission-policy", "v1beta1", "--policy", off
+        ),
+        "no section": manifests("--kubernetes-version", "1.35"),
+    }
+    for case, result in quiet.items():
+        assert result.returncode == 0 and ": lending " not in result.stderr, (case, result.stderr)
+    enabled = manifests("--kubernetes-version", "1.34", "--policy", on)
+    (note,) = [line for line in enabled.stderr.splitlines() if ": lending " in line]
+    assert note.startswith("note: 1.34: lending without a MutatingAdmissionPolicy"), note
+    assert "it borrows nothing" in note, note

@@ -577,6 +577,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def lending_notes(policy: Policy, served: minors.Served | None, placement: str) -> list[str]:
+    """What lending loses where no placement policy is rendered (``minors.lending_without_placement``)."""
+    if served is None:
+        return []
+    lending = policy.spec.lending
+    return minors.lending_without_placement(
+        served,
+        placement,
+        switchable=switchable(policy),
+        enabled=lending.enabled,
+        borrower_priority_class=lending.borrower_priority_class.name,
+    )
+
+
 def main(args: argparse.Namespace, served: minors.Served | None = None) -> int:
     """``served``: what the target cluster serves, read from it (``ops/manifests.py``); else from
     ``--kubernetes-version``, else the 1.36 manifests."""
@@ -618,6 +632,8 @@ def main(args: argparse.Namespace, served: minors.Served | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for line in minors.missing(served, placement) if served is not None else ():
         print(f"note: {line}", file=sys.stderr)
+    for line in lending_notes(policy, served, placement):
+        print(f"{'note' if policy.spec.lending.enabled else 'warning'}: {line}", file=sys.stderr)
     header = (
         f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}"
         f"{' --monitoring' if args.monitoring else ''}"
