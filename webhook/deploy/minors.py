@@ -192,7 +192,8 @@ def missing(served: Served, placement_policy: str) -> list[str]:
         lines.append(
             f"{minor}: no DRA (resource.k8s.io not served): the device-level backstop policies are left out (no "
             "claim can exist); GPU pods reach GPUs through amd.com/ resources, privileged containers and the runtime's "
-            "variables, which the webhook and the node backstop cover; no device-level reservation, no lending of devices (whole nodes lend)"
+            "variables, which the webhook and the node backstop cover; no device-level reservation, no lending of "
+            "devices (whole nodes lend)"
         )
     else:
         if not served.extended_resources:
