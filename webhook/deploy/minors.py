@@ -204,8 +204,9 @@ def missing(served: Served, placement_policy: str) -> list[str]:
             )
         if not served.partitionable_devices:
             lines.append(
-                f"{minor}: no partitionable devices ({PARTITIONABLE_GATE} off): no AutoPartition shared counters; "
-                "pool apply --devices-per-node splits whole GPUs only"
+                f"{minor}: no partitionable devices ({PARTITIONABLE_GATE} off): the apiserver drops AMD "
+                "AutoPartition's shared counters; pool apply --devices-per-node still splits by PCI bus ID, but two "
+                "claims of one side can be handed two layouts of one GPU"
             )
     return lines
 

@@ -302,5 +302,9 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
     if args.action == "release":
         return pool_nodes.release(api, policy, read.cluster, reservation, args, out)
     if getattr(args, "devices_per_node", None) is not None:
+        driver = policy.spec.reserved_devices.driver
+        lost = device_minor.layouts_without_counters(served, read.devices.published, driver)
+        if lost is not None:
+            out.warning(lost)
         return pool_devices.plan_or_apply(args, api, policy, read, reservation, out)
     return pool_nodes.plan_or_apply(args, api, policy, read, reservation, out)
