@@ -212,13 +212,21 @@ def release_devices(split: Split) -> str:
 
 
 def build_split(
-    plane: ControlPlane, kube: Kube, nodes: Sequence[str], training: str, inference: str, admin_access: str
+    plane: ControlPlane,
+    kube: Kube,
+    nodes: Sequence[str],
+    training: str,
+    inference: str,
+    admin_access: str,
+    *,
+    for_the_cluster: bool = False,
 ) -> Split:
     """What both device modules' clusters start from, on a started control plane: ``nodes`` made DRA-only
     MI210 nodes, each with the ResourceSlice AMD's driver publishes; AMD's chart DeviceClass; the product's
     manifests without the MutatingWebhookConfiguration (the webhook is not running: ``running_webhook``
     installs it); the three namespaces (training: no label, inference, ``adminAccess`` allowed) and their
-    ServiceAccounts; the (pool, device) -> PCI bus ID map read back from the live ResourceSlices."""
+    ServiceAccounts; the (pool, device) -> PCI bus ID map read back from the live ResourceSlices.
+    ``for_the_cluster``: the manifests rendered for what the cluster serves (an older minor), else for 1.36."""
     for node in nodes:
         make_node(kube, node, MI210_LABELS, gpus=0)
         # DRA only: no device plugin, so no amd.com/gpu in the node's status at all.
@@ -226,8 +234,9 @@ def build_split(
         kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
         kube.apply(amd_resource_slice(node))
     kube.create(AMD_CHART_CLASS)
-    manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
-    install(plane, manifests)
+    kubeconfig = plane.admin_kubeconfig if for_the_cluster else None
+    rendered = render_manifests(plane.pki.ca_file, 1, kubeconfig=kubeconfig)
+    install(plane, [d for d in rendered if d["kind"] != "MutatingWebhookConfiguration"])
     namespaces: dict[str, dict[str, str]] = {
         training: {},
         inference: {POLICY.spec.labels.namespace_class: "inference"},
