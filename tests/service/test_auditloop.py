@@ -272,14 +272,17 @@ def test_the_background_audit_reads_the_lending_keepers_view_and_finds_what_a_li
         cluster.stop()
 
 
-@pytest.mark.parametrize("minor", ["1.35", "1.36"])
+@pytest.mark.parametrize(("minor", "written_for"), [("1.35", "1.35"), ("1.36", "1.35"), ("1.35", "1.36")])
 def test_the_background_audit_on_the_view_judges_the_device_reservation_as_the_clusters_minor_holds_it(
-    tmp_path: Path, minor: str
+    tmp_path: Path, minor: str, written_for: str
 ) -> None:
     """A split made on 1.35, where the apiserver drops a DeviceClass's extendedResourceName (pool apply writes the
     classes without it): the background audit reading the keeper's view judges it as 1.35 can hold it, as the
     ``audit`` command does, every run, and adds no request for it. The same classes on 1.36, which keeps the name,
-    are a finding (amd.com/gpu maps to no class)."""
+    are a finding (amd.com/gpu maps to no class). A 1.35 whose administrator turned DRAExtendedResource on (pool,
+    reading the gates as an admin, wrote the name, and the apiserver kept it): serve's audit cannot read the gates
+    (its account may not read /metrics) and judges with 1.35's stock defaults, which ask nothing of the classes'
+    name: no false finding (what it cannot say there: a class that lost the name while the gate is on)."""
     from audit_cluster import RESERVATION, SPLIT_LABELS, four_gpus, split_node_slice
     from cluster_objects import reservation_classes
 
@@ -287,8 +290,9 @@ def test_the_background_audit_on_the_view_judges_the_device_reservation_as_the_c
     from webhook.deploy import minors
     from webhook.ops.devices.minor import policy_for
 
-    as_written, notes = policy_for(POLICY, minors.for_minor("1.35"))
-    assert notes and not as_written.spec.reserved_devices.extended_resource_name
+    as_written, notes = policy_for(POLICY, minors.for_minor(written_for))
+    assert bool(notes) == (written_for == "1.35")
+    assert bool(as_written.spec.reserved_devices.extended_resource_name) == (written_for == "1.36")
     cluster = FakeCluster().start()
     try:
         cluster.serve_discovery(minor=minor)
@@ -316,7 +320,9 @@ def test_the_background_audit_on_the_view_judges_the_device_reservation_as_the_c
             sent = [r.path for r in cluster.requests[before:] if r.method == "GET" and "watch" not in r.query]
             assert sent == ["/api/v1/namespaces/rocm-isolation-system/configmaps/rocm-isolation-reserved-node-names"]
             rules = [f["rule"] for f in reading.last_report["findings"]]
-            assert ("extended-resource-not-on-shared-class" in rules) == (minor == "1.36"), rules
+            assert ("extended-resource-not-on-shared-class" in rules) == ((minor, written_for) == ("1.36", "1.35")), (
+                rules
+            )
             assert reading.last_report["findings"] == listing.last_report["findings"]
             assert reading.last_report["capacity"]["devices"]["reservedDevices"] == 2
         assert dumped == [True, True]
