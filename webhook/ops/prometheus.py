@@ -2,12 +2,14 @@
 
 urllib3 (which the kubernetes client brings, and which ``ops`` may import) with what kubectl users expect of a
 server's credentials: a bearer token (``--token``, or a file: ``--token-file``, e.g. a ServiceAccount's), a CA
-bundle (``--certificate-authority``), or ``--insecure-skip-tls-verify``. Errors are ``PrometheusError``: what
-failed, against which URL.
+bundle (``--certificate-authority``), or ``--insecure-skip-tls-verify``; those options are declared here, once
+for every command that reads Prometheus (``add_prometheus_options``: ``audit --gpu-metrics``, ``pool recommend``).
+Errors are ``PrometheusError``: what failed, against which URL.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import urllib.parse
 from collections.abc import Mapping
@@ -17,6 +19,22 @@ from typing import Any
 import urllib3
 
 TIMEOUT = urllib3.Timeout(connect=10.0, read=120.0)  # a 14-day range of a busy server takes a while
+# the destinations of add_prometheus_options's options: Prometheus's credentials
+CREDENTIALS = ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
+
+
+def add_prometheus_options(parser: argparse._ActionsContainer, scope: str) -> None:
+    """Prometheus's credentials as options (``--token``, ``--token-file``, ``--certificate-authority``,
+    ``--insecure-skip-tls-verify``) on ``parser`` (a parser or one of its groups); each help text starts with
+    ``scope``, what the options go with (``--gpu-metrics``, ``recommend``)."""
+    parser.add_argument("--token", metavar="TOKEN", help=f"{scope}: bearer token for Prometheus")
+    parser.add_argument("--token-file", metavar="FILE", help=f"{scope}: read the bearer token from this file")
+    parser.add_argument("--certificate-authority", metavar="FILE", help=f"{scope}: CA bundle of Prometheus's TLS")
+    parser.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help=f"{scope}: do not check Prometheus's certificate (insecure)",
+    )
 
 
 class PrometheusError(Exception):

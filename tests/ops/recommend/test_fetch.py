@@ -3,14 +3,11 @@ answering as Prometheus does (the real one: tests/e2e/test_e2e_recommend.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from prometheus_stub import Prometheus, serving
 
 from webhook.ops.lending.demand import GAUGES
 from webhook.ops.prometheus import PrometheusError, Server
@@ -18,35 +15,10 @@ from webhook.ops.recommend.fetch import MAX_POINTS, query, read_history, step_fo
 from webhook.ops.recommend.history import Grid
 
 
-class Prometheus(BaseHTTPRequestHandler):
-    answers: dict[str, tuple[int, Any]] = {}
-    seen: list[tuple[str, dict[str, str], str | None]] = []
-
-    def do_GET(self) -> None:
-        url = urllib.parse.urlparse(self.path)
-        fields = dict(urllib.parse.parse_qsl(url.query))
-        self.seen.append((url.path, fields, self.headers.get("Authorization")))
-        status, body = self.answers.get(fields.get("query", ""), self.answers.get("*", (404, "not found")))
-        data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def server() -> Iterator[str]:
-    Prometheus.answers, Prometheus.seen = {}, []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving() as url:
+        yield url
 
 
 def matrix(values: list[list[Any]]) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from webhook.ops.devices.plan import reservation_text
 from webhook.ops.gpus import judge as gpu_judge
 from webhook.ops.gpus.series import Readings
 from webhook.ops.gpus.source import GpuSourceError
+from webhook.ops.prometheus import add_prometheus_options
 
 EXIT_CLEAN: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -665,14 +666,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also judge the reserved GPUs on the exporter's series: a Prometheus URL (http(s)://...) scraping it, "
         "or a file of its /metrics text (several scrapes with timestamps for a sustained use; FILE.gz: gzipped)",
     )
-    gpus.add_argument("--token", metavar="TOKEN", help="--gpu-metrics: bearer token for Prometheus")
-    gpus.add_argument("--token-file", metavar="FILE", help="--gpu-metrics: read the bearer token from this file")
-    gpus.add_argument("--certificate-authority", metavar="FILE", help="--gpu-metrics: CA bundle of Prometheus's TLS")
-    gpus.add_argument(
-        "--insecure-skip-tls-verify",
-        action="store_true",
-        help="--gpu-metrics: do not check Prometheus's certificate (insecure)",
-    )
+    add_prometheus_options(gpus, "--gpu-metrics")
 
 
 def gpu_source(args: argparse.Namespace) -> GpuSource | None:

@@ -51,6 +51,7 @@ from webhook.ops.pool import recommend as pool_recommend
 from webhook.ops.pool import status as pool_status
 from webhook.ops.pool.output import EXIT_BAD, EXIT_NOT_DONE, EXIT_OK, Output
 from webhook.ops.pool.read import read_pool
+from webhook.ops.prometheus import CREDENTIALS
 from webhook.ops.reservation import Reservation, SelectionError
 
 __all__ = ["EXIT_BAD", "EXIT_NOT_DONE", "EXIT_OK", "add_arguments", "main", "run"]
@@ -233,7 +234,8 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def _credentials(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name, None) for name in pool_recommend.CREDENTIALS)
+    """Prometheus's credentials given (recommend's options: pool status takes them too, with --gpu-metrics)."""
+    return any(getattr(args, name, None) for name in CREDENTIALS)
 
 
 def kubeconfig_path(given: str | None) -> str:

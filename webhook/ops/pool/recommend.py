@@ -27,7 +27,7 @@ from webhook.core.policy import Policy
 from webhook.ops.gpus.judge import ACTIVITY_GAUGE
 from webhook.ops.lending.demand import SPLIT, WHOLE
 from webhook.ops.pool.output import EXIT_BAD, EXIT_OK, Output
-from webhook.ops.prometheus import PrometheusError, Server
+from webhook.ops.prometheus import CREDENTIALS, PrometheusError, Server, add_prometheus_options
 from webhook.ops.recommend.fetch import read_activity, read_history, step_for
 from webhook.ops.recommend.history import (
     Activity,
@@ -96,14 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser, duration: Callable[[str], flo
         help="recommend --prometheus: also write the history read to FILE (OpenMetrics; FILE.gz: gzipped), for "
         "--from-file later, offline or in CI",
     )
-    group.add_argument("--token", metavar="TOKEN", help="recommend: bearer token for Prometheus")
-    group.add_argument("--token-file", metavar="FILE", help="recommend: read the bearer token from this file")
-    group.add_argument("--certificate-authority", metavar="FILE", help="recommend: CA bundle of Prometheus's TLS")
-    group.add_argument(
-        "--insecure-skip-tls-verify",
-        action="store_true",
-        help="recommend: do not check Prometheus's certificate (insecure)",
-    )
+    add_prometheus_options(group, "recommend")
 
 
 OPTIONS = (
@@ -117,8 +110,6 @@ OPTIONS = (
     "token_file",
     "certificate_authority",
 )
-# Prometheus's credentials: pool status takes them too, with --gpu-metrics.
-CREDENTIALS = ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
 DEFAULT_WINDOW = 14 * 86400.0
 DEFAULT_MAX_GAP = 15 * 60.0
 DEFAULT_QUANTILE = 0.99
@@ -144,9 +135,7 @@ def check_usage(args: argparse.Namespace) -> None:
             )
     if (args.prometheus is None) == (args.from_file is None):
         raise RecommendUsageError("pool recommend needs --prometheus URL or --from-file FILE (one of them)")
-    if args.from_file is not None and any(
-        getattr(args, n) for n in ("token", "token_file", "certificate_authority", "insecure_skip_tls_verify")
-    ):
+    if args.from_file is not None and any(getattr(args, n) for n in CREDENTIALS):
         raise RecommendUsageError("--token, --token-file and the TLS options are for --prometheus, not --from-file")
     if args.save is not None and args.prometheus is None:
         raise RecommendUsageError("--save writes what --prometheus read: give --prometheus URL")
