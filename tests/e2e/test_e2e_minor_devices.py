@@ -123,6 +123,8 @@ def test_the_split_holds_what_the_minor_can_store_and_status_and_audit_agree(spl
     applied = pool(split.plane, "apply", "--devices-per-node", "2")
     extended = kube_minor() == "1.36"
     assert ("no DRA extended resources" in applied.stderr) == (not extended), applied.stderr
+    # The plan it printed says amd.com/gpu maps to the shared class only where the minor keeps the name.
+    assert ("No extended resource maps to the shared class" in applied.stdout) == (not extended), applied.stdout
     assert all(split_label(split.kube, node) == DEVICES.node_label_value for node in NODES), applied.stdout
     shared = split.kube.get("DeviceClass", SHARED_CLASS)
     assert shared["spec"].get("extendedResourceName") == (DEVICES.extended_resource_name if extended else None)

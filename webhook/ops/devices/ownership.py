@@ -186,7 +186,8 @@ def ownership_lines(owner: Ownership, *, recreate_planned: bool, creating: bool)
     """What the scheduler maps the extended resource to, today and after ``apply``."""
     if not owner.name:
         return [
-            "The policy sets no reservedDevices.extendedResourceName: no extended resource maps to the shared class."
+            "No extended resource maps to the shared class: the policy sets no reservedDevices.extendedResourceName, "
+            "or the cluster's minor cannot keep one (then a warning says so)."
         ]
     lines = [
         f"{owner.name}: the scheduler maps it to the newest DeviceClass naming it (the lower name on a tie): "
