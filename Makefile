@@ -82,7 +82,8 @@ test: promtool lint typecheck unit
 # v1.36 control plane emulating it (--emulated-version), then 1.35 with the MutatingAdmissionPolicy opt-in. `make test`
 # runs the whole suite on 1.36; .ci/run runs both. Needs KUBEBUILDER_ASSETS (else the suite says it did not run).
 E2E_MINORS ?= 1.33 1.34 1.35
-E2E_MAP_OPT_IN_TESTS := tests/e2e/test_e2e_minors.py tests/e2e/test_e2e_backstop.py tests/e2e/test_e2e_map_v1beta1.py
+E2E_MAP_OPT_IN_TESTS := tests/e2e/test_e2e_minors.py tests/e2e/test_e2e_backstop.py tests/e2e/test_e2e_map_v1beta1.py \
+    tests/e2e/test_e2e_engine_fixtures.py
 e2e-minors: $(COMPILED)
 	@for minor in $(E2E_MINORS); do \
 	    echo "== the end-to-end suite on Kubernetes $$minor"; \

@@ -21,6 +21,7 @@ import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,12 @@ import yaml
 from webhook.core.engine import CLAIM_UNRESOLVED, decide
 from webhook.core.policy import Policy, default_policy, default_policy_text, parse_policy
 
-from .harness import OPT_OUT, Cluster, gpu_pod, live_facts, normalised, unmerged
+from .harness import OPT_OUT, Cluster, gpu_pod, live_facts, normalised, serves_dra, unmerged
 from .kube import ApiError, Obj, wait_until
+
+# Every minor: admission decisions the same as the engine's for every pod the minor can express (issue 47).
+pytestmark = pytest.mark.minors("1.33", "1.34", "1.35")
+NO_DRA = pytest.mark.skip(reason="1.33 serves no resource.k8s.io: no claim, and no pod can use one")
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
 MUTATIONS_ANNOTATION = "rocm-isolation.io/mutations"
@@ -63,7 +68,9 @@ def create_cases() -> list[Any]:
             labels = (doc["pod"].get("metadata") or {}).get("labels") or {}
             if labels.get(OPT_OUT) == "true":
                 continue
-            cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}"))
+            uses_dra = bool(doc.get("claims") or (doc["pod"].get("spec") or {}).get("resourceClaims"))
+            marks = [] if serves_dra() or not uses_dra else [NO_DRA]
+            cases.append(pytest.param(doc, id=f"{path.stem}:{doc['name']}", marks=marks))
     return sorted(cases, key=lambda param: POLICIES.index(param.values[0].get("policy", "default")))
 
 
@@ -133,6 +140,8 @@ def world(cluster: Cluster) -> Iterator[World]:
             result.namespaces[case["name"]] = case["namespace"]["name"]
             continue
         labels = case["namespace"].get("labels") or {}
+        if param.marks:
+            continue  # skipped on this minor
         if case.get("claims"):
             name = cluster.namespace(f"fx-dra-{index}", labels)
             made.append(name)
@@ -149,6 +158,8 @@ def world(cluster: Cluster) -> Iterator[World]:
     with cluster.without_webhook_configuration():
         for param in CASES:
             case = param.values[0]
+            if param.marks:
+                continue
             try:
                 received = normalised(
                     cluster.kube.create(as_pod(case["pod"], result.namespace_for(case)), dry_run=True)
@@ -169,15 +180,14 @@ def _barrier(cluster: Cluster) -> None:
     created last is seen with its labels, and a claim and a template created last are resolved
     (their class is no GPU class, so a pod using only them is left alone)."""
     ns = cluster.namespace("fx-barrier", {"rocm-isolation.io/class": "inference"})
+    kube = cluster.kube
+    wait_until(partial(_labelled, kube, ns), timeout=60, what="the webhook to see the fixtures' namespaces")
+    if not serves_dra():
+        return  # no claim on this minor
     for obj in _claim_objects({"claims": {"templates": {"cpu": ["nic.example.com"]}}}, ns):
         cluster.kube.create(obj)
     for obj in _claim_objects({"claims": {"claims": {"cpu": ["nic.example.com"]}}}, ns):
         cluster.kube.create(obj)
-    kube = cluster.kube
-
-    def labelled() -> bool:
-        pod = kube.create(gpu_pod("barrier", ns), dry_run=True)
-        return (pod["metadata"].get("annotations") or {}).get("rocm-isolation.io/class") == "inference"
 
     def resolved() -> bool:
         # Until the webhook's cache has them, the engine warns that the claim could not be resolved.
@@ -193,8 +203,12 @@ def _barrier(cluster: Cluster) -> None:
                 return False
         return True
 
-    wait_until(labelled, timeout=60, what="the webhook to see the fixtures' namespaces")
     wait_until(resolved, timeout=60, what="the webhook to see the fixtures' ResourceClaims and templates")
+
+
+def _labelled(kube: Any, ns: str) -> bool:
+    pod = kube.create(gpu_pod("barrier", ns), dry_run=True)
+    return (pod["metadata"].get("annotations") or {}).get("rocm-isolation.io/class") == "inference"
 
 
 def as_pod(body: Obj, namespace: str) -> Obj:
