@@ -350,6 +350,11 @@ class ControlPlane:
     # The Kubernetes minor the three components emulate (``--emulated-version=kube=1.35``, KEP-4330: that
     # minor's APIs and feature-gate defaults on the v1.36 code); None: the binaries' own (1.36).
     emulated_version: str | None = None
+    # What start() issued for the three components, kept so that upgrade() starts them again with the same.
+    _serving: KeyPair = field(init=False, repr=False)
+    _front_proxy: KeyPair = field(init=False, repr=False)
+    _scheduler_kubeconfig: Path = field(init=False, repr=False)
+    _kcm_kubeconfig: Path = field(init=False, repr=False)
 
     @property
     def server(self) -> str:
@@ -366,7 +371,7 @@ class ControlPlane:
         _install_stop_handlers(self.processes)
         self.pki = Pki(self.workdir / "pki")
         self.etcd_port, peer_port, self.apiserver_port = free_port(), free_port(), free_port()
-        serving = self.pki.issue(
+        self._serving = self.pki.issue(
             "apiserver",
             common_name="kube-apiserver",
             dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
@@ -376,10 +381,10 @@ class ControlPlane:
         self.admin = self.pki.issue("admin", common_name="e2e-admin", organizations=["system:masters"])
         scheduler = self.pki.issue("scheduler", common_name="system:kube-scheduler")
         controller_manager = self.pki.issue("controller-manager", common_name="system:kube-controller-manager")
-        front_proxy = self.pki.issue("front-proxy-client", common_name="front-proxy-client")
+        self._front_proxy = self.pki.issue("front-proxy-client", common_name="front-proxy-client")
         self.admin_kubeconfig = self.kubeconfig("admin", self.admin)
-        scheduler_kubeconfig = self.kubeconfig("system:kube-scheduler", scheduler)
-        kcm_kubeconfig = self.kubeconfig("system:kube-controller-manager", controller_manager)
+        self._scheduler_kubeconfig = self.kubeconfig("system:kube-scheduler", scheduler)
+        self._kcm_kubeconfig = self.kubeconfig("system:kube-controller-manager", controller_manager)
 
         etcd = self.processes.start(
             "etcd",
@@ -406,6 +411,11 @@ class ControlPlane:
             ],
         )
         self._wait(etcd, lambda: _http_ok(f"http://{LOOPBACK}:{self.etcd_port}/health"), "etcd /health")
+        self._start_components()
+
+    def _start_components(self) -> None:
+        """kube-apiserver on etcd (waited for until ready), then kube-scheduler and kube-controller-manager, all at
+        ``emulated_version``."""
         apiserver = self.processes.start(
             "kube-apiserver",
             [
@@ -415,8 +425,8 @@ class ControlPlane:
                 f"--advertise-address={LOOPBACK}",
                 f"--secure-port={self.apiserver_port}",
                 "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
+                f"--tls-cert-file={self._serving.cert}",
+                f"--tls-private-key-file={self._serving.key}",
                 f"--client-ca-file={self.pki.ca_file}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={self.pki.service_account_pub}",
@@ -430,8 +440,8 @@ class ControlPlane:
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={front_proxy.cert}",
-                f"--proxy-client-key-file={front_proxy.key}",
+                f"--proxy-client-cert-file={self._front_proxy.cert}",
+                f"--proxy-client-key-file={self._front_proxy.key}",
                 *self.apiserver_args,
                 *self._gates(),
                 *self._emulation(),
@@ -450,9 +460,9 @@ class ControlPlane:
             "kube-scheduler",
             [
                 self.binary("kube-scheduler"),
-                f"--kubeconfig={scheduler_kubeconfig}",
-                f"--authentication-kubeconfig={scheduler_kubeconfig}",
-                f"--authorization-kubeconfig={scheduler_kubeconfig}",
+                f"--kubeconfig={self._scheduler_kubeconfig}",
+                f"--authentication-kubeconfig={self._scheduler_kubeconfig}",
+                f"--authorization-kubeconfig={self._scheduler_kubeconfig}",
                 *common,
             ],
         )
@@ -460,9 +470,9 @@ class ControlPlane:
             "kube-controller-manager",
             [
                 self.binary("kube-controller-manager"),
-                f"--kubeconfig={kcm_kubeconfig}",
-                f"--authentication-kubeconfig={kcm_kubeconfig}",
-                f"--authorization-kubeconfig={kcm_kubeconfig}",
+                f"--kubeconfig={self._kcm_kubeconfig}",
+                f"--authentication-kubeconfig={self._kcm_kubeconfig}",
+                f"--authorization-kubeconfig={self._kcm_kubeconfig}",
                 f"--service-account-private-key-file={self.pki.service_account_key}",
                 f"--root-ca-file={self.pki.ca_file}",
                 "--use-service-account-credentials=true",
@@ -470,6 +480,20 @@ class ControlPlane:
                 *common,
             ],
         )
+
+    def upgrade(self, emulated_version: str | None = None) -> None:
+        """Move the running cluster to another minor in place, as an operator upgrades a control plane (the suite's
+        proof of docs/operations.md, "When the cluster moves to a newer minor"): kube-controller-manager,
+        kube-scheduler and kube-apiserver stopped, then started again emulating ``emulated_version`` (None: the
+        binaries' own 1.36), the apiserver first and ready before the others (the version skew policy). etcd keeps
+        running with its data, and so do the certificates, the kubeconfigs and the apiserver's port: every object and
+        every client of the old control plane are those of the new one (a kept-alive connection reconnects)."""
+        names = ("kube-controller-manager", "kube-scheduler", "kube-apiserver")
+        for name in names:
+            for component in [c for c in self.processes.components if c.name == name]:
+                self.processes.stop_one(component)
+        self.emulated_version = emulated_version
+        self._start_components()
 
     def _gates(self) -> list[str]:
         return (
