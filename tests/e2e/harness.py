@@ -470,7 +470,9 @@ def render_manifests(
         "--ca-bundle",
         str(ca_file),
         *policy,
-        *(for_this_minor() if kubeconfig is not None else []),
+        # Without a kubeconfig, 1.36 by name: manifests would otherwise read $KUBECONFIG or ~/.kube/config, whatever
+        # cluster the machine running the suite points at.
+        *(for_this_minor() if kubeconfig is not None else ["--kubernetes-version", "1.36"]),
         kubeconfig=kubeconfig,
         check=True,
     )
