@@ -118,6 +118,15 @@ RESOURCES = (
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "deviceclasses", "DeviceClass", False),
     Resource("resource.k8s.io", ("v1", "v1beta2", "v1beta1"), "resourceslices", "ResourceSlice", False),
     Resource("resource.k8s.io", ("v1", "v1beta2"), "devicetaintrules", "DeviceTaintRule", False, gated=True),
+    # Stored for pool's check of the device backstop; API discovery lists it with serve_discovery's minor (above).
+    Resource(
+        "admissionregistration.k8s.io",
+        ("v1",),
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        False,
+        gated=True,
+    ),
     Resource("", ("v1",), "configmaps", "ConfigMap", True),
     Resource("coordination.k8s.io", ("v1",), "leases", "Lease", True),
     Resource("policy", ("v1",), "poddisruptionbudgets", "PodDisruptionBudget", True),

@@ -41,7 +41,7 @@ from prometheus_stub import Prometheus, serving
 
 from webhook import cli
 from webhook.core.policy import default_policy
-from webhook.deploy import device_classes, reserved_names
+from webhook.deploy import device_classes, reserved_devices, reserved_names
 from webhook.deploy.device_classes import DeviceReservation
 from webhook.ops.gpus.series import SELECTOR
 from webhook.ops.pool import write as pool_write
@@ -1338,3 +1338,31 @@ def test_whole_node_release_and_status_leave_split_nodes_to_the_device_reservati
         "warning: node/dra-b lacks the label rocm-isolation.io/pool=inference-devices: inference is not placed "
         "there; pool apply --devices-per-node 2 labels it"
     ) in out
+
+
+def test_a_split_without_the_device_backstop_installed_says_so_after_the_plan(
+    dra: FakeCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Manifests rendered for a minor without DRA (1.33) and never re-applied after the move to 1.34, or never
+    applied: the split is made (the webhook still keeps training off the reserved devices) and the operator is told
+    which policies are missing and what to apply; once they are installed, nothing is said."""
+    code, out, err = run(dra, tmp_path, capsys, "plan", "--devices-per-node", "2")
+    assert code == 0 and "After apply: 2 devices per node" in out, err
+    (said,) = [line for line in err.splitlines() if "device-level backstop" in line]
+    assert said.startswith("warning: the device-level backstop is not installed (validatingadmissionpolicy/"), said
+    assert all(f"validatingadmissionpolicy/{name}" in said for name in reserved_devices.POLICY_NAMES), said
+    assert "rocm-isolation-webhook manifests ... | kubectl apply -f -" in said, said
+    dra.add(
+        *(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+            for name, spec, _ in reserved_devices.policies(default_policy())
+        )
+    )
+    code, out, err = run(dra, tmp_path, capsys, "apply", "--devices-per-node", "2")
+    assert code == 0 and "deviceclass/rocm-isolation-shared created" in out, err
+    assert "device-level backstop" not in err, err

@@ -50,7 +50,7 @@ from webhook.ops.pool import nodes as pool_nodes
 from webhook.ops.pool import recommend as pool_recommend
 from webhook.ops.pool import status as pool_status
 from webhook.ops.pool.output import EXIT_BAD, EXIT_NOT_DONE, EXIT_OK, Output
-from webhook.ops.pool.read import read_pool
+from webhook.ops.pool.read import PoolRead, missing_device_backstop, read_pool
 from webhook.ops.prometheus import CREDENTIALS
 from webhook.ops.reservation import Reservation, SelectionError
 
@@ -304,9 +304,27 @@ def run(args: argparse.Namespace, api: KubeApi, policy: Policy, out: Output) -> 
     if args.action == "release":
         return pool_nodes.release(api, policy, read.cluster, reservation, args, out)
     if getattr(args, "devices_per_node", None) is not None:
-        driver = policy.spec.reserved_devices.driver
-        lost = device_minor.layouts_without_counters(served, read.devices.published, driver)
-        if lost is not None:
-            out.warning(lost)
-        return pool_devices.plan_or_apply(args, api, policy, read, reservation, out)
+        code = pool_devices.plan_or_apply(args, api, policy, read, reservation, out)
+        # Once planned (a refusal is said alone): what the split cannot hold on this cluster.
+        for warning in split_warnings(api, policy, served, read):
+            out.warning(warning)
+        return code
     return pool_nodes.plan_or_apply(args, api, policy, read, reservation, out)
+
+
+def split_warnings(api: KubeApi, policy: Policy, served: minors.Served | None, read: PoolRead) -> list[str]:
+    """What a device split made here does not hold: AutoPartition's layouts without shared counters (an older
+    minor), the device-level backstop missing (manifests rendered for a minor without DRA, or never applied)."""
+    warnings = []
+    lost = device_minor.layouts_without_counters(served, read.devices.published, policy.spec.reserved_devices.driver)
+    if lost is not None:
+        warnings.append(lost)
+    missing = missing_device_backstop(api)
+    if missing:
+        names = ", ".join(f"validatingadmissionpolicy/{name}" for name in missing)
+        warnings.append(
+            f"the device-level backstop is not installed ({names} not found): while the webhook is down nothing in "
+            "the apiserver keeps training claims off the reserved devices; apply the manifests rendered for this "
+            "cluster (rocm-isolation-webhook manifests ... | kubectl apply -f -)"
+        )
+    return warnings

@@ -20,7 +20,7 @@ from webhook.core import claims as dra
 from webhook.core import engine
 from webhook.core.lending import is_borrower
 from webhook.core.policy import Policy
-from webhook.deploy import device_taint_rules
+from webhook.deploy import device_taint_rules, reserved_devices
 from webhook.deploy.device_classes import DeviceReservation, with_tainted
 from webhook.ops.capacity import CapacityModel, Holder, split_node_names
 from webhook.ops.devices.ownership import ClassInfo, class_infos, current_reservation
@@ -419,3 +419,18 @@ def device_taint_rule_versions(api: KubeApi) -> tuple[str, ...] | None:
         return api.serving_versions(device_taint_rules.GROUP, device_taint_rules.VERSIONS, device_taint_rules.RESOURCE)
     except ApiError:
         return None
+
+
+def missing_device_backstop(api: KubeApi) -> list[str] | None:
+    """The device-level backstop's ValidatingAdmissionPolicies (``deploy/reserved_devices``) the cluster does not
+    hold, e.g. manifests rendered for 1.33 (no DRA there) still installed after the move to 1.34; None when they
+    could not be read (forbidden, unreachable): nothing is said then."""
+    missing = []
+    for name in reserved_devices.POLICY_NAMES:
+        try:
+            api.get(api_path("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", name=name))
+        except NotFound:
+            missing.append(name)
+        except ApiError:
+            return None
+    return missing
