@@ -32,6 +32,10 @@ def test_sigterm_drains_then_shuts_down(running_server: ServerFactory, pki: PKI)
     verify_response(review, reply)
     status, _, body = pooled.request("GET", "/readyz")
     assert status == 200, body
+    # A second pooled connection, left idle through the drain: the one the shutdown must close.
+    idle = ApiserverClient(server.port, server.ca_file, timeout=10)
+    assert idle.post_review(review)[0] == 200
+    assert pooled.connections_made == idle.connections_made == 1
 
     signalled = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
@@ -41,10 +45,14 @@ def test_sigterm_drains_then_shuts_down(running_server: ServerFactory, pki: PKI)
     ready = json.loads(body)
     assert ready["ready"] is False and "shutdown" in ready["missing"], ready
     assert "draining" in ready["checks"]["shutdown"]["detail"]
-    # Reviews are still answered: on the pooled connection, and on a new one; liveness stays good.
-    code, reply = pooled.post_review(review)
-    assert code == 200
-    verify_response(review, reply)
+    # Reviews are still answered: on the pooled connection, and on a new one; liveness stays good. Each answer
+    # closes its connection (Connection: close): the apiserver dials a live replica for the next review.
+    status, headers, data = pooled.request(
+        "POST", "/mutate?timeout=10s", json.dumps(review).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 200 and headers.get("connection") == "close", headers
+    verify_response(review, json.loads(data))
+    assert pooled.connection.sock is None  # closed after the answer, as Go's client closes it
     with ApiserverClient(server.port, server.ca_file, timeout=10) as fresh:
         code, reply = fresh.post_review(review)
         assert code == 200
@@ -54,7 +62,7 @@ def test_sigterm_drains_then_shuts_down(running_server: ServerFactory, pki: PKI)
 
     # Then the shutdown closes the pooled idle connection. Like Go's HTTP client (a read loop on every
     # idle pooled connection), the test reads it and closes its end when the server's close arrives.
-    sock = pooled.connection.sock
+    sock = idle.connection.sock
     assert isinstance(sock, ssl.SSLSocket)
     closed_by_server = threading.Event()
 

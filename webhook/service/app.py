@@ -234,6 +234,7 @@ class WebhookApp(FastAPI):
 
 
 _REPLY_TYPE = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
 
 
 def create_app(service: WebhookService) -> WebhookApp:
@@ -337,13 +338,13 @@ def create_app(service: WebhookService) -> WebhookApp:
             log.error("unhandled exception", exc_info=exc)
             reply = _error(500, "internal error; see the webhook's log")
         if isinstance(reply, bytes):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-length", b"%d" % len(reply)), _REPLY_TYPE],
-                }
-            )
+            headers = [(b"content-length", b"%d" % len(reply)), _REPLY_TYPE]
+            if service.drain.draining:
+                # Each pooled connection the apiserver sends a review on while we drain is closed after the answer
+                # (it dials a live replica next): fewer idle ones are left for the shutdown to close under a request
+                # the apiserver may be writing at that moment (Go does not retry a POST; the call would fail open).
+                headers.append(_CLOSE)
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": reply})
         else:
             await reply(scope, receive, send)

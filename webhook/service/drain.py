@@ -5,7 +5,8 @@ rely on the preStop sleep and the endpoint removal racing the right way. With ``
 
 1. SIGTERM: ``/readyz`` answers 503 at once (``shutdown`` in its ``missing`` list), so a readiness probe
    or a load balancer's health check takes the replica out; reviews keep being served, on new
-   connections and on the pooled keep-alive ones, for D seconds;
+   connections and on the pooled keep-alive ones, for D seconds, each answered with ``Connection: close``
+   (the apiserver stops reusing that connection and dials a live replica next);
 2. then uvicorn's graceful shutdown: stop accepting, close idle keep-alive connections (the apiserver
    redials a live replica), let the reviews in flight finish (``--graceful-timeout-seconds``), exit.
 
