@@ -42,7 +42,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from webhook.cluster.cache import ClusterCache
 from webhook.core import review
@@ -224,8 +224,12 @@ class WebhookApp(FastAPI):
     """FastAPI, with ``POST /mutate`` answered before FastAPI's middleware and routing (module docstring)."""
 
     mutate_asgi: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None  # installed by create_app
+    drain: Drain | None = None  # installed by create_app: while it runs, every answer closes its connection
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        drain = self.drain
+        if drain is not None and drain.draining and scope["type"] == "http":
+            send = _closing(send)
         lean = self.mutate_asgi
         if lean is not None and scope["type"] == "http" and scope["path"] == "/mutate" and scope["method"] == "POST":
             await lean(scope, receive, send)
@@ -235,6 +239,19 @@ class WebhookApp(FastAPI):
 
 _REPLY_TYPE = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
+
+
+def _closing(send: Send) -> Send:
+    """``send`` answering with ``Connection: close``. While we drain, each pooled connection the apiserver sends a
+    review on is closed after its answer (it dials a live replica next): fewer idle ones are left for the shutdown to
+    close under a request the apiserver may be writing at that moment (Go does not retry a POST: it would fail open)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+        await send(message)
+
+    return closing
 
 
 def create_app(service: WebhookService) -> WebhookApp:
@@ -338,18 +355,19 @@ def create_app(service: WebhookService) -> WebhookApp:
             log.error("unhandled exception", exc_info=exc)
             reply = _error(500, "internal error; see the webhook's log")
         if isinstance(reply, bytes):
-            headers = [(b"content-length", b"%d" % len(reply)), _REPLY_TYPE]
-            if service.drain.draining:
-                # Each pooled connection the apiserver sends a review on while we drain is closed after the answer
-                # (it dials a live replica next): fewer idle ones are left for the shutdown to close under a request
-                # the apiserver may be writing at that moment (Go does not retry a POST; the call would fail open).
-                headers.append(_CLOSE)
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(reply)), _REPLY_TYPE],
+                }
+            )
             await send({"type": "http.response.body", "body": reply})
         else:
             await reply(scope, receive, send)
 
     app.mutate_asgi = mutate_asgi
+    app.drain = service.drain
 
     @app.post("/mutate")
     async def mutate(request: Request) -> Response:
