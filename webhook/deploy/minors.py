@@ -213,25 +213,28 @@ def missing(served: Served, placement_policy: str) -> list[str]:
 
 def lending_without_placement(
     served: Served, placement_policy: str, *, switchable: bool, enabled: bool, borrower_priority_class: str
-) -> list[str]:
-    """What lending loses on a minor rendered without the placement policy (1.33, 1.34, 1.35 as they ship), one line
-    each; none with a placement policy or without a ``lending`` section. Measured on each minor
+) -> tuple[str, str] | None:
+    """What lending loses on a minor rendered without the placement policy (1.33, 1.34, 1.35 as they ship): ("note",
+    line) with lending on, ("warning", line) with it switched off; None with a placement policy or without a
+    ``lending`` section. Measured on each minor
     (tests/e2e/test_e2e_lending_switch.py): with lending switched off while the section is kept, the lending backstop
     still admits a pod that is written at the borrowers' PriorityClass and tolerates the reserved taint, and only the
     placement policy (absent here) keeps such a pod off the reserved nodes while the webhook is down."""
     if placement_policy != "none" or not switchable:
-        return []
+        return None
     minor = served.minor
     if enabled:
-        return [
+        return (
+            "note",
             f"{minor}: lending without a MutatingAdmissionPolicy: with the webhook down a pod asking to borrow is "
             "admitted unplaced (it tolerates no reserved taint: it borrows nothing), and a switch of lending is in "
-            "force once the webhook has written its policy"
-        ]
-    return [
+            "force once the webhook has written its policy",
+        )
+    return (
+        "warning",
         f"{minor}: lending is off but the policy keeps its lending section (enabled: false): without a "
         f"MutatingAdmissionPolicy, while the webhook is down a pod written at the borrowers' PriorityClass "
         f"({borrower_priority_class}) that tolerates the reserved taint is admitted onto the reserved nodes (below "
         "every inference pod, which preempts it); to close it, remove the lending section and apply the manifests "
-        "again (the strict backstop)"
-    ]
+        "again (the strict backstop)",
+    )

@@ -577,20 +577,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def lending_notes(policy: Policy, served: minors.Served | None, placement: str) -> list[str]:
-    """What lending loses where no placement policy is rendered (``minors.lending_without_placement``)."""
-    if served is None:
-        return []
-    lending = policy.spec.lending
-    return minors.lending_without_placement(
-        served,
-        placement,
-        switchable=switchable(policy),
-        enabled=lending.enabled,
-        borrower_priority_class=lending.borrower_priority_class.name,
-    )
-
-
 def main(args: argparse.Namespace, served: minors.Served | None = None) -> int:
     """``served``: what the target cluster serves, read from it (``ops/manifests.py``); else from
     ``--kubernetes-version``, else the 1.36 manifests."""
@@ -632,8 +618,20 @@ def main(args: argparse.Namespace, served: minors.Served | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for line in minors.missing(served, placement) if served is not None else ():
         print(f"note: {line}", file=sys.stderr)
-    for line in lending_notes(policy, served, placement):
-        print(f"{'note' if policy.spec.lending.enabled else 'warning'}: {line}", file=sys.stderr)
+    lending = policy.spec.lending
+    said = (
+        minors.lending_without_placement(
+            served,
+            placement,
+            switchable=switchable(policy),
+            enabled=lending.enabled,
+            borrower_priority_class=lending.borrower_priority_class.name,
+        )
+        if served is not None
+        else None
+    )
+    if said is not None:
+        print(f"{said[0]}: {said[1]}", file=sys.stderr)
     header = (
         f"# Rendered by rocm-isolation-webhook {__version__}: manifests --overlay {args.overlay}"
         f"{' --monitoring' if args.monitoring else ''}"
