@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import re
 import ssl
 import subprocess
@@ -48,6 +49,7 @@ from webhook.core.decision import ClaimFacts, NamespaceFacts, NodeFacts
 from webhook.core.policy import Policy, default_policy
 
 from .controlplane import (
+    ASSETS_ENV,
     LOOPBACK,
     Component,
     ControlPlane,
@@ -55,6 +57,7 @@ from .controlplane import (
     free_port,
     kube_minor,
     loopback_environment,
+    loopback_only,
     map_opt_in,
 )
 from .kube import ApiError, Kube, Obj, wait_until
@@ -628,3 +631,17 @@ def live_facts(cluster: Cluster, namespace: str, policy: Policy | None = None) -
         "policy": policy,
         "claims": ClaimFacts(claims=claims, templates=templates),
     }
+
+
+@contextlib.contextmanager
+def own_plane(directory: Path, **options: Any) -> Iterator[tuple[ControlPlane, Kube]]:
+    """A control plane of a module's own (``ControlPlane`` options: e.g. ``minor_options()``) in ``directory``, started,
+    with an admin client; checked alive after the module and stopped."""
+    loopback_only()
+    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), directory, **options)
+    try:
+        plane.start()
+        yield plane, Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+        plane.check_alive()
+    finally:
+        plane.stop()

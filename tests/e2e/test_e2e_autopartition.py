@@ -23,10 +23,8 @@ scheduler allocates from the slices.
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +37,28 @@ from cluster_objects import (
     exactly,
     new_claim,
     new_claim_pod,
-    new_namespace,
     new_pod,
 )
 
 from webhook.core.policy import default_policy
 from webhook.deploy import device_classes
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only
-from .harness import DRIVER, MI210_LABELS, Webhook, cli, install, make_node, render_manifests
+from .controlplane import ControlPlane
+from .harness import DRIVER, Webhook, cli, own_plane
 from .kube import Kube, Obj, wait_until
 from .test_e2e_device_reservation import (
+    INFERENCE_LABELS,
     SHARED_CLASS,
     Split,
     _steered_class,
     allocated,
     delete_claims,
     delete_pods,
+    dra_only_node,
+    empty_devices,
+    install_without_webhook,
+    live_pci,
+    make_namespaces,
     never_scheduled,
     pool,
     running_webhook,
@@ -100,52 +103,34 @@ def attribute(name: str, value: str) -> str:
     return f'device.attributes["gpu.amd.com"].{name} == "{value}"'
 
 
+def build_autopartition(
+    plane: ControlPlane, kube: Kube, names: tuple[str, str, str], *, for_the_cluster: bool
+) -> Split:
+    """On a started control plane: ``NODES`` DRA-only, each publishing four MI300X GPUs in AutoPartition's shape;
+    AMD's two classes; the manifests without the webhook (rendered for the cluster: ``for_the_cluster``); the
+    training, inference and admin namespaces (no label, inference, no label)."""
+    for seed, node in enumerate(NODES):
+        dra_only_node(kube, node)
+        for resource_slice in mi300x_slices(node, seed):
+            kube.apply(resource_slice)
+    kube.create(device_class(DRIVER, f"device.driver == '{DRIVER}'", None))
+    kube.create(device_class(SPX_CLASS, SPX_SELECTOR, "amd.com/gpu"))
+    install_without_webhook(plane, for_the_cluster=for_the_cluster)
+    training, inference, admin = names
+    make_namespaces(kube, {training: {}, inference: INFERENCE_LABELS, admin: {}})
+    return Split(plane, kube, *names, live_pci(kube))
+
+
 @pytest.fixture(scope="module")
 def ap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
-    loopback_only()
-    workdir = tmp_path_factory.mktemp("controlplane-autopartition")
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), workdir)
-    try:
-        plane.start()
-        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
-        for seed, node in enumerate(NODES):
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            gone = {"amd.com/gpu": None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            for resource_slice in mi300x_slices(node, seed):
-                kube.apply(resource_slice)
-        kube.create(device_class(DRIVER, f"device.driver == '{DRIVER}'", None))
-        kube.create(device_class(SPX_CLASS, SPX_SELECTOR, "amd.com/gpu"))
-        manifests = [d for d in render_manifests(plane.pki.ca_file, 1) if d["kind"] != "MutatingWebhookConfiguration"]
-        install(plane, manifests)
-        names = ("ap-training", "ap-inference", "ap-admin")
-        labels: list[dict[str, str]] = [{}, {POLICY.spec.labels.namespace_class: "inference"}, {}]
-        for name, label in zip(names, labels, strict=True):
-            kube.create(new_namespace(name, label))
-        for name in names:
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-        pci = {
-            (s["spec"]["pool"]["name"], d["name"]): d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
-            for s in kube.list("ResourceSlice")
-            for d in s["spec"].get("devices") or []
-        }
-        yield Split(plane, kube, *names, pci)
-        plane.check_alive()
-    finally:
-        plane.stop()
+    with own_plane(tmp_path_factory.mktemp("controlplane-autopartition")) as (plane, kube):
+        yield build_autopartition(plane, kube, ("ap-training", "ap-inference", "ap-admin"), for_the_cluster=False)
 
 
 @pytest.fixture(autouse=True)
 def emptied(ap: Split) -> Iterator[None]:
     yield
-    delete_pods(ap, bound=False)
-    delete_pods(ap, bound=True)
-    delete_claims(ap)
-    wait_until(
-        lambda: not any(ap.kube.list("ResourceClaim", ns) for ns in ap.namespaces),
-        timeout=60,
-        what="every claim of the test deleted",
-    )
+    empty_devices(ap)
 
 
 def apool(split: Split, *args: str) -> str:

@@ -34,7 +34,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -84,6 +84,8 @@ SHARED_CLASS = DEVICES.shared_class_name
 DEVICE_CLASS_RESOURCE = "deviceclass.resource.kubernetes.io/"
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 PCI_BUS_ID = device_classes.PCI_BUS_ID_ATTRIBUTE
+INFERENCE_LABELS = {POLICY.spec.labels.namespace_class: "inference"}
+ADMIN_ACCESS_LABELS = {"resource.kubernetes.io/admin-access": "true"}
 
 DRA_NODES = ("mi210-dra-1", "mi210-dra-2")
 DEVICE_PLUGIN_NODE = "mi210-dp-reserved"
@@ -211,6 +213,40 @@ def release_devices(split: Split) -> str:
     return out
 
 
+def dra_only_node(kube: Kube, node: str) -> None:
+    """An MI210 node running AMD's DRA driver and no device plugin: no amd.com/gpu in its status at all."""
+    make_node(kube, node, MI210_LABELS, gpus=0)
+    gone = {"amd.com/gpu": None}
+    kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
+
+
+def install_without_webhook(plane: ControlPlane, *, for_the_cluster: bool = False) -> list[Obj]:
+    """The product's manifests installed without the MutatingWebhookConfiguration (the webhook is not running:
+    ``running_webhook`` installs it), rendered for what the cluster serves (``for_the_cluster``: an older minor) or
+    for 1.36; what was rendered."""
+    rendered = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig if for_the_cluster else None)
+    install(plane, [d for d in rendered if d["kind"] != "MutatingWebhookConfiguration"])
+    return rendered
+
+
+def make_namespaces(kube: Kube, namespaces: Mapping[str, Mapping[str, str]]) -> None:
+    """Each namespace with its labels, and its default ServiceAccount (the controller-manager's; pod creation needs
+    it) waited for."""
+    for name, labels in namespaces.items():
+        kube.create(new_namespace(name, labels))
+    for name in namespaces:
+        wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
+
+
+def live_pci(kube: Kube) -> dict[tuple[str, str], str]:
+    """(pool, device) -> PCI bus ID, read back from the live ResourceSlices."""
+    return {
+        (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
+        for s in kube.list("ResourceSlice")
+        for d in s["spec"].get("devices") or []
+    }
+
+
 def build_split(
     plane: ControlPlane,
     kube: Kube,
@@ -223,36 +259,29 @@ def build_split(
 ) -> Split:
     """What both device modules' clusters start from, on a started control plane: ``nodes`` made DRA-only
     MI210 nodes, each with the ResourceSlice AMD's driver publishes; AMD's chart DeviceClass; the product's
-    manifests without the MutatingWebhookConfiguration (the webhook is not running: ``running_webhook``
-    installs it); the three namespaces (training: no label, inference, ``adminAccess`` allowed) and their
-    ServiceAccounts; the (pool, device) -> PCI bus ID map read back from the live ResourceSlices.
-    ``for_the_cluster``: the manifests rendered for what the cluster serves (an older minor), else for 1.36."""
+    manifests without the MutatingWebhookConfiguration (``install_without_webhook``); the three namespaces
+    (training: no label, inference, ``adminAccess`` allowed) and their ServiceAccounts; the (pool, device) -> PCI
+    bus ID map read back from the live ResourceSlices."""
     for node in nodes:
-        make_node(kube, node, MI210_LABELS, gpus=0)
-        # DRA only: no device plugin, so no amd.com/gpu in the node's status at all.
-        gone = {"amd.com/gpu": None}
-        kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
+        dra_only_node(kube, node)
         kube.apply(amd_resource_slice(node))
     kube.create(AMD_CHART_CLASS)
-    kubeconfig = plane.admin_kubeconfig if for_the_cluster else None
-    rendered = render_manifests(plane.pki.ca_file, 1, kubeconfig=kubeconfig)
-    install(plane, [d for d in rendered if d["kind"] != "MutatingWebhookConfiguration"])
-    namespaces: dict[str, dict[str, str]] = {
-        training: {},
-        inference: {POLICY.spec.labels.namespace_class: "inference"},
-        admin_access: {"resource.kubernetes.io/admin-access": "true"},
-    }
-    for name, labels in namespaces.items():
-        kube.create(new_namespace(name, labels))
-    for name in namespaces:
-        # The controller-manager creates the default ServiceAccount; pod creation needs it.
-        wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-    pci = {
-        (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
-        for s in kube.list("ResourceSlice")
-        for d in s["spec"]["devices"]
-    }
-    return Split(plane, kube, training, inference, admin_access, pci)
+    install_without_webhook(plane, for_the_cluster=for_the_cluster)
+    make_namespaces(kube, {training: {}, inference: INFERENCE_LABELS, admin_access: ADMIN_ACCESS_LABELS})
+    return Split(plane, kube, training, inference, admin_access, live_pci(kube))
+
+
+def empty_devices(split: Split) -> None:
+    """Every device of the split free again: its namespaces' pods (the waiting ones first), claims and templates
+    deleted, and the claims gone."""
+    delete_pods(split, bound=False)
+    delete_pods(split, bound=True)
+    delete_claims(split)
+    wait_until(
+        lambda: not any(split.kube.list("ResourceClaim", ns) for ns in split.namespaces),
+        timeout=60,
+        what="every claim of the test deleted",
+    )
 
 
 def delete_pods(split: Split, *, bound: bool | None = None) -> None:

@@ -18,23 +18,20 @@ On 1.36 (counters kept) test_e2e_autopartition.py proves the full reservation; 1
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterator
-from functools import partial
-from pathlib import Path
 
 import pytest
-from cluster_objects import device_class, exactly, new_claim, new_claim_pod, new_namespace
+from cluster_objects import exactly, new_claim, new_claim_pod
 
 from webhook.core.policy import default_policy
 from webhook.deploy.reserved_devices import CLAIMS_POLICY
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, kube_minor, loopback_only, minor_options
-from .harness import DRIVER, MI210_LABELS, install, make_node, render_manifests
-from .kube import ApiError, Kube, wait_until
-from .test_e2e_autopartition import NODES, PCI, SPX_CLASS, SPX_SELECTOR, mi300x_slices
-from .test_e2e_device_reservation import Split, allocated, delete_claims, delete_pods, never_scheduled, pool
+from .controlplane import kube_minor, minor_options
+from .harness import DRIVER, own_plane
+from .kube import ApiError
+from .test_e2e_autopartition import NODES, PCI, build_autopartition
+from .test_e2e_device_reservation import Split, allocated, empty_devices, never_scheduled, pool
 
 pytestmark = [
     pytest.mark.minors("1.34", "1.35"),
@@ -52,50 +49,14 @@ LOST = "no partitionable devices (DRAPartitionableDevices off)"
 
 @pytest.fixture(scope="module")
 def ap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
-    loopback_only()
-    plane = ControlPlane(
-        Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-minor-ap"), **minor_options()
-    )
-    try:
-        plane.start()
-        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
-        for seed, node in enumerate(NODES):
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            gone = {"amd.com/gpu": None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            for resource_slice in mi300x_slices(node, seed):
-                kube.apply(resource_slice)
-        kube.create(device_class(DRIVER, f"device.driver == '{DRIVER}'", None))
-        kube.create(device_class(SPX_CLASS, SPX_SELECTOR, "amd.com/gpu"))
-        manifests = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig)
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
-        names = ("map-training", "map-inference", "map-admin")
-        for name, labels in zip(names, ({}, {POLICY.spec.labels.namespace_class: "inference"}, {}), strict=True):
-            kube.create(new_namespace(name, labels))
-        for name in names:
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-        pci = {
-            (s["spec"]["pool"]["name"], d["name"]): d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
-            for s in kube.list("ResourceSlice")
-            for d in s["spec"].get("devices") or []
-        }
-        yield Split(plane, kube, *names, pci)
-        plane.check_alive()
-    finally:
-        plane.stop()
+    with own_plane(tmp_path_factory.mktemp("controlplane-minor-ap"), **minor_options()) as (plane, kube):
+        yield build_autopartition(plane, kube, ("map-training", "map-inference", "map-admin"), for_the_cluster=True)
 
 
 @pytest.fixture(autouse=True)
 def emptied(ap: Split) -> Iterator[None]:
     yield
-    delete_pods(ap, bound=False)
-    delete_pods(ap, bound=True)
-    delete_claims(ap)
-    wait_until(
-        lambda: not any(ap.kube.list("ResourceClaim", ns) for ns in ap.namespaces),
-        timeout=60,
-        what="every claim of the test deleted",
-    )
+    empty_devices(ap)
 
 
 def test_the_split_is_made_and_says_what_the_minor_drops(ap: Split) -> None:

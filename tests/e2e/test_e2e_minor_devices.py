@@ -19,17 +19,14 @@ manifests ``manifests`` renders for what the cluster serves (no webhook unless a
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 from cluster_objects import exactly, new_claim, new_claim_pod, new_claim_template, new_pod
 
-from .controlplane import ASSETS_ENV, LOOPBACK, MINORS, ControlPlane, kube_minor, loopback_only, minor_options
-from .harness import MI210_LABELS, Webhook, cli, install, make_node, render_manifests, serves_dra
-from .kube import Kube, wait_until
+from .controlplane import MINORS, ControlPlane, kube_minor, minor_options
+from .harness import Webhook, cli, own_plane, serves_dra
 from .test_e2e_device_reservation import (
     DENIED_ROUTES,
     DEVICES,
@@ -42,8 +39,9 @@ from .test_e2e_device_reservation import (
     allocated,
     assert_denied_by_the_backstop,
     build_split,
-    delete_claims,
-    delete_pods,
+    dra_only_node,
+    empty_devices,
+    install_without_webhook,
     never_scheduled,
     pool,
     reserved_ids,
@@ -69,41 +67,23 @@ enforced_here = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
-    loopback_only()
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-minor"), **minor_options())
-    try:
-        plane.start()
-        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+    with own_plane(tmp_path_factory.mktemp("controlplane-minor"), **minor_options()) as (plane, kube):
         if serves_dra():
             names = ("minor-training", "minor-inference", "minor-admin")
             yield build_split(plane, kube, NODES, *names, for_the_cluster=True)
         else:
             for node in NODES:
-                make_node(kube, node, MI210_LABELS, gpus=0)
-                gone = {"amd.com/gpu": None}
-                kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-            manifests = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig)
-            install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
+                dra_only_node(kube, node)
+            install_without_webhook(plane, for_the_cluster=True)
             yield Split(plane, kube, "default", "default", "default", {})
-        plane.check_alive()
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(autouse=True)
 def emptied(split: Split) -> Iterator[None]:
     """Each test leaves every device free: its pods (the waiting ones first), claims and templates deleted."""
     yield
-    if not serves_dra():
-        return
-    delete_pods(split, bound=False)
-    delete_pods(split, bound=True)
-    delete_claims(split)
-    wait_until(
-        lambda: not any(split.kube.list("ResourceClaim", ns) for ns in split.namespaces),
-        timeout=60,
-        what="every claim of the test deleted",
-    )
+    if serves_dra():
+        empty_devices(split)
 
 
 @pytest.mark.skipif(kube_minor() != "1.33", reason="1.33 only: the minor without resource.k8s.io")

@@ -28,31 +28,33 @@ No kubelet: pods are bound and stay ``Pending``; a device is held by a claim's a
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
-from cluster_objects import new_namespace, new_pod
+from cluster_objects import new_pod
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only, minor_options
-from .harness import MI210_LABELS, cli, install, make_node, render_manifests
+from .controlplane import minor_options
+from .harness import cli, install, own_plane, render_manifests
 from .kube import ApiError, Kube, Obj, wait_until
 from .test_e2e_device_reservation import (
+    ADMIN_ACCESS_LABELS,
     AMD_CHART_CLASS,
     DEVICES,
-    PCI_BUS_ID,
-    POLICY,
+    INFERENCE_LABELS,
     RESERVED_CLASS,
     RESERVED_NODES,
     SHARED_CLASS,
     Split,
     allocated,
     amd_resource_slice,
+    dra_only_node,
     extended_claim,
+    install_without_webhook,
+    live_pci,
+    make_namespaces,
     pool,
     requested_class,
     shared_ids,
@@ -82,41 +84,22 @@ _GATE = re.compile(r'^kubernetes_feature_enabled\{name="(?P<name>[^"]+)",stage="
 @pytest.fixture(scope="module")
 def on_135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     """The 1.35 cluster, set up as test_e2e_minor_devices.py's, the manifests rendered for it installed."""
-    loopback_only()
     options = minor_options(FROM_MINOR, opt_in=False)
     assert options == {"emulated_version": FROM_MINOR}, options
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-upgrade"), **options)
-    try:
-        plane.start()
-        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+    with own_plane(tmp_path_factory.mktemp("controlplane-upgrade"), **options) as (plane, kube):
         for node in NODES:
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            # DRA only: no device plugin, so no amd.com/gpu in the node's status at all.
-            gone = {AMD_GPU: None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
+            dra_only_node(kube, node)
             kube.apply(amd_resource_slice(node))
         kube.create(AMD_CHART_CLASS)
-        manifests = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig)
+        manifests = install_without_webhook(plane, for_the_cluster=True)
         assert not [d for d in manifests if d["kind"].startswith("MutatingAdmissionPolicy")], "rendered for 1.36"
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
-        namespaces: dict[str, dict[str, str]] = {
+        namespaces = {
             "upgrade-training": {},
-            "upgrade-inference": {POLICY.spec.labels.namespace_class: "inference"},
-            "upgrade-admin": {"resource.kubernetes.io/admin-access": "true"},
+            "upgrade-inference": INFERENCE_LABELS,
+            "upgrade-admin": ADMIN_ACCESS_LABELS,
         }
-        for name, labels in namespaces.items():
-            kube.create(new_namespace(name, labels))
-        for name in namespaces:
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
-        pci = {
-            (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCI_BUS_ID]["string"]
-            for s in kube.list("ResourceSlice")
-            for d in s["spec"]["devices"]
-        }
-        yield Split(plane, kube, *namespaces, pci)
-        plane.check_alive()
-    finally:
-        plane.stop()
+        make_namespaces(kube, namespaces)
+        yield Split(plane, kube, *namespaces, live_pci(kube))
 
 
 @pytest.fixture(scope="module")

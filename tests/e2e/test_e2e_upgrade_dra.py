@@ -15,22 +15,30 @@ The webhook is not running (no MutatingWebhookConfiguration): what is proven is 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
-from functools import partial
-from pathlib import Path
 
 import pytest
-from cluster_objects import exactly, new_claim, new_namespace
+from cluster_objects import exactly, new_claim
 
 from webhook.core.policy import default_policy
 from webhook.deploy.reserved_devices import CLAIMS_POLICY, POLICY_NAMES
 
-from .controlplane import ASSETS_ENV, LOOPBACK, ControlPlane, loopback_only, minor_options
-from .harness import DRIVER, MI210_LABELS, cli, install, make_node, render_manifests
-from .kube import ApiError, Kube, wait_until
-from .test_e2e_device_reservation import AMD_CHART_CLASS, DEVICES, Split, amd_resource_slice, pool, split_label
+from .controlplane import minor_options
+from .harness import DRIVER, cli, own_plane
+from .kube import ApiError, wait_until
+from .test_e2e_device_reservation import (
+    AMD_CHART_CLASS,
+    DEVICES,
+    INFERENCE_LABELS,
+    Split,
+    amd_resource_slice,
+    dra_only_node,
+    install_without_webhook,
+    make_namespaces,
+    pool,
+    split_label,
+)
 
 NODES = ("dra-upgrade-1", "dra-upgrade-2")
 BACKSTOP_MISSING = "the device-level backstop is not installed"
@@ -39,27 +47,14 @@ POLICY = default_policy()
 
 @pytest.fixture(scope="module")
 def on_133(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
-    loopback_only()
     options = minor_options("1.33", opt_in=False)
-    plane = ControlPlane(Path(os.environ[ASSETS_ENV]), tmp_path_factory.mktemp("controlplane-upgrade-dra"), **options)
-    try:
-        plane.start()
-        kube = Kube(LOOPBACK, plane.apiserver_port, plane.ssl_context())
+    with own_plane(tmp_path_factory.mktemp("controlplane-upgrade-dra"), **options) as (plane, kube):
         for node in NODES:
-            make_node(kube, node, MI210_LABELS, gpus=0)
-            gone = {"amd.com/gpu": None}
-            kube.patch("Node", node, {"status": {"capacity": gone, "allocatable": gone}}, subresource="status")
-        manifests = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig)
-        install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
+            dra_only_node(kube, node)
+        install_without_webhook(plane, for_the_cluster=True)
         names = ("dra-upgrade-training", "dra-upgrade-inference", "dra-upgrade-admin")
-        for name, labels in zip(names, ({}, {POLICY.spec.labels.namespace_class: "inference"}, {}), strict=True):
-            kube.create(new_namespace(name, labels))
-        for name in names:
-            wait_until(partial(kube.get_or_none, "ServiceAccount", "default", name), what=f"{name}'s ServiceAccount")
+        make_namespaces(kube, dict(zip(names, ({}, INFERENCE_LABELS, {}), strict=True)))
         yield Split(plane, kube, *names, {})
-        plane.check_alive()
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +101,7 @@ def test_the_documented_step_installs_the_device_backstop_and_it_denies(
     assert "no DRA (resource.k8s.io not served)" not in rendered.stderr and "note: 1.34:" in rendered.stderr, (
         rendered.stderr
     )
-    manifests = render_manifests(plane.pki.ca_file, 1, kubeconfig=plane.admin_kubeconfig)
-    install(plane, [d for d in manifests if d["kind"] != "MutatingWebhookConfiguration"])
+    install_without_webhook(plane, for_the_cluster=True)
     applied = pool(plane, "apply", "--devices-per-node", "2")
     assert BACKSTOP_MISSING not in applied.stderr, applied.stderr
     wait_until(lambda: backstop_answer(split) == "denied", timeout=60, what="the device backstop to deny")
